@@ -1,0 +1,1 @@
+INTERFACE_VERSION = (1, 0)
