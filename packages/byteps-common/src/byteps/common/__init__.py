@@ -1,3 +1,59 @@
-"""byteps-common: config, dtypes, reduction kernels and the framework-neutral worker core."""
+"""byteps-common: the framework-neutral core of a byteps worker.
+
+It holds the typed configuration (every DMLC_*/BYTEPS_* knob), the dtypes
+and reduction kernels, tensor partitioning, and the worker API that
+framework adapters build on::
+
+    import byteps.common as bps
+    bps.init()
+    bps.push_pull(numpy_array, name="grad")   # averaged over all workers, in place
+"""
+
+from byteps.common.interface import require_interface
 
 INTERFACE_VERSION = (1, 0)
+
+require_interface("byteps-transport", "byteps.transport", (1, 0), requirer="byteps-common")
+
+from byteps.common.api import (  # noqa: E402
+    barrier,
+    declare,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    poll,
+    push_pull,
+    push_pull_async,
+    rank,
+    shutdown,
+    size,
+    synchronize,
+)
+from byteps.common.config import Config, ConfigError  # noqa: E402
+from byteps.common.dtypes import DType  # noqa: E402
+from byteps.common.handle import Handle, PushPullError  # noqa: E402
+from byteps.common.worker import Worker  # noqa: E402
+
+__all__ = [
+    "INTERFACE_VERSION",
+    "Config",
+    "ConfigError",
+    "DType",
+    "Handle",
+    "PushPullError",
+    "Worker",
+    "barrier",
+    "declare",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "poll",
+    "push_pull",
+    "push_pull_async",
+    "rank",
+    "shutdown",
+    "size",
+    "synchronize",
+]

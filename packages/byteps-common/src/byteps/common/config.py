@@ -27,6 +27,7 @@ ROLES = ("worker", "server", "scheduler")
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 DEFAULT_PARTITION_BYTES = 4096000
 DEFAULT_SERVER_ENGINE_THREADS = 4
+DEFAULT_RENDEZVOUS_TIMEOUT_S = 120
 
 T = TypeVar("T")
 
@@ -121,6 +122,7 @@ class Config:
     partition_bytes: int = DEFAULT_PARTITION_BYTES
     server_engine_threads: int = DEFAULT_SERVER_ENGINE_THREADS
     enable_rdma: bool = False
+    rendezvous_timeout_s: int = DEFAULT_RENDEZVOUS_TIMEOUT_S
     log_level: str = "WARNING"
     ps_verbose: int = 0
 
@@ -198,6 +200,9 @@ class Config:
                 "BYTEPS_SERVER_ENGINE_THREAD", _int(1, 256), DEFAULT_SERVER_ENGINE_THREADS
             ),
             enable_rdma=env.get("DMLC_ENABLE_RDMA", _parse_bool, False),
+            rendezvous_timeout_s=env.get(
+                "BYTEPS_RENDEZVOUS_TIMEOUT", _int(1), DEFAULT_RENDEZVOUS_TIMEOUT_S
+            ),
             log_level=env.get("BYTEPS_LOG_LEVEL", _choice(LOG_LEVELS, str.upper), "WARNING"),
             ps_verbose=env.get("PS_VERBOSE", _int(0, 2), 0),
         )

@@ -1,0 +1,203 @@
+"""The worker's communication thread: pushes partitions, pulls their sums.
+
+One thread owns every server connection of a worker process (ZeroMQ
+sockets belong to one thread). API calls hand it :class:`PushPullTask`s
+through a queue and wake it through a pipe. For each partition it sends a
+PUSH (the partition's bytes, read in place by ZeroMQ) and right behind it a
+PULL, so the pushes of later partitions overlap the pulls of earlier ones.
+Each PULL_RESPONSE is received straight into the output tensor, averaged
+there, and the task's handle completes when its last partition has arrived.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import threading
+from typing import Dict, List, Optional, Set, Tuple
+
+import zmq
+
+from byteps.common import kernels
+from byteps.common.buffers import TensorView
+from byteps.common.handle import Handle
+from byteps.common.partition import Partition, PartitionPlan
+from byteps.transport import Command, Connection, FrameError, TransportError
+from byteps.transport.frames import command_name, json_payload
+
+__all__ = ["PushPullTask", "CommLoop"]
+
+log = logging.getLogger("byteps.common.comm_loop")
+
+
+@dataclasses.dataclass
+class PushPullTask:
+    """One push_pull of one tensor, on its way through the servers."""
+
+    name: str
+    round: int
+    source: TensorView
+    output: TensorView
+    plan: PartitionPlan
+    average_over: int  # 0 for a sum, else the number of workers to divide by
+    handle: Handle
+    remaining: int = 0
+
+
+class CommLoop(threading.Thread):
+    """Background thread that moves one worker's partitions."""
+
+    def __init__(self, context: zmq.Context, servers: List[Tuple[str, int]], rank: int,
+                 max_payload_bytes: int) -> None:
+        super().__init__(name="byteps-comm", daemon=True)
+        self.rank = rank
+        self.connections = [Connection(context, host, port, max_payload_bytes) for host, port in servers]
+        self._tasks: "queue.SimpleQueue[Optional[PushPullTask]]" = queue.SimpleQueue()
+        self._wake_read, self._wake_write = os.pipe()
+        self._in_flight: Dict[Tuple[int, int], Tuple[PushPullTask, Partition]] = {}
+        self._initialized_keys: Set[int] = set()
+        self._abandoned: Set[Tuple[int, int]] = set()  # (key, round) of failed tasks still answered
+        self._fatal: Optional[BaseException] = None
+        self._stopping = False
+
+    # --- called from API threads -------------------------------------------------
+    def submit(self, task: PushPullTask) -> None:
+        if self._fatal is not None or not self.is_alive():
+            task.handle.set_error(self._fatal or TransportError("the worker's communication thread is not running"))
+            return
+        self._tasks.put(task)
+        os.write(self._wake_write, b"t")
+
+    def stop(self) -> None:
+        """Ask the thread to finish; in-flight tasks fail if it must cut them off."""
+        self._tasks.put(None)
+        os.write(self._wake_write, b"s")
+        self.join()
+        for connection in self.connections:
+            connection.close()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(c.counters.bytes_sent for c in self.connections)
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(c.counters.bytes_received for c in self.connections)
+
+    # --- the thread ---------------------------------------------------------------
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._wake_read, zmq.POLLIN)
+        by_socket = {}
+        for connection in self.connections:
+            poller.register(connection.socket, zmq.POLLIN)
+            by_socket[connection.socket] = connection
+        try:
+            while not self._stopping:
+                for target, _ in poller.poll():
+                    if target == self._wake_read:
+                        os.read(self._wake_read, 4096)
+                        self._start_queued_tasks()
+                    else:
+                        self._receive(by_socket[target])
+        except BaseException as exc:  # the thread must never die silently
+            log.exception("communication thread failed")
+            self._fail_all(exc)
+        finally:
+            self._fail_all(TransportError("the worker was shut down with this push_pull in flight"))
+
+    def _start_queued_tasks(self) -> None:
+        while True:
+            try:
+                task = self._tasks.get_nowait()
+            except queue.Empty:
+                return
+            if task is None:
+                self._stopping = True
+                return
+            self._start(task)
+
+    def _start(self, task: PushPullTask) -> None:
+        task.remaining = len(task.plan.partitions)
+        if task.remaining == 0:
+            task.handle.set_done()
+            return
+        dtype = int(task.source.dtype)
+        for part in task.plan.partitions:
+            connection = self.connections[part.server]
+            if part.key not in self._initialized_keys:
+                description = {
+                    "name": task.name, "partition": part.index, "tensor_nbytes": task.plan.nbytes,
+                    "nbytes": part.nbytes, "dtype": dtype,
+                }
+                connection.send(Command.INIT_KEY, self.rank, part.key, payload=json_payload(description))
+                self._initialized_keys.add(part.key)
+            self._in_flight[(part.key, task.round)] = (task, part)
+            payload = task.source.data[part.offset:part.offset + part.nbytes]
+            connection.send(Command.PUSH, self.rank, part.key, task.round, payload=payload, dtype=dtype)
+            connection.send(Command.PULL, self.rank, part.key, task.round, dtype=dtype)
+
+    def _destination(self, header):
+        if header.command != Command.PULL_RESPONSE:
+            return None
+        entry = self._in_flight.get((header.key, header.round))
+        if entry is None or entry[1].nbytes != header.payload_bytes:
+            return None
+        task, part = entry
+        return task.output.data[part.offset:part.offset + part.nbytes]
+
+    def _receive(self, connection: Connection) -> None:
+        try:
+            message = connection.recv(self._destination)
+        except FrameError as exc:
+            raise TransportError(f"malformed message from server {connection.address}: {exc}") from exc
+        header = message.header
+        if header.command == Command.ERROR:
+            text = bytes(message.payload.buffer).decode(errors="replace") if message.payload else ""
+            self._fail_key(header.key, TransportError(f"server {connection.address}: {text}"))
+            return
+        if (header.key, header.round) in self._abandoned:
+            self._abandoned.discard((header.key, header.round))
+            return
+        entry = self._in_flight.pop((header.key, header.round), None)
+        if header.command != Command.PULL_RESPONSE or entry is None or message.payload is not None:
+            raise TransportError(
+                f"unexpected {command_name(header.command)} for key {header.key} round {header.round} "
+                f"({header.payload_bytes} bytes) from server {connection.address}")
+        task, part = entry
+        if task.average_over > 1:
+            chunk = task.output.data[part.offset:part.offset + part.nbytes]
+            kernels.scale(chunk, task.output.dtype, task.average_over)
+        task.remaining -= 1
+        if task.remaining == 0:
+            task.handle.set_done()
+
+    def _fail_key(self, key: int, error: BaseException) -> None:
+        failed = {id(task): task for (k, _), (task, _) in self._in_flight.items() if k == key or key == 0}
+        if not failed:
+            raise error
+        for task in failed.values():
+            self._fail_task(task, error)
+
+    def _fail_task(self, task: PushPullTask, error: BaseException) -> None:
+        for part in task.plan.partitions:
+            if self._in_flight.pop((part.key, task.round), None) is not None:
+                self._abandoned.add((part.key, task.round))
+        task.handle.set_error(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        if self._fatal is None:
+            self._fatal = error
+        for task, _ in list(self._in_flight.values()):
+            self._fail_task(task, error)
+        while True:
+            try:
+                task = self._tasks.get_nowait()
+            except queue.Empty:
+                break
+            if task is not None:
+                task.handle.set_error(error)

@@ -1,0 +1,200 @@
+"""The framework-neutral worker: declare tensors, push_pull them.
+
+A :class:`Worker` is one training process's view of the job. In a
+distributed job it registers with the scheduler, connects to every server
+and starts the communication thread; with a single worker process (and
+BYTEPS_FORCE_DISTRIBUTED unset) it needs neither scheduler nor server, as in
+BytePS, and push_pull is a local copy.
+
+Tensor ids come from declaration order, as in BytePS: every worker must
+declare (or first push_pull) its tensors in the same order. Servers check
+each partition's name, size and dtype, so a worker that diverges gets an
+error naming both sides instead of a silently wrong sum.
+
+Example::
+
+    worker = Worker(Config.from_env())
+    grad = numpy.ones(1000, dtype=numpy.float32)
+    worker.push_pull(grad, name="layer0.weight", average=True)   # in place
+    worker.shutdown()
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Dict, Optional, Set, Union
+
+import numpy as np
+import zmq
+
+from byteps.common.buffers import as_tensor_view
+from byteps.common.comm_loop import CommLoop, PushPullTask
+from byteps.common.config import Config
+from byteps.common.dtypes import DType
+from byteps.common.handle import Handle
+from byteps.common.partition import PartitionPlan
+from byteps.transport import NodeInfo, SchedulerClient
+from byteps.transport.addressing import resolve_host
+
+__all__ = ["Worker"]
+
+log = logging.getLogger("byteps.common.worker")
+
+
+class Worker:
+    """One worker process of a byteps job."""
+
+    def __init__(self, config: Config) -> None:
+        if config.role != "worker":
+            raise ValueError(f"a Worker needs DMLC_ROLE=worker, this process has DMLC_ROLE={config.role}")
+        if config.enable_rdma:
+            raise ValueError(
+                "DMLC_ENABLE_RDMA=1: the RDMA transport is not available yet; unset it to use TCP"
+            )
+        self.config = config
+        self._lock = threading.Lock()
+        self._tensor_ids: Dict[str, int] = {}
+        self._rounds: Dict[str, int] = {}
+        self._in_flight: Set[str] = set()
+        self._closed = False
+        self._context: Optional[zmq.Context] = None
+        self._scheduler: Optional[SchedulerClient] = None
+        self._comm: Optional[CommLoop] = None
+        self.rank = config.rank
+        self.size = config.size
+        if config.is_distributed:
+            self._connect()
+
+    @property
+    def local_rank(self) -> int:
+        return self.config.local_rank
+
+    @property
+    def local_size(self) -> int:
+        return self.config.local_size
+
+    @property
+    def is_distributed(self) -> bool:
+        return self._comm is not None
+
+    def _connect(self) -> None:
+        cfg = self.config
+        self._context = zmq.Context()
+        host = resolve_host(cfg.node_host, cfg.interface, cfg.root_uri)
+        self._scheduler = SchedulerClient(self._context, cfg.root_uri, cfg.root_port, cfg.rendezvous_timeout_s)
+        book = self._scheduler.register(
+            NodeInfo(role="worker", host=host, worker_id=cfg.worker_id,
+                     local_rank=cfg.local_rank, local_size=cfg.local_size))
+        self.rank, self.size = book.rank, book.num_workers
+        max_payload = max(cfg.partition_bytes, 1 << 20)
+        self._comm = CommLoop(self._context, list(book.servers), self.rank, max_payload)
+        self._comm.start()
+        log.info("worker rank %d of %d connected to %d server(s)", self.rank, self.size, len(book.servers))
+
+    def declare(self, name: str) -> int:
+        """Give ``name`` the next tensor id (idempotent); returns the id."""
+        with self._lock:
+            return self._declare_locked(name)
+
+    def _declare_locked(self, name: str) -> int:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a tensor name must be a non-empty string, got {name!r}")
+        if name not in self._tensor_ids:
+            self._tensor_ids[name] = len(self._tensor_ids)
+            self._rounds[name] = 0
+        return self._tensor_ids[name]
+
+    def push_pull_async(self, tensor: Any, name: str, average: bool = True, output: Any = None,
+                        dtype: Optional[Union[str, DType]] = None) -> Handle:
+        """Start summing (or averaging) ``tensor`` over all workers.
+
+        The result goes into ``output`` (default: ``tensor`` itself, in
+        place). Neither may be touched until the handle is done. Integers
+        average with floor division, like numpy's ``//``.
+        """
+        source = as_tensor_view(tensor, f"push_pull({name!r}) input", dtype, writable=output is None)
+        target = source if output is None else as_tensor_view(
+            output, f"push_pull({name!r}) output", dtype, writable=True)
+        if target.nbytes != source.nbytes or target.dtype != source.dtype:
+            raise ValueError(
+                f"push_pull({name!r}): output has {target.nbytes} bytes of {target.dtype.name.lower()}, "
+                f"input has {source.nbytes} bytes of {source.dtype.name.lower()}")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("push_pull after shutdown(): call init() again first")
+            if name in self._in_flight:
+                raise ValueError(
+                    f"push_pull({name!r}): a push_pull of this name is still in flight; "
+                    "wait for its handle before submitting it again")
+            tensor_id = self._declare_locked(name)
+            round_ = self._rounds[name]
+            self._rounds[name] = round_ + 1
+            self._in_flight.add(name)
+        handle = _TrackedHandle(name, target.array, self)
+        if self._comm is None:
+            if target.data is not source.data:
+                np.copyto(target.data, source.data)
+            handle.set_done()
+            return handle
+        num_servers = len(self._comm.connections)
+        plan = PartitionPlan.build(tensor_id, source.nbytes, source.dtype.itemsize,
+                                   self.config.partition_bytes, num_servers)
+        task = PushPullTask(name=name, round=round_, source=source, output=target, plan=plan,
+                            average_over=self.size if average else 0, handle=handle)
+        self._comm.submit(task)
+        return handle
+
+    def push_pull(self, tensor: Any, name: str, average: bool = True, output: Any = None,
+                  dtype: Optional[Union[str, DType]] = None) -> Any:
+        """Synchronous push_pull; returns the output array."""
+        return self.push_pull_async(tensor, name, average, output, dtype).wait()
+
+    def _finished(self, name: str) -> None:
+        with self._lock:
+            self._in_flight.discard(name)
+
+    def barrier(self) -> None:
+        """Block until every worker process reaches the barrier."""
+        if self._scheduler is not None:
+            self._scheduler.barrier()
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._comm.bytes_sent if self._comm else 0
+
+    @property
+    def bytes_received(self) -> int:
+        return self._comm.bytes_received if self._comm else 0
+
+    def shutdown(self) -> None:
+        """Leave the job: waits for the other workers, then closes every socket."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._comm is not None:
+            self._comm.stop()
+        if self._scheduler is not None:
+            try:
+                self._scheduler.finalize()
+            finally:
+                self._scheduler.close()
+        if self._context is not None:
+            self._context.term()
+
+
+class _TrackedHandle(Handle):
+    """A handle that frees its tensor name for the next round when done."""
+
+    def __init__(self, name: str, output: Any, worker: Worker) -> None:
+        super().__init__(name, output)
+        self._worker = worker
+
+    def set_done(self) -> None:
+        self._worker._finished(self.name)
+        super().set_done()
+
+    def set_error(self, error: BaseException) -> None:
+        self._worker._finished(self.name)
+        super().set_error(error)

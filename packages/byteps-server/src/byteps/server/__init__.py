@@ -1,0 +1,19 @@
+"""byteps-server: the parameter server of a byteps job.
+
+A CPU-only process (no deep-learning framework needed) that sums the
+partitions every worker pushes, in C++ on BYTEPS_SERVER_ENGINE_THREAD
+threads, and answers each worker's pull with the sum. The same entry point
+runs the job's scheduler::
+
+    DMLC_ROLE=server DMLC_PS_ROOT_URI=10.0.0.1 DMLC_PS_ROOT_PORT=9000 \\
+    DMLC_NUM_WORKER=2 DMLC_NUM_SERVER=1 byteps-server
+"""
+
+from byteps.common.interface import require_interface
+
+INTERFACE_VERSION = (1, 0)
+
+require_interface("byteps-common", "byteps.common", (1, 0), requirer="byteps-server")
+require_interface("byteps-transport", "byteps.transport", (1, 0), requirer="byteps-server")
+
+__all__ = ["INTERFACE_VERSION"]

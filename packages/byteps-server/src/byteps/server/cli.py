@@ -1,0 +1,68 @@
+"""The ``byteps-server`` command: the server or scheduler role of a job.
+
+Which role runs is DMLC_ROLE's (``server`` or ``scheduler``), as with
+BytePS's servers, which reused MXNet's DMLC bootstrapping. A bad or missing
+variable is reported with its name and exit status 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+from typing import List, Optional
+
+from byteps.common.config import Config, ConfigError
+from byteps.common.logging_setup import configure_logging
+from byteps.transport import Scheduler, SchedulerOptions, TransportError
+
+__all__ = ["main"]
+
+log = logging.getLogger("byteps.server")
+
+
+def _run_scheduler(config: Config) -> None:
+    host = socket.gethostbyname(config.root_uri)
+    options = SchedulerOptions(host=host, port=config.root_port,
+                               num_worker_machines=config.num_worker, num_servers=config.num_server)
+    Scheduler(options).run()
+
+
+def _run_server(config: Config) -> None:
+    from byteps.server.parameter_server import ParameterServer
+
+    server = ParameterServer(config)
+    try:
+        server.run()
+    finally:
+        server.close()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    try:
+        config = Config.from_env()
+    except ConfigError as exc:
+        print(f"byteps-server: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    if config.role == "worker":
+        print("byteps-server: DMLC_ROLE must be 'server' or 'scheduler' (it is unset or 'worker'); "
+              "workers run the training script", file=sys.stderr)
+        return 2
+    configure_logging(config, config.role)
+    # SIGTERM from a launcher ends the process through the normal exit path.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        if config.role == "scheduler":
+            _run_scheduler(config)
+        else:
+            _run_server(config)
+    except TransportError as exc:
+        print(f"byteps-server ({config.role}): {exc}", file=sys.stderr)
+        return 1
+    return 0

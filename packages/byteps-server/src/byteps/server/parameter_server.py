@@ -1,0 +1,182 @@
+"""The parameter server's event loop (synchronous mode).
+
+Per key (one partition of one tensor) and round, the server sums the PUSH
+of every worker process, then answers every PULL of that round with the
+sum: BytePS's synchronous mode. The summation runs in the C++
+``ServerEngine`` (byteps.server._C) on BYTEPS_SERVER_ENGINE_THREAD threads,
+straight out of ZeroMQ's receive buffers; answers are sent zero-copy from
+the engine's double-buffered results.
+
+Every message is checked: a worker whose INIT_KEY disagrees with another's
+about a partition (name, size, dtype) is told so, as are the workers that
+agreed, with both descriptions; a malformed message is logged and answered
+with an ERROR, and the server carries on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Dict, List, Optional, Set, Tuple
+
+import zmq
+
+from byteps.common.config import Config
+from byteps.common.dtypes import DType
+from byteps.server.engine import create_engine
+from byteps.transport import Command, FrameError, Listener, Message, NodeInfo, SchedulerClient, TransportError
+from byteps.transport.addressing import resolve_host
+from byteps.transport.frames import command_name, parse_json_payload
+
+__all__ = ["ParameterServer"]
+
+log = logging.getLogger("byteps.server")
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionSpec:
+    """What workers declare about one key in INIT_KEY."""
+
+    name: str
+    partition: int
+    tensor_nbytes: int
+    nbytes: int
+    dtype: int
+
+    def describe(self) -> str:
+        try:
+            dtype = DType(self.dtype).name.lower()
+        except ValueError:
+            dtype = f"dtype code {self.dtype}"
+        return (f"tensor {self.name!r} ({self.tensor_nbytes} bytes of {dtype}), "
+                f"partition {self.partition} of {self.nbytes} bytes")
+
+
+@dataclasses.dataclass
+class KeyState:
+    spec: PartitionSpec
+    declared_by: Dict[bytes, int] = dataclasses.field(default_factory=dict)  # identity -> worker rank
+    pending_pulls: List[Tuple[bytes, int]] = dataclasses.field(default_factory=list)  # (identity, round)
+
+
+class ParameterServer:
+    """One server process: register, then sum pushes and answer pulls until told to stop."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.context = zmq.Context()
+        host = resolve_host(config.node_host, config.interface, config.root_uri)
+        # A push is at most one partition; leave room for any partition size workers use.
+        self.listener = Listener(self.context, host, 0, max_payload_bytes=max(config.partition_bytes, 1 << 20))
+        self.scheduler = SchedulerClient(self.context, config.root_uri, config.root_port,
+                                         config.rendezvous_timeout_s)
+        book = self.scheduler.register(NodeInfo(role="server", host=host, port=self.listener.port))
+        self.rank = book.rank
+        self.num_workers = book.num_workers
+        self.engine = create_engine(config.server_engine_threads, self.num_workers)
+        self.keys: Dict[int, KeyState] = {}
+        self.running = True
+        log.info("server %d at %s sums for %d workers on %d threads", self.rank,
+                 self.listener.address, self.num_workers, config.server_engine_threads)
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.listener.socket, zmq.POLLIN)
+        poller.register(self.scheduler.connection.socket, zmq.POLLIN)
+        while self.running:
+            for socket, _ in poller.poll():
+                if socket is self.listener.socket:
+                    self._handle_worker_message()
+                else:
+                    self._handle_scheduler_message()
+
+    def close(self) -> None:
+        self.listener.close()
+        self.scheduler.close()
+        self.context.term()
+
+    def _handle_scheduler_message(self) -> None:
+        message = self.scheduler.recv()
+        if message.header.command == Command.TERMINATE:
+            log.info("server %d: all workers finished, exiting", self.rank)
+            self.running = False
+        else:
+            log.error("unexpected %s from the scheduler", command_name(message.header.command))
+
+    def _handle_worker_message(self) -> None:
+        try:
+            message = self.listener.recv()
+        except FrameError as exc:
+            log.error("dropped a malformed message: %s", exc)
+            identity = getattr(exc, "identity", None)
+            if identity is not None:
+                self._send_error(identity, 0, str(exc))
+            return
+        header = message.header
+        try:
+            if header.command == Command.PUSH:
+                self._push(message)
+            elif header.command == Command.PULL:
+                self._pull(message)
+            elif header.command == Command.INIT_KEY:
+                self._init_key(message)
+            else:
+                raise TransportError(f"unexpected command {command_name(header.command)} at a server")
+        except (TransportError, FrameError, ValueError, KeyError, TypeError) as exc:
+            log.error("refused %s for key %d from worker %d: %s", command_name(header.command),
+                      header.key, header.sender, exc)
+            self._send_error(message.identity, header.key, str(exc))
+
+    def _send_error(self, identity: bytes, key: int, text: str) -> None:
+        self.listener.send(Command.ERROR, self.rank, key, payload=text.encode(), identity=identity)
+
+    def _init_key(self, message: Message) -> None:
+        key = message.header.key
+        fields = parse_json_payload(message.payload.buffer if message.payload else b"")
+        spec = PartitionSpec(**fields)
+        state = self.keys.get(key)
+        if state is None:
+            self.engine.declare(key, spec.nbytes, spec.dtype)
+            state = self.keys[key] = KeyState(spec)
+        elif spec != state.spec:
+            text = (f"mismatch for key {key}: worker {message.header.sender} declares {spec.describe()}, "
+                    f"worker {next(iter(state.declared_by.values()))} declared {state.spec.describe()}; "
+                    "every worker must push_pull the same tensors (same names, shapes, dtypes, order)")
+            for identity in state.declared_by:
+                self._send_error(identity, key, text)
+            raise ValueError(text)
+        state.declared_by[message.identity] = message.header.sender
+
+    def _state_for(self, message: Message) -> KeyState:
+        state = self.keys.get(message.header.key)
+        if state is None or message.identity not in state.declared_by:
+            raise ValueError(f"key {message.header.key} was not initialized by this worker (INIT_KEY first)")
+        return state
+
+    def _push(self, message: Message) -> None:
+        header = message.header
+        state = self._state_for(message)
+        if header.dtype != state.spec.dtype:
+            raise ValueError(f"push of dtype code {header.dtype} for {state.spec.describe()}")
+        payload = message.payload.buffer if message.payload is not None else b""
+        if self.engine.push(header.key, header.round, payload):
+            self._answer_pulls(header.key, state)
+
+    def _pull(self, message: Message) -> None:
+        header = message.header
+        state = self._state_for(message)
+        state.pending_pulls.append((message.identity, header.round))
+        if self.engine.completed_round(header.key) >= header.round:
+            self._answer_pulls(header.key, state)
+
+    def _answer_pulls(self, key: int, state: KeyState) -> None:
+        completed = self.engine.completed_round(key)
+        still_waiting = []
+        for identity, round_ in state.pending_pulls:
+            if round_ > completed:
+                still_waiting.append((identity, round_))
+                continue
+            result = self.engine.result(key, round_)
+            self.listener.send(Command.PULL_RESPONSE, self.rank, key, round_, payload=result,
+                               dtype=state.spec.dtype, identity=identity)
+        state.pending_pulls = still_waiting

@@ -1,0 +1,103 @@
+"""Commands and the header frame of the byteps wire protocol.
+
+A message is a ZeroMQ multipart message: one 40-byte header frame (packed
+and validated by the C++ codec in ``_C``), optionally followed by one payload
+frame. Control messages carry UTF-8 JSON payloads; data messages carry raw
+tensor bytes. See docs/architecture.md for the layout.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any, NamedTuple
+
+from byteps.transport import _C
+
+__all__ = [
+    "Command",
+    "Header",
+    "FrameError",
+    "ProtocolVersionError",
+    "PROTOCOL_VERSION",
+    "HEADER_BYTES",
+    "MAX_CONTROL_PAYLOAD",
+    "command_name",
+    "encode_header",
+    "decode_header",
+    "json_payload",
+    "parse_json_payload",
+]
+
+FrameError = _C.FrameError
+ProtocolVersionError = _C.ProtocolVersionError
+PROTOCOL_VERSION: int = _C.PROTOCOL_VERSION
+HEADER_BYTES: int = _C.HEADER_BYTES
+MAX_CONTROL_PAYLOAD = 1 << 20
+
+
+class Command(enum.IntEnum):
+    """What a message asks for. Part of the wire protocol: never renumber."""
+
+    REGISTER = 1  # node -> scheduler: JSON NodeInfo
+    ADDRESS_BOOK = 2  # scheduler -> node: JSON address book
+    BARRIER = 3  # node -> scheduler, aux = barrier group
+    BARRIER_RELEASE = 4  # scheduler -> node
+    FINALIZE = 5  # worker -> scheduler: this worker is done
+    FINALIZE_ACK = 6  # scheduler -> worker: all workers are done
+    TERMINATE = 7  # scheduler -> server: exit now
+    ERROR = 8  # any -> any: UTF-8 text payload, key names the tensor if any
+    INIT_KEY = 16  # worker -> server: JSON description of a partition
+    PUSH = 17  # worker -> server: payload = partition bytes
+    PULL = 18  # worker -> server: ask for the sum of a round
+    PULL_RESPONSE = 19  # server -> worker: payload = summed partition bytes
+
+
+def command_name(code: int) -> str:
+    """Name of a command code, or a description of an unknown one."""
+    try:
+        return Command(code).name
+    except ValueError:
+        return f"unknown command {code}"
+
+
+class Header(NamedTuple):
+    command: int
+    sender: int
+    key: int
+    round: int
+    payload_bytes: int
+    dtype: int
+    flags: int
+    aux: int
+
+
+def encode_header(
+    command: int,
+    sender: int,
+    key: int = 0,
+    round: int = 0,
+    payload_bytes: int = 0,
+    dtype: int = 0,
+    flags: int = 0,
+    aux: int = 0,
+) -> bytes:
+    """Pack one header frame for the current protocol version."""
+    return _C.encode(int(command), sender, key, round, payload_bytes, dtype, flags, aux)
+
+
+def decode_header(frame: Any, max_payload_bytes: int) -> Header:
+    """Validate and unpack a header frame; raises FrameError / ProtocolVersionError."""
+    return Header._make(_C.decode(frame, max_payload_bytes))
+
+
+def json_payload(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+
+
+def parse_json_payload(payload: Any) -> Any:
+    """Parse a JSON control payload; FrameError if it is not JSON."""
+    try:
+        return json.loads(bytes(payload).decode())
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise FrameError(f"malformed control payload: {exc}") from None

@@ -1,0 +1,145 @@
+"""The node side of rendezvous: register with the scheduler, barrier, finalize.
+
+Every server and worker process opens one :class:`SchedulerClient`,
+registers its :class:`NodeInfo` and receives the job's
+:class:`AddressBook` once every expected node has registered (ps-lite's
+ADD_NODE exchange). Afterwards it can barrier with the other workers, and a
+worker tells the scheduler when it is done (finalize), which is how servers
+learn to exit.
+
+Example::
+
+    client = SchedulerClient(context, "127.0.0.1", 9000, timeout_s=60)
+    book = client.register(NodeInfo(role="worker", worker_id=0, local_rank=0, local_size=1))
+    print(book.rank, book.servers)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Optional, Tuple
+
+import zmq
+
+from byteps.transport.endpoints import Connection, Message
+from byteps.transport.errors import RemoteError, RendezvousTimeout, TransportError
+from byteps.transport.frames import MAX_CONTROL_PAYLOAD, Command, command_name, json_payload, parse_json_payload
+
+__all__ = ["NodeInfo", "AddressBook", "SchedulerClient", "BARRIER_WORKERS", "BARRIER_ALL"]
+
+BARRIER_WORKERS = 1
+BARRIER_ALL = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeInfo:
+    """What a node tells the scheduler about itself."""
+
+    role: str  # "worker" or "server"
+    host: str = ""
+    port: int = 0  # a server's listening port
+    worker_id: int = 0
+    local_rank: int = 0
+    local_size: int = 1
+    pid: int = dataclasses.field(default_factory=os.getpid)
+
+    def describe(self) -> str:
+        if self.role == "server":
+            return f"server at {self.host}:{self.port} (pid {self.pid})"
+        return f"worker {self.worker_id} local rank {self.local_rank} (pid {self.pid})"
+
+
+@dataclasses.dataclass(frozen=True)
+class AddressBook:
+    """The job as the scheduler assembled it, identical on every node."""
+
+    servers: Tuple[Tuple[str, int], ...]
+    num_worker_machines: int
+    local_size: int
+    rank: int  # this node's rank among its role (worker rank or server rank)
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes in the job (each pushes every partition)."""
+        return self.num_worker_machines * self.local_size
+
+    def to_json(self) -> dict:
+        return {
+            "servers": [list(s) for s in self.servers],
+            "num_worker_machines": self.num_worker_machines,
+            "local_size": self.local_size,
+            "rank": self.rank,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "AddressBook":
+        return cls(
+            servers=tuple((str(h), int(p)) for h, p in obj["servers"]),
+            num_worker_machines=int(obj["num_worker_machines"]),
+            local_size=int(obj["local_size"]),
+            rank=int(obj["rank"]),
+        )
+
+
+class SchedulerClient:
+    """A node's connection to the scheduler."""
+
+    def __init__(self, context: zmq.Context, host: str, port: int, timeout_s: float) -> None:
+        self.connection = Connection(context, host, port, max_payload_bytes=MAX_CONTROL_PAYLOAD)
+        self.timeout_s = timeout_s
+        self.rank = -1
+
+    @property
+    def address(self) -> str:
+        return self.connection.address
+
+    def register(self, info: NodeInfo) -> AddressBook:
+        """Announce this node and wait until the scheduler sends the address book."""
+        self.connection.send(Command.REGISTER, -1, payload=json_payload(dataclasses.asdict(info)))
+        reply = self._expect(Command.ADDRESS_BOOK, "registration")
+        book = AddressBook.from_json(parse_json_payload(reply.payload.buffer))
+        self.rank = book.rank
+        return book
+
+    def barrier(self, group: int = BARRIER_WORKERS) -> None:
+        """Block until every node of ``group`` has entered the barrier."""
+        self.connection.send(Command.BARRIER, self.rank, aux=group)
+        self._expect(Command.BARRIER_RELEASE, "a barrier")
+
+    def finalize(self) -> None:
+        """Tell the scheduler this worker is done; returns when all workers are."""
+        self.connection.send(Command.FINALIZE, self.rank)
+        self._expect(Command.FINALIZE_ACK, "finalize")
+
+    def recv(self) -> Message:
+        """Receive one message (for servers polling for TERMINATE)."""
+        message = self.connection.recv()
+        if message.header.command == Command.ERROR:
+            raise self._remote_error(message)
+        return message
+
+    def _remote_error(self, message: Message) -> RemoteError:
+        text = bytes(message.payload.buffer).decode(errors="replace") if message.payload else "(no text)"
+        return RemoteError(f"scheduler {self.address}", text)
+
+    def _expect(self, command: Command, what: str) -> Message:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self.connection.socket.poll(int(remaining * 1000)):
+                raise RendezvousTimeout(
+                    f"no answer from the scheduler at {self.address} during {what} within "
+                    f"{self.timeout_s:g} s: check DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT and that the "
+                    "scheduler and every other node of the job are running"
+                )
+            message = self.recv()
+            if message.header.command == command:
+                return message
+            raise TransportError(
+                f"unexpected {command_name(message.header.command)} from the scheduler during {what}"
+            )
+
+    def close(self) -> None:
+        self.connection.close()

@@ -1,0 +1,205 @@
+"""The scheduler: rendezvous, barriers and the end of a job.
+
+One scheduler per job (ps-lite's scheduler node, at DMLC_PS_ROOT_URI:
+DMLC_PS_ROOT_PORT). It waits until ``num_servers`` servers and
+``num_worker_machines`` x ``local_size`` worker processes have registered,
+sends each node the same address book, serves barriers, and when every
+worker has finalized it acknowledges them and tells the servers to exit.
+A malformed or foreign message is logged and answered with an ERROR; it
+never stops the scheduler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Dict, List, Optional, Set
+
+import zmq
+
+from byteps.transport.endpoints import Listener, Message
+from byteps.transport.errors import TransportError
+from byteps.transport.frames import (
+    MAX_CONTROL_PAYLOAD,
+    Command,
+    FrameError,
+    command_name,
+    json_payload,
+    parse_json_payload,
+)
+from byteps.transport.rendezvous import BARRIER_ALL, BARRIER_WORKERS, AddressBook, NodeInfo
+
+__all__ = ["SchedulerOptions", "Scheduler"]
+
+log = logging.getLogger("byteps.transport.scheduler")
+SCHEDULER_SENDER = -1
+_STATUS_INTERVAL_S = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerOptions:
+    host: str
+    port: int
+    num_worker_machines: int
+    num_servers: int
+
+
+@dataclasses.dataclass
+class _Registered:
+    identity: bytes
+    info: NodeInfo
+
+
+class Scheduler:
+    """Runs the rendezvous of one job; ``run()`` returns when the job is over."""
+
+    def __init__(self, options: SchedulerOptions, context: Optional[zmq.Context] = None) -> None:
+        self.options = options
+        self.context = context or zmq.Context.instance()
+        self.listener = Listener(self.context, options.host, options.port, MAX_CONTROL_PAYLOAD)
+        self.servers: List[_Registered] = []
+        self.workers: Dict[int, _Registered] = {}  # by rank
+        self.local_size: Optional[int] = None
+        self.book_sent = False
+        self.barriers: Dict[int, Set[bytes]] = {BARRIER_WORKERS: set(), BARRIER_ALL: set()}
+        self.finalized: Set[int] = set()
+
+    @property
+    def address(self) -> str:
+        return self.listener.address
+
+    def _expected_workers(self) -> Optional[int]:
+        if self.local_size is None:
+            return None
+        return self.options.num_worker_machines * self.local_size
+
+    def run(self) -> None:
+        log.info("scheduler listening on %s for %d server(s) and %d worker machine(s)",
+                 self.address, self.options.num_servers, self.options.num_worker_machines)
+        last_status = time.monotonic()
+        try:
+            while not self._job_over():
+                if self.listener.socket.poll(1000):
+                    self._handle_one()
+                elif not self.book_sent and time.monotonic() - last_status > _STATUS_INTERVAL_S:
+                    last_status = time.monotonic()
+                    log.warning("still waiting for nodes: %s", self._missing())
+        finally:
+            self.listener.close()
+
+    def _job_over(self) -> bool:
+        expected = self._expected_workers()
+        return expected is not None and len(self.finalized) == expected
+
+    def _missing(self) -> str:
+        expected = self._expected_workers()
+        workers = f"{len(self.workers)}/{expected if expected is not None else '?'} worker processes"
+        return f"{len(self.servers)}/{self.options.num_servers} servers, {workers}"
+
+    def _handle_one(self) -> None:
+        try:
+            message = self.listener.recv()
+        except FrameError as exc:
+            log.error("dropped a malformed message: %s", exc)
+            identity = getattr(exc, "identity", None)
+            if identity is not None:
+                self._error(identity, str(exc))
+            return
+        command = message.header.command
+        try:
+            if command == Command.REGISTER:
+                self._register(message)
+            elif command == Command.BARRIER:
+                self._barrier(message)
+            elif command == Command.FINALIZE:
+                self._finalize(message)
+            else:
+                raise TransportError(f"unexpected command {command_name(command)} at the scheduler")
+        except (TransportError, FrameError, KeyError, TypeError, ValueError) as exc:
+            log.error("refused a message from %r: %s", message.identity, exc)
+            self._error(message.identity, str(exc))
+
+    def _error(self, identity: bytes, text: str) -> None:
+        self.listener.send(Command.ERROR, SCHEDULER_SENDER, payload=text.encode(), identity=identity)
+
+    def _register(self, message: Message) -> None:
+        if self.book_sent:
+            raise TransportError("registration refused: the job's nodes have all registered already")
+        fields = parse_json_payload(message.payload.buffer if message.payload else b"")
+        info = NodeInfo(**fields)
+        entry = _Registered(message.identity, info)
+        if info.role == "server":
+            if len(self.servers) >= self.options.num_servers:
+                raise TransportError(
+                    f"registration refused: {info.describe()} is one server more than "
+                    f"DMLC_NUM_SERVER={self.options.num_servers}")
+            self.servers.append(entry)
+        elif info.role == "worker":
+            self._register_worker(entry)
+        else:
+            raise TransportError(f"registration refused: unknown role {info.role!r}")
+        log.info("registered %s (%s)", info.describe(), self._missing())
+        if len(self.servers) == self.options.num_servers and len(self.workers) == self._expected_workers():
+            self._send_address_books()
+
+    def _register_worker(self, entry: _Registered) -> None:
+        info = entry.info
+        if self.local_size is None:
+            self.local_size = info.local_size
+        if info.local_size != self.local_size:
+            raise TransportError(
+                f"registration refused: {info.describe()} has BYTEPS_LOCAL_SIZE={info.local_size}, "
+                f"other workers have {self.local_size}; every worker machine must run the same number")
+        if not 0 <= info.worker_id < self.options.num_worker_machines:
+            raise TransportError(
+                f"registration refused: DMLC_WORKER_ID={info.worker_id} is outside "
+                f"0..{self.options.num_worker_machines - 1} (DMLC_NUM_WORKER={self.options.num_worker_machines})")
+        rank = info.worker_id * info.local_size + info.local_rank
+        if rank in self.workers:
+            raise TransportError(
+                f"registration refused: {info.describe()} duplicates rank {rank} "
+                f"already taken by {self.workers[rank].info.describe()}")
+        self.workers[rank] = entry
+
+    def _send_address_books(self) -> None:
+        self.servers.sort(key=lambda s: (s.info.host, s.info.port))
+        servers = tuple((s.info.host, s.info.port) for s in self.servers)
+        for role_rank, entry in list(enumerate(self.servers)) + sorted(self.workers.items()):
+            book = AddressBook(servers, self.options.num_worker_machines, self.local_size or 1, role_rank)
+            self.listener.send(Command.ADDRESS_BOOK, SCHEDULER_SENDER,
+                               payload=json_payload(book.to_json()), identity=entry.identity)
+        self.book_sent = True
+        log.info("all nodes registered; address book sent (%d servers)", len(servers))
+
+    def _members(self, group: int) -> List[bytes]:
+        members = [w.identity for w in self.workers.values()]
+        if group == BARRIER_ALL:
+            members += [s.identity for s in self.servers]
+        return members
+
+    def _barrier(self, message: Message) -> None:
+        group = message.header.aux
+        if group not in self.barriers:
+            raise TransportError(f"unknown barrier group {group}")
+        if not self.book_sent:
+            raise TransportError("barrier before every node registered")
+        waiting = self.barriers[group]
+        waiting.add(message.identity)
+        members = self._members(group)
+        if waiting >= set(members):
+            for identity in members:
+                self.listener.send(Command.BARRIER_RELEASE, SCHEDULER_SENDER, aux=group, identity=identity)
+            waiting.clear()
+
+    def _finalize(self, message: Message) -> None:
+        rank = message.header.sender
+        if rank not in self.workers or self.workers[rank].identity != message.identity:
+            raise TransportError(f"finalize from unknown worker rank {rank}")
+        self.finalized.add(rank)
+        if self._job_over():
+            for entry in self.workers.values():
+                self.listener.send(Command.FINALIZE_ACK, SCHEDULER_SENDER, identity=entry.identity)
+            for entry in self.servers:
+                self.listener.send(Command.TERMINATE, SCHEDULER_SENDER, identity=entry.identity)
+            log.info("all %d workers finalized; servers told to exit", len(self.workers))

@@ -1,0 +1,143 @@
+"""Scheduler rendezvous with real sockets: nodes in threads, the scheduler in a thread."""
+
+import threading
+
+import pytest
+import zmq
+
+from byteps.transport import (
+    Command,
+    NodeInfo,
+    RemoteError,
+    RendezvousTimeout,
+    Scheduler,
+    SchedulerClient,
+    SchedulerOptions,
+)
+from byteps.transport import _C
+from byteps.transport.frames import PROTOCOL_VERSION, decode_header
+
+
+@pytest.fixture
+def scheduler_factory():
+    started = []
+
+    def start(machines, servers):
+        scheduler = Scheduler(SchedulerOptions("127.0.0.1", 0, machines, servers), zmq.Context())
+        thread = threading.Thread(target=scheduler.run, daemon=True)
+        thread.start()
+        started.append((scheduler, thread))
+        return scheduler
+
+    yield start
+    for _, thread in started:
+        thread.join(timeout=10)
+
+
+def run_nodes(port, infos, after_register=None):
+    """Register each NodeInfo from its own thread; returns address books by position."""
+    books, errors = [None] * len(infos), []
+
+    def node(i, info):
+        context = zmq.Context()
+        client = SchedulerClient(context, "127.0.0.1", port, timeout_s=20)
+        try:
+            books[i] = client.register(info)
+            if after_register:
+                after_register(client, info)
+        except Exception as exc:  # reported to the test below
+            errors.append(exc)
+        finally:
+            client.close()
+            context.term()
+
+    threads = [threading.Thread(target=node, args=(i, info)) for i, info in enumerate(infos)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return books, errors
+
+
+def finish(client, info):
+    if info.role == "worker":
+        client.barrier()
+        client.finalize()
+    else:
+        assert client.recv().header.command == Command.TERMINATE
+
+
+def test_two_machines_of_two_and_two_servers(scheduler_factory):
+    scheduler = scheduler_factory(2, 2)
+    infos = [NodeInfo("server", "127.0.0.1", 7001), NodeInfo("server", "127.0.0.1", 7000)]
+    infos += [NodeInfo("worker", worker_id=w, local_rank=l, local_size=2) for w in (1, 0) for l in (1, 0)]
+    books, errors = run_nodes(scheduler.listener.port, infos, finish)
+    assert errors == []
+    servers = (("127.0.0.1", 7000), ("127.0.0.1", 7001))
+    assert all(book.servers == servers and book.num_workers == 4 for book in books)
+    assert [b.rank for b in books[:2]] == [1, 0]  # servers ranked by address
+    assert [b.rank for b in books[2:]] == [3, 2, 1, 0]  # rank = worker_id * local_size + local_rank
+
+
+def test_duplicate_rank_is_refused_with_both_nodes_named(scheduler_factory):
+    scheduler = scheduler_factory(1, 1)
+    context = zmq.Context()
+    first = SchedulerClient(context, "127.0.0.1", scheduler.listener.port, timeout_s=5)
+    first.connection.send(Command.REGISTER, -1, payload=b'{"role":"worker","pid":1}')
+    second = SchedulerClient(context, "127.0.0.1", scheduler.listener.port, timeout_s=5)
+    with pytest.raises(RemoteError, match="duplicates rank 0 already taken by worker 0 local rank 0"):
+        second.register(NodeInfo("worker", pid=2))
+    books, errors = run_nodes(scheduler.listener.port, [NodeInfo("server", "127.0.0.1", 7000)],
+                              lambda c, i: None)
+    assert errors == [] and books[0].num_workers == 1
+    assert first.connection.recv().header.command == Command.ADDRESS_BOOK
+    first.rank = 0
+    first.finalize()
+    first.close()
+    second.close()
+    context.term()
+
+
+def test_bad_worker_id_and_unknown_role_are_refused(scheduler_factory):
+    scheduler = scheduler_factory(2, 1)
+    context = zmq.Context()
+    client = SchedulerClient(context, "127.0.0.1", scheduler.listener.port, timeout_s=5)
+    with pytest.raises(RemoteError, match="DMLC_WORKER_ID=5 is outside 0..1"):
+        client.register(NodeInfo("worker", worker_id=5))
+    with pytest.raises(RemoteError, match="unknown role 'gardener'"):
+        client.register(NodeInfo("gardener"))
+    client.connection.send(Command.REGISTER, -1, payload=b"{not json")
+    with pytest.raises(RemoteError, match="malformed control payload"):
+        client.recv()
+    client.close(); context.term()
+    books, errors = run_nodes(scheduler.listener.port, [NodeInfo("server", "127.0.0.1", 1)] +
+                              [NodeInfo("worker", worker_id=w) for w in (0, 1)], finish)
+    assert errors == []
+
+
+def test_peer_of_other_protocol_version_is_refused_clearly(scheduler_factory):
+    scheduler = scheduler_factory(1, 1)
+    context = zmq.Context()
+    raw = context.socket(zmq.DEALER)
+    raw.connect(scheduler.address)
+    raw.send_multipart([_C.encode(int(Command.REGISTER), -1, 0, 0, 0, version=PROTOCOL_VERSION + 1)])
+    assert raw.poll(5000)
+    header_frame, text = raw.recv_multipart()
+    header = decode_header(header_frame, 1 << 20)
+    assert header.command == Command.ERROR
+    assert f"peer speaks byteps wire protocol v{PROTOCOL_VERSION + 1}" in text.decode()
+    assert f"this process speaks v{PROTOCOL_VERSION}" in text.decode()
+    raw.close(0)
+    context.term()
+    books, errors = run_nodes(scheduler.listener.port,
+                              [NodeInfo("server", "127.0.0.1", 1), NodeInfo("worker")], finish)
+    assert errors == []  # the scheduler carried on
+
+
+def test_unreachable_scheduler_times_out_naming_the_address():
+    context = zmq.Context()
+    client = SchedulerClient(context, "127.0.0.1", 1, timeout_s=0.5)
+    with pytest.raises(RendezvousTimeout, match=r"scheduler at tcp://127.0.0.1:1 .* within 0.5 s"):
+        client.register(NodeInfo("worker"))
+    client.close()
+    context.term()
