@@ -1,0 +1,160 @@
+"""Test matrix of the byteps monorepo: `nox` runs it all, `nox -s demo` runs the demo job.
+
+Every session installs built wheels, never the source trees, so a test also
+proves that a package installs on its own and declares its dependencies.
+The wheels are built once per source state into .nox/_wheelhouse/<hash>/
+and shared by all sessions of a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+import zipfile
+
+import nox
+
+ROOT = pathlib.Path(__file__).parent
+PACKAGES = ["byteps-transport", "byteps-common", "byteps-server", "byteps-launcher"]
+# Pinned: any other torch spec pulls several GB of CUDA wheels.
+TORCH = "torch==2.13.0"
+FRAMEWORK_MODULES = ["torch", "tensorflow", "mxnet"]
+
+nox.options.sessions = [
+    "lint",
+    "wheels",
+    "tests-transport",
+    "tests-common",
+    "tests-server",
+    "tests-launcher",
+    "server-only",
+]
+nox.options.error_on_missing_interpreters = True
+
+
+def _module_name(package: str) -> str:
+    return package.split("-", 1)[1]
+
+
+def _source_hash() -> str:
+    digest = hashlib.sha256()
+    for package in PACKAGES:
+        base = ROOT / "packages" / package
+        for path in sorted(base.rglob("*")):
+            relative = path.relative_to(base)
+            if path.is_file() and relative.parts[0] in ("src", "csrc") or relative.name in (
+                "pyproject.toml", "CMakeLists.txt", "README.md"):
+                if "__pycache__" in relative.parts or path.suffix == ".so":
+                    continue
+                digest.update(str(path.relative_to(ROOT)).encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _wheelhouse(session: nox.Session) -> pathlib.Path:
+    """Build every package's wheel once per source state; returns the folder."""
+    house = ROOT / ".nox" / "_wheelhouse" / _source_hash()
+    if not (house / ".complete").exists():
+        house.mkdir(parents=True, exist_ok=True)
+        for package in PACKAGES:
+            session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(house),
+                        str(ROOT / "packages" / package))
+        (house / ".complete").touch()
+    return house
+
+
+def _wheel(house: pathlib.Path, package: str) -> pathlib.Path:
+    found = sorted(house.glob(package.replace("-", "_") + "-*.whl"))
+    if len(found) != 1:
+        raise RuntimeError(f"expected one wheel of {package} in {house}, found {found}")
+    return found[0]
+
+
+def _install(session: nox.Session, *packages: str, extra: tuple = ()) -> None:
+    """Install the given byteps wheels; pip resolves their byteps siblings from the wheelhouse."""
+    house = _wheelhouse(session)
+    session.install("--find-links", str(house), *(str(_wheel(house, p)) for p in packages), *extra)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff, and no byteps/__init__.py anywhere (byteps is a PEP 420 namespace)."""
+    session.install("ruff")
+    session.run("ruff", "check", "packages", "benchmarks", "examples", "noxfile.py")
+    stray = sorted(str(p) for p in (ROOT / "packages").glob("*/src/byteps/__init__.py"))
+    if stray:
+        session.error(f"byteps must stay a namespace package; remove {stray}")
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Build every wheel; each must hold its compiled extension and no byteps/__init__.py."""
+    house = _wheelhouse(session)
+    for package in PACKAGES:
+        names = zipfile.ZipFile(_wheel(house, package)).namelist()
+        module = _module_name(package)
+        if not any(n.startswith(f"byteps/{module}/_C.") and n.endswith(".so") for n in names):
+            session.error(f"{package}: wheel lacks its compiled extension byteps/{module}/_C*.so")
+        if "byteps/__init__.py" in names:
+            session.error(f"{package}: wheel ships byteps/__init__.py, which breaks the namespace")
+        foreign = [n for n in names if not n.startswith((f"byteps/{module}/", package.replace("-", "_")))]
+        if foreign:
+            session.error(f"{package}: wheel holds files outside byteps/{module}: {foreign}")
+        session.log(f"{package}: {len(names)} files, extension present, namespace clean")
+
+
+def _tests(session: nox.Session, package: str, *extra: str) -> None:
+    _install(session, package, extra=("pytest", *extra))
+    session.run("python", "-m", "pytest", "-q", str(ROOT / "packages" / package / "tests"), *session.posargs)
+
+
+@nox.session(name="tests-transport")
+def tests_transport(session: nox.Session) -> None:
+    _tests(session, "byteps-transport")
+
+
+@nox.session(name="tests-common")
+def tests_common(session: nox.Session) -> None:
+    _tests(session, "byteps-common", "hypothesis")
+
+
+@nox.session(name="tests-server")
+def tests_server(session: nox.Session) -> None:
+    _tests(session, "byteps-server")
+
+
+@nox.session(name="tests-launcher")
+def tests_launcher(session: nox.Session) -> None:
+    _tests(session, "byteps-launcher")
+
+
+@nox.session(name="server-only")
+def server_only(session: nox.Session) -> None:
+    """byteps-server alone: no deep-learning framework comes with it, and a real job runs."""
+    _install(session, "byteps-server", extra=("pytest",))
+    installed = session.run("python", "-m", "pip", "list", "--format=freeze", silent=True)
+    byteps = sorted(line.split("==")[0] for line in installed.splitlines() if line.startswith("byteps"))
+    if byteps != ["byteps-common", "byteps-server", "byteps-transport"]:
+        session.error(f"byteps-server should pull exactly byteps-common and byteps-transport, got {byteps}")
+    session.run("python", "-c", (
+        "import importlib.util, sys; "
+        f"present = [m for m in {FRAMEWORK_MODULES!r} if importlib.util.find_spec(m)]; "
+        "sys.exit(f'frameworks installed with byteps-server: {present}' if present else 0)"))
+    session.run("python", "-m", "pytest", "-q", str(ROOT / "packages" / "byteps-server" / "tests" / "test_job.py"),
+                "-k", "matches_numpy and 2-1")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job on this machine: a numpy model trained by 2 workers and 1 server."""
+    _install(session, "byteps-launcher", extra=("scikit-learn",))
+    session.run("bpslaunch", "--workers", "2", "--servers", "1", "--",
+                "python", str(ROOT / "examples" / "numpy" / "train_digits.py"), *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks whose figures go into docs/performance.md (not part of the default run)."""
+    _install(session, "byteps-server")
+    for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        session.run("python", str(script))

@@ -1,0 +1,64 @@
+"""Config.from_env: defaults, every variable, and errors that name the variable."""
+
+import pytest
+
+from byteps.common.config import Config, ConfigError
+
+DISTRIBUTED = {"DMLC_PS_ROOT_URI": "10.0.0.1", "DMLC_PS_ROOT_PORT": "9000", "DMLC_NUM_SERVER": "2"}
+
+
+def test_defaults_are_a_single_local_worker():
+    cfg = Config.from_env({})
+    assert (cfg.role, cfg.num_worker, cfg.num_server, cfg.rank, cfg.size) == ("worker", 1, 0, 0, 1)
+    assert cfg.partition_bytes == 4096000 and cfg.server_engine_threads == 4
+    assert not cfg.is_distributed and cfg.log_level == "WARNING" and cfg.ps_verbose == 0
+
+
+def test_every_variable_is_read():
+    cfg = Config.from_env({
+        **DISTRIBUTED, "DMLC_ROLE": "worker", "DMLC_NUM_WORKER": "3", "DMLC_WORKER_ID": "2",
+        "DMLC_INTERFACE": "eth0", "DMLC_NODE_HOST": "10.0.0.7", "BYTEPS_LOCAL_RANK": "1",
+        "BYTEPS_LOCAL_SIZE": "4", "BYTEPS_FORCE_DISTRIBUTED": "1", "BYTEPS_PARTITION_BYTES": "1024",
+        "BYTEPS_SERVER_ENGINE_THREAD": "8", "BYTEPS_LOG_LEVEL": "info", "PS_VERBOSE": "2",
+        "BYTEPS_RENDEZVOUS_TIMEOUT": "30", "DMLC_ENABLE_RDMA": "0",
+    })
+    assert (cfg.root_uri, cfg.root_port, cfg.num_server, cfg.num_worker) == ("10.0.0.1", 9000, 2, 3)
+    assert (cfg.interface, cfg.node_host, cfg.local_rank, cfg.local_size) == ("eth0", "10.0.0.7", 1, 4)
+    assert cfg.rank == 2 * 4 + 1 and cfg.size == 12 and cfg.is_distributed and cfg.force_distributed
+    assert (cfg.partition_bytes, cfg.server_engine_threads, cfg.log_level, cfg.ps_verbose) == (1024, 8, "INFO", 2)
+    assert cfg.rendezvous_timeout_s == 30 and not cfg.enable_rdma
+
+
+@pytest.mark.parametrize("env,variable,fragment", [
+    ({"DMLC_ROLE": "boss"}, "DMLC_ROLE", "expected one of worker, server, scheduler"),
+    ({"DMLC_NUM_WORKER": "two"}, "DMLC_NUM_WORKER", "expected an integer, got 'two'"),
+    ({"DMLC_NUM_WORKER": "0"}, "DMLC_NUM_WORKER", "must be >= 1"),
+    ({"DMLC_NUM_WORKER": "2", **DISTRIBUTED}, "DMLC_WORKER_ID", "not set; it is required for a worker"),
+    ({"DMLC_NUM_WORKER": "2", "DMLC_WORKER_ID": "2", **DISTRIBUTED}, "DMLC_WORKER_ID", "must be < DMLC_NUM_WORKER=2"),
+    ({"DMLC_NUM_WORKER": "2", "DMLC_WORKER_ID": "0"}, "DMLC_PS_ROOT_URI", "scheduler's IP address"),
+    ({"DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "h", "DMLC_NUM_SERVER": "1"}, "DMLC_PS_ROOT_PORT", "not set"),
+    ({"DMLC_ROLE": "server", **DISTRIBUTED, "DMLC_PS_ROOT_PORT": "70000"}, "DMLC_PS_ROOT_PORT", "must be <= 65535"),
+    ({"DMLC_ROLE": "scheduler", **DISTRIBUTED, "DMLC_NUM_SERVER": "0"}, "DMLC_NUM_SERVER", "must be >= 1"),
+    ({"BYTEPS_LOCAL_SIZE": "2", "BYTEPS_LOCAL_RANK": "2"}, "BYTEPS_LOCAL_RANK", "must be < BYTEPS_LOCAL_SIZE=2"),
+    ({"BYTEPS_FORCE_DISTRIBUTED": "maybe"}, "BYTEPS_FORCE_DISTRIBUTED", "expected 0 or 1"),
+    ({"BYTEPS_PARTITION_BYTES": "-5"}, "BYTEPS_PARTITION_BYTES", "must be >= 1"),
+    ({"BYTEPS_SERVER_ENGINE_THREAD": "x"}, "BYTEPS_SERVER_ENGINE_THREAD", "expected an integer"),
+    ({"BYTEPS_LOG_LEVEL": "LOUD"}, "BYTEPS_LOG_LEVEL", "expected one of TRACE"),
+    ({"PS_VERBOSE": "3"}, "PS_VERBOSE", "must be <= 2"),
+])
+def test_bad_values_name_the_variable(env, variable, fragment):
+    with pytest.raises(ConfigError) as info:
+        Config.from_env(env)
+    assert info.value.variable == variable
+    assert str(info.value).startswith(variable + ":") and fragment in str(info.value)
+
+
+def test_single_worker_needs_no_scheduler_unless_forced():
+    assert not Config.from_env({"DMLC_NUM_WORKER": "1"}).is_distributed
+    with pytest.raises(ConfigError, match="DMLC_PS_ROOT_URI"):
+        Config.from_env({"BYTEPS_FORCE_DISTRIBUTED": "1"})
+    assert Config.from_env({"BYTEPS_FORCE_DISTRIBUTED": "1", **DISTRIBUTED}).is_distributed
+
+
+def test_empty_values_count_as_unset():
+    assert Config.from_env({"DMLC_ROLE": "", "BYTEPS_PARTITION_BYTES": "  "}).partition_bytes == 4096000

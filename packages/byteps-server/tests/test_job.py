@@ -1,0 +1,70 @@
+"""Real jobs: a scheduler, servers and workers as processes on 127.0.0.1.
+
+Each worker push_pulls generated tensors and checks every result against a
+numpy reference it computes itself (exact for integers).
+"""
+
+import json
+import os
+import sys
+
+import pytest
+
+from job_harness import run_job
+
+WORKER = [sys.executable, os.path.join(os.path.dirname(__file__), "push_pull_worker.py")]
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64"]
+PARTITION_BYTES = 4000  # small, so that modest tensors span several partitions
+
+
+def tensors(counts, dtypes=DTYPES):
+    out = []
+    for dtype in dtypes:
+        for count in counts:
+            for average in (True, False):
+                out.append({"name": f"{dtype}.{count}.{'avg' if average else 'sum'}",
+                            "dtype": dtype, "count": count, "average": average})
+    return out
+
+
+def assert_ok(result):
+    assert not result.timed_out, "job timed out:\n" + result.failures()
+    assert all(code == 0 for code in result.codes.values()), result.failures()
+
+
+# sizes: one element, below / exactly / just above one partition, several partitions with a tail
+COUNTS = [1, 7, 500, 1000, 1001, 2500, 4099]
+
+
+@pytest.mark.parametrize("workers,servers", [(1, 1), (2, 1), (2, 2), (4, 2)])
+def test_every_dtype_and_size_matches_numpy(workers, servers):
+    spec = {"rounds": 3, "tensors": tensors(COUNTS)}
+    result = run_job(WORKER + [json.dumps(spec)], workers, servers,
+                     env={"BYTEPS_FORCE_DISTRIBUTED": "1", "BYTEPS_PARTITION_BYTES": str(PARTITION_BYTES)})
+    assert_ok(result)
+    for rank in range(workers):
+        assert f"rank {rank} of {workers}: 3 rounds of {len(spec['tensors'])} tensors OK" in \
+            result.outputs[f"worker{rank}"]
+
+
+def test_many_tensors_many_rounds_async():
+    spec = {"rounds": 20, "async": True,
+            "tensors": [{"name": f"layer{i}", "dtype": "float32", "count": 10 + 37 * i, "average": True}
+                        for i in range(60)]}
+    result = run_job(WORKER + [json.dumps(spec)], 2, 2, env={"BYTEPS_PARTITION_BYTES": "2048"})
+    assert_ok(result)
+
+
+def test_local_processes_on_two_machines():
+    spec = {"rounds": 2, "tensors": tensors([3, 3000], ["float32", "int64"])}
+    result = run_job(WORKER + [json.dumps(spec)], 2, 1, local_size=2,
+                     env={"BYTEPS_PARTITION_BYTES": str(PARTITION_BYTES)})
+    assert_ok(result)
+    assert "rank 3 of 4" in result.outputs["worker3"]
+
+
+def test_default_partition_size_with_a_large_tensor():
+    # 3 partitions of the default 4096000 bytes, the last one short
+    spec = {"rounds": 2, "tensors": [{"name": "big", "dtype": "float32", "count": 2_600_000, "average": True}]}
+    result = run_job(WORKER + [json.dumps(spec)], 2, 2)
+    assert_ok(result)
