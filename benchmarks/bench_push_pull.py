@@ -1,0 +1,133 @@
+"""push_pull of one large tensor, 1 worker + 1 server on loopback, against raw pyzmq.
+
+Effective bandwidth = (bytes pushed + bytes pulled) / time of one push_pull.
+The baseline, measured in the same run on the same machine, is a raw pyzmq
+PUSH/PULL stream of the same number of bytes in messages of the same size
+(BYTEPS_PARTITION_BYTES), zero-copy, between two processes: the most a
+single TCP connection pair moves here with no byteps in the way. Goal: a
+ratio of at least 0.7.
+
+    python benchmarks/bench_push_pull.py [--mb 100] [--repeats 5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import zmq
+
+PARTITION_BYTES = 4096000
+
+RECEIVER = r"""
+import sys, zmq
+ctx = zmq.Context()
+data = ctx.socket(zmq.PULL); data.bind(f"tcp://127.0.0.1:{sys.argv[1]}")
+ack = ctx.socket(zmq.PUSH); ack.bind(f"tcp://127.0.0.1:{sys.argv[2]}")
+messages, rounds = int(sys.argv[3]), int(sys.argv[4])
+for _ in range(rounds):
+    for _ in range(messages):
+        data.recv(copy=False)
+    ack.send(b"done")
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def raw_zmq_stream(total_bytes: int, message_bytes: int, repeats: int) -> list:
+    """Seconds to stream ``total_bytes`` to another process, per repeat."""
+    data_port, ack_port = free_port(), free_port()
+    chunks = [np.ones(min(message_bytes, total_bytes - off), dtype=np.uint8)
+              for off in range(0, total_bytes, message_bytes)]
+    receiver = subprocess.Popen([sys.executable, "-c", RECEIVER, str(data_port), str(ack_port),
+                                 str(len(chunks)), str(repeats + 1)])
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.connect(f"tcp://127.0.0.1:{data_port}")
+    ack = ctx.socket(zmq.PULL)
+    ack.connect(f"tcp://127.0.0.1:{ack_port}")
+    times = []
+    try:
+        for _ in range(repeats + 1):  # the first round warms up
+            start = time.perf_counter()
+            for chunk in chunks:
+                push.send(chunk, copy=False)
+            ack.recv()
+            times.append(time.perf_counter() - start)
+    finally:
+        push.close(0)
+        ack.close(0)
+        ctx.term()
+        receiver.wait(timeout=30)
+    return times[1:]
+
+
+def byteps_push_pull(nbytes: int, repeats: int) -> list:
+    """Seconds per push_pull of one float32 tensor of ``nbytes`` through a real server."""
+    port = free_port()
+    env = {**os.environ, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
+           "DMLC_NUM_WORKER": "1", "DMLC_NUM_SERVER": "1", "DMLC_INTERFACE": "lo",
+           "BYTEPS_FORCE_DISTRIBUTED": "1", "BYTEPS_PARTITION_BYTES": str(PARTITION_BYTES)}
+    procs = [subprocess.Popen([sys.executable, "-m", "byteps.server"], env={**env, "DMLC_ROLE": role})
+             for role in ("scheduler", "server")]
+    os.environ.update({**env, "DMLC_ROLE": "worker"})
+    import byteps.common as bps
+
+    try:
+        bps.init()
+        tensor = np.ones(nbytes // 4, dtype=np.float32)
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            bps.push_pull(tensor, name="tensor", average=False)
+            times.append(time.perf_counter() - start)
+        assert tensor[0] == 1.0  # one worker: the sum is the input
+        bps.shutdown()
+    finally:
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return times[1:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    nbytes = args.mb * 1000 * 1000
+    moved = 2 * nbytes  # pushed + pulled
+    raw = statistics.median(raw_zmq_stream(moved, PARTITION_BYTES, args.repeats))
+    bps_times = byteps_push_pull(nbytes, args.repeats)
+    ours = statistics.median(bps_times)
+    figures = {
+        "tensor_mb": args.mb, "partition_bytes": PARTITION_BYTES,
+        "raw_pyzmq_gbps": moved / raw / 1e9, "byteps_gbps": moved / ours / 1e9,
+        "byteps_seconds_median": ours, "byteps_seconds_min": min(bps_times), "byteps_seconds_max": max(bps_times),
+        "ratio": raw / ours,
+    }
+    print(f"| what | GB/s (pushed + pulled) | ratio |\n|---|---|---|\n"
+          f"| raw pyzmq PUSH/PULL stream, {moved / 1e6:.0f} MB | {figures['raw_pyzmq_gbps']:.2f} | 1.00 |\n"
+          f"| byteps push_pull, {args.mb} MB float32, 1 worker + 1 server | {figures['byteps_gbps']:.2f} | "
+          f"{figures['ratio']:.2f} |")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(figures, out, indent=2)
+
+
+if __name__ == "__main__":
+    main()
