@@ -9,7 +9,6 @@ import os
 import sys
 
 import pytest
-
 from job_harness import run_job
 
 WORKER = [sys.executable, os.path.join(os.path.dirname(__file__), "push_pull_worker.py")]

@@ -6,6 +6,7 @@ import pytest
 import zmq
 
 from byteps.transport import (
+    _C,
     Command,
     NodeInfo,
     RemoteError,
@@ -14,7 +15,6 @@ from byteps.transport import (
     SchedulerClient,
     SchedulerOptions,
 )
-from byteps.transport import _C
 from byteps.transport.frames import PROTOCOL_VERSION, decode_header
 
 
@@ -70,7 +70,7 @@ def finish(client, info):
 def test_two_machines_of_two_and_two_servers(scheduler_factory):
     scheduler = scheduler_factory(2, 2)
     infos = [NodeInfo("server", "127.0.0.1", 7001), NodeInfo("server", "127.0.0.1", 7000)]
-    infos += [NodeInfo("worker", worker_id=w, local_rank=l, local_size=2) for w in (1, 0) for l in (1, 0)]
+    infos += [NodeInfo("worker", worker_id=w, local_rank=lr, local_size=2) for w in (1, 0) for lr in (1, 0)]
     books, errors = run_nodes(scheduler.listener.port, infos, finish)
     assert errors == []
     servers = (("127.0.0.1", 7000), ("127.0.0.1", 7001))
@@ -109,7 +109,8 @@ def test_bad_worker_id_and_unknown_role_are_refused(scheduler_factory):
     client.connection.send(Command.REGISTER, -1, payload=b"{not json")
     with pytest.raises(RemoteError, match="malformed control payload"):
         client.recv()
-    client.close(); context.term()
+    client.close()
+    context.term()
     books, errors = run_nodes(scheduler.listener.port, [NodeInfo("server", "127.0.0.1", 1)] +
                               [NodeInfo("worker", worker_id=w) for w in (0, 1)], finish)
     assert errors == []

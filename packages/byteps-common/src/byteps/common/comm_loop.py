@@ -54,7 +54,7 @@ class CommLoop(threading.Thread):
         super().__init__(name="byteps-comm", daemon=True)
         self.rank = rank
         self.connections = [Connection(context, host, port, max_payload_bytes) for host, port in servers]
-        self._tasks: "queue.SimpleQueue[Optional[PushPullTask]]" = queue.SimpleQueue()
+        self._tasks: queue.SimpleQueue[Optional[PushPullTask]] = queue.SimpleQueue()
         self._wake_read, self._wake_write = os.pipe()
         self._in_flight: Dict[Tuple[int, int], Tuple[PushPullTask, Partition]] = {}
         self._initialized_keys: Set[int] = set()

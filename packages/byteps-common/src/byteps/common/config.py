@@ -147,7 +147,7 @@ class Config:
         return self.num_worker * self.local_size
 
     @classmethod
-    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> Config:
         """Read and validate a Config; raises ConfigError naming the variable."""
         env = _EnvReader(os.environ if environ is None else environ)
         role = env.get("DMLC_ROLE", _choice(ROLES, str.lower), "worker")

@@ -36,7 +36,7 @@ class PartitionPlan:
 
     @classmethod
     def build(cls, tensor_id: int, nbytes: int, itemsize: int, partition_bytes: int,
-              num_servers: int) -> "PartitionPlan":
+              num_servers: int) -> PartitionPlan:
         """Split ``nbytes`` of ``itemsize``-byte elements; ValueError if too many partitions."""
         if num_servers < 1:
             raise ValueError("a partition plan needs at least one server")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Tuple
 
 import zmq
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Optional, Tuple
+from typing import Tuple
 
 import zmq
 
@@ -74,7 +74,7 @@ class AddressBook:
         }
 
     @classmethod
-    def from_json(cls, obj: dict) -> "AddressBook":
+    def from_json(cls, obj: dict) -> AddressBook:
         return cls(
             servers=tuple((str(h), int(p)) for h, p in obj["servers"]),
             num_worker_machines=int(obj["num_worker_machines"]),
