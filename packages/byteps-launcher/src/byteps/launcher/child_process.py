@@ -1,0 +1,111 @@
+"""Starting one child of the job so that it can never outlive bpslaunch.
+
+Each child gets its own session and process group (so one ``killpg``
+reaches it and everything it started), pipes for stdout and stderr (relayed
+with a prefix), and, in ``preexec_fn`` between fork and exec, a
+parent-death signal: if bpslaunch dies, even by SIGKILL, the kernel sends
+the child that signal.
+
+Example::
+
+    child = ChildProcess.spawn(spec)
+    child.proc.wait()
+    print(describe_exit(child.proc.returncode))   # "exited with code 0"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from typing import Optional
+
+from byteps.launcher import _C
+from byteps.launcher.job_plan import ProcessSpec
+
+__all__ = ["ChildProcess", "describe_exit", "exit_status", "DEATH_SIGNAL"]
+
+#: SIGKILL rather than SIGTERM: a child that ignores SIGTERM must not survive
+#: its launcher either.
+DEATH_SIGNAL = signal.SIGKILL
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def describe_exit(returncode: int) -> str:
+    """Human words for a Popen returncode: ``exited with code 3``, ``was killed by SIGSEGV``."""
+    if returncode < 0:
+        return f"was killed by {_signal_name(-returncode)} (signal {-returncode})"
+    return f"exited with code {returncode}"
+
+
+def exit_status(returncode: int) -> int:
+    """The shell convention: the code itself, 128 + N for death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclasses.dataclass
+class ChildProcess:
+    """A started child: its spec, its Popen and what became of it."""
+
+    spec: ProcessSpec
+    proc: subprocess.Popen
+    started_at: float
+    ended_at: Optional[float] = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def pgid(self) -> int:
+        """The child leads its own session, so its group id is its pid."""
+        return self.proc.pid
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self.proc.returncode
+
+    @property
+    def running(self) -> bool:
+        return self.proc.returncode is None
+
+    def poll(self) -> Optional[int]:
+        """Reap the child if it has exited (records when we noticed)."""
+        returncode = self.proc.poll()
+        if returncode is not None and self.ended_at is None:
+            self.ended_at = time.monotonic()
+        return returncode
+
+    @classmethod
+    def spawn(
+        cls, spec: ProcessSpec, *, inherit_stdin: bool = False, death_signal: int = DEATH_SIGNAL
+    ) -> ChildProcess:
+        """Start ``spec``; raises OSError if the command cannot be executed.
+
+        Call from the thread that will outlive the child: Linux sends the
+        parent-death signal when the *thread* that forked exits.
+        """
+        parent = os.getpid()
+
+        def set_death_signal() -> None:
+            _C.set_parent_death_signal(int(death_signal), parent)
+
+        proc = subprocess.Popen(
+            list(spec.argv),
+            env=dict(spec.env),
+            stdin=None if inherit_stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=set_death_signal,
+            close_fds=True,
+        )
+        return cls(spec=spec, proc=proc, started_at=time.monotonic())

@@ -1,0 +1,142 @@
+"""The ``bpslaunch`` command line.
+
+::
+
+    bpslaunch [-np L] [--workers W] [--servers K] [--force-distributed]
+              [--grace-period SECONDS] [--] COMMAND ...
+
+Without ``DMLC_ROLE`` in the environment (embedded mode) the whole job runs
+on this machine; with it (role mode) this machine plays that role, as with
+BytePS's launcher. Exit status: the job's (see
+:mod:`byteps.launcher.supervisor`), 2 for a usage or configuration error,
+130/143 when interrupted by SIGINT/SIGTERM.
+
+Example::
+
+    bpslaunch -np 2 -- python train.py --epochs 3
+    DMLC_ROLE=worker DMLC_WORKER_ID=0 ... bpslaunch python train.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import List, Optional, Sequence
+
+from byteps.common.config import ConfigError
+from byteps.common.interface import distribution_version
+from byteps.launcher.embedded_mode import EmbeddedOptions, embedded_plan, stale_variables
+from byteps.launcher.job_plan import JobPlan, UsageError
+from byteps.launcher.output import Console
+from byteps.launcher.role_mode import role_plan
+from byteps.launcher.supervisor import DEFAULT_GRACE_PERIOD, Supervisor
+
+__all__ = ["main", "build_parser"]
+
+USAGE_ERROR = 2
+EMBEDDED_ONLY = (("local_size", "-np"), ("num_worker", "--workers"), ("num_server", "--servers"))
+VERBOSE_LEVELS = ("TRACE", "DEBUG", "INFO")
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bpslaunch",
+        usage=(
+            "%(prog)s [-np L] [--workers W] [--servers K] [--force-distributed] "
+            "[--grace-period SECONDS] [--] COMMAND ..."
+        ),
+        description=(
+            "Start a byteps job and tear it all down on the first failure. Without DMLC_ROLE "
+            "(embedded mode) the scheduler, servers and workers all run here on 127.0.0.1; with "
+            "DMLC_ROLE set (role mode) this machine plays that role, configured by DMLC_*/BYTEPS_* "
+            "variables."
+        ),
+        epilog=(
+            "Each child's output is re-printed prefixed with its role and rank, e.g. '[worker 1] '. "
+            "Exit status: the failed process's exit code (128+N if killed by signal N), 0 when every "
+            "worker succeeded, 2 for a usage or configuration error."
+        ),
+    )
+    parser.add_argument("-np", dest="local_size", type=int, default=None, metavar="L",
+                        help="worker processes per worker machine (embedded mode; default 1)")
+    parser.add_argument("--workers", dest="num_worker", type=int, default=None, metavar="W",
+                        help="worker machines, i.e. DMLC_NUM_WORKER (embedded mode; default 1)")
+    parser.add_argument("--servers", dest="num_server", type=int, default=None, metavar="K",
+                        help="servers (embedded mode; default W when W > 1, 1 when -np > 1 or "
+                             "--force-distributed, else 0)")
+    parser.add_argument("--force-distributed", action="store_true",
+                        help="use the scheduler and servers even for one worker process "
+                             "(BYTEPS_FORCE_DISTRIBUTED=1)")
+    parser.add_argument("--grace-period", type=_non_negative_float, default=DEFAULT_GRACE_PERIOD,
+                        metavar="SECONDS",
+                        help="time between SIGTERM and SIGKILL when tearing the job down "
+                             f"(default {DEFAULT_GRACE_PERIOD:g})")
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {distribution_version('byteps-launcher')}")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
+                        help="what each worker process runs (ignored for DMLC_ROLE=server/scheduler)")
+    return parser
+
+
+def _plan(args: argparse.Namespace, command: List[str], console: Console) -> JobPlan:
+    environ = os.environ
+    if environ.get("DMLC_ROLE", "").strip():
+        given = [flag for attr, flag in EMBEDDED_ONLY if getattr(args, attr) is not None]
+        if args.force_distributed:
+            given.append("--force-distributed")
+        if given:
+            raise UsageError(
+                f"{', '.join(given)} only apply in embedded mode; with DMLC_ROLE set, use "
+                "BYTEPS_LOCAL_SIZE, DMLC_NUM_WORKER, DMLC_NUM_SERVER and BYTEPS_FORCE_DISTRIBUTED"
+            )
+        plan = role_plan(command, environ)
+        if command and not plan.workers:
+            console.note(f"DMLC_ROLE={plan.processes[0].role}: COMMAND is ignored; running byteps.server")
+        return plan
+
+    for name in stale_variables(environ):
+        console.note(f"embedded mode (DMLC_ROLE unset) sets {name} itself; ignoring {name}={environ[name]!r}")
+    options = EmbeddedOptions(
+        local_size=1 if args.local_size is None else args.local_size,
+        num_worker=1 if args.num_worker is None else args.num_worker,
+        num_server=args.num_server,
+        force_distributed=args.force_distributed,
+    )
+    return embedded_plan(options, command, environ)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run bpslaunch with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    console = Console()
+    try:
+        plan = _plan(args, command, console)
+    except ConfigError as exc:
+        console.note(f"configuration error: {exc}")
+        return USAGE_ERROR
+    except UsageError as exc:
+        parser.print_usage(sys.stderr)
+        console.note(f"error: {exc}")
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+    if plan.processes[0].config().log_level in VERBOSE_LEVELS:
+        console.note(plan.describe())
+    outcome = Supervisor(plan, grace_period=args.grace_period, console=console).run()
+    return outcome.exit_code

@@ -1,0 +1,160 @@
+"""Test harness: run bpslaunch as a real process, track every pid a job starts, clean up.
+
+Children record their pids by appending to ``$BPSTEST_PIDDIR/pids``;
+:meth:`Job.cleanup` (run by the ``job`` fixture in conftest.py) SIGKILLs
+whatever is still alive at the end of a test, even a failed one, but only
+processes whose environment carries that directory (so a reused pid of
+someone else is never touched).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+BPSLAUNCH = [sys.executable, "-m", "byteps.launcher"]
+PY = sys.executable
+
+#: Distributed-looking settings for role-mode workers whose command never connects.
+ROLE_WORKER_ENV = {
+    "DMLC_ROLE": "worker",
+    "DMLC_PS_ROOT_URI": "127.0.0.1",
+    "DMLC_PS_ROOT_PORT": "9",
+    "DMLC_NUM_SERVER": "1",
+}
+
+
+def with_fake_server(server_code: str) -> List[str]:
+    """A bpslaunch command line whose scheduler and servers run ``python -c server_code``.
+
+    Lets tests check the distributed path (roles, environment, teardown)
+    without depending on the real byteps.server.
+    """
+    patch = (
+        "import sys; import byteps.launcher.embedded_mode as e, byteps.launcher.role_mode as r; "
+        "e.SERVER_ARGV = r.SERVER_ARGV = (sys.executable, '-c', sys.argv[1]); "
+        "from byteps.launcher.cli import main; sys.exit(main(sys.argv[2:]))"
+    )
+    return [PY, "-c", patch, server_code]
+
+
+def clean_env(**extra: str) -> Dict[str, str]:
+    """This process's environment without any DMLC_*/BYTEPS_* knob, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_", "PS_"))}
+    env.update(extra)
+    return env
+
+
+def process_state(pid: int) -> Optional[str]:
+    """The /proc state letter of pid, or None when it no longer exists."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def is_alive(pid: int) -> bool:
+    """Running or sleeping; a zombie (dead, not yet reaped by its new parent) counts as dead."""
+    return process_state(pid) not in (None, "Z", "X")
+
+
+def wait_until_dead(pids: Sequence[int], timeout: float) -> List[int]:
+    """Wait up to ``timeout`` s; returns the pids still alive."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in pids if is_alive(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if is_alive(p)]
+    return alive
+
+
+class Job:
+    """One test's jobs: launches bpslaunch and knows every pid its children recorded."""
+
+    def __init__(self, piddir: Path) -> None:
+        self.piddir = piddir
+        self.launched: List[subprocess.Popen] = []
+
+    def env(self, **extra: str) -> Dict[str, str]:
+        return clean_env(BPSTEST_PIDDIR=str(self.piddir), **extra)
+
+    def start(
+        self, args: Sequence[str], env: Optional[Dict[str, str]] = None, launcher: Sequence[str] = BPSLAUNCH
+    ) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [*launcher, *args],
+            env=env if env is not None else self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # a stray signal to the launcher's group must not hit pytest
+        )
+        self.launched.append(proc)
+        return proc
+
+    def run(
+        self,
+        args: Sequence[str],
+        env: Optional[Dict[str, str]] = None,
+        timeout: float = 20,
+        launcher: Sequence[str] = BPSLAUNCH,
+    ):
+        proc = self.start(args, env, launcher)
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out.decode(), err.decode()
+
+    def wait_for_pids(self, count: int, timeout: float = 10) -> List[int]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pids = self.pids()
+            if len(pids) >= count:
+                return pids
+            time.sleep(0.05)
+        raise AssertionError(f"expected {count} recorded pids, got {self.pids()}")
+
+    def pids(self) -> List[int]:
+        path = self.piddir / "pids"
+        if not path.exists():
+            return []
+        return [int(word) for word in path.read_text().split()]
+
+    def _ours(self, pid: int) -> bool:
+        try:
+            return str(self.piddir).encode() in Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            return False
+
+    def cleanup(self) -> None:
+        for proc in self.launched:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                if stream:
+                    stream.close()
+        for pid in self.pids():
+            if is_alive(pid) and self._ours(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def env_lines(output: str) -> Dict[str, dict]:
+    """Parse ``[prefix] {json}`` lines printed by env-dumping children, keyed by prefix."""
+    found = {}
+    for line in output.splitlines():
+        prefix, _, rest = line.partition("] ")
+        if rest.startswith("{"):
+            found[prefix + "]"] = json.loads(rest)
+    return found
+
+
+#: A command that prints its environment as one JSON line.
+PRINT_ENV = [PY, "-c", "import json, os; print(json.dumps(dict(os.environ)))"]
+
+#: Shell snippet: record this process and a background grandchild.
+RECORD_PIDS = 'echo $$ >> "$BPSTEST_PIDDIR/pids"; sleep 300 & echo $! >> "$BPSTEST_PIDDIR/pids"; '
