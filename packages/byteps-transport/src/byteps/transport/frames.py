@@ -43,8 +43,7 @@ class Command(enum.IntEnum):
     ADDRESS_BOOK = 2  # scheduler -> node: JSON address book
     BARRIER = 3  # node -> scheduler, aux = barrier group
     BARRIER_RELEASE = 4  # scheduler -> node
-    FINALIZE = 5  # worker -> scheduler: this worker is done
-    FINALIZE_ACK = 6  # scheduler -> worker: all workers are done
+    FINALIZE = 5  # worker -> scheduler: this worker is done (code 6 is retired)
     TERMINATE = 7  # scheduler -> server: exit now
     ERROR = 8  # any -> any: UTF-8 text payload, key names the tensor if any
     INIT_KEY = 16  # worker -> server: JSON description of a partition

@@ -109,9 +109,13 @@ class SchedulerClient:
         self._expect(Command.BARRIER_RELEASE, "a barrier")
 
     def finalize(self) -> None:
-        """Tell the scheduler this worker is done; returns when all workers are."""
+        """Tell the scheduler this worker is done.
+
+        It does not wait for the other workers: a worker that fails and exits
+        must not block in its exit handler until the healthy ones finish.
+        The servers stop once every worker has finalized.
+        """
         self.connection.send(Command.FINALIZE, self.rank)
-        self._expect(Command.FINALIZE_ACK, "finalize")
 
     def recv(self) -> Message:
         """Receive one message (for servers polling for TERMINATE)."""

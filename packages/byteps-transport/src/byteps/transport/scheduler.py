@@ -4,7 +4,7 @@ One scheduler per job (ps-lite's scheduler node, at DMLC_PS_ROOT_URI:
 DMLC_PS_ROOT_PORT). It waits until ``num_servers`` servers and
 ``num_worker_machines`` x ``local_size`` worker processes have registered,
 sends each node the same address book, serves barriers, and when every
-worker has finalized it acknowledges them and tells the servers to exit.
+worker has finalized it tells the servers to exit.
 A malformed or foreign message is logged and answered with an ERROR; it
 never stops the scheduler.
 """
@@ -198,8 +198,6 @@ class Scheduler:
             raise TransportError(f"finalize from unknown worker rank {rank}")
         self.finalized.add(rank)
         if self._job_over():
-            for entry in self.workers.values():
-                self.listener.send(Command.FINALIZE_ACK, SCHEDULER_SENDER, identity=entry.identity)
             for entry in self.servers:
                 self.listener.send(Command.TERMINATE, SCHEDULER_SENDER, identity=entry.identity)
             log.info("all %d workers finalized; servers told to exit", len(self.workers))
