@@ -210,6 +210,20 @@ def test_sum_into_halves_keeps_nan_and_inf(dtype):
     assert got[3] == -np.inf and np.isnan(got[4]) and got[5] == np.inf
 
 
+@pytest.mark.parametrize("dtype", HALVES, ids=lambda d: d.name)
+def test_sum_into_halves_on_random_bit_patterns(dtype):
+    # Every class of value: subnormals, Inf, NaN with payloads, both zeros.
+    rng = np.random.default_rng(30)
+    dst = rng.integers(0, 2**16, 100003, dtype=np.uint16)
+    src = rng.integers(0, 2**16, 100003, dtype=np.uint16)
+    if dtype == DType.FLOAT16:
+        dst, src = dst.view(np.float16), src.view(np.float16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = narrow(widen(dst, dtype) + widen(src, dtype), dtype)
+    _C.sum_into(dst, src, dtype)
+    assert_same(dst, want, dtype)
+
+
 def test_integer_sum_wraps_like_numpy():
     a = np.array([2**31 - 1, -(2**31)], np.int32)
     b = np.array([1, -1], np.int32)
@@ -257,6 +271,32 @@ def test_accepts_bytes_memoryview_and_bytearray():
     _C.sum_into(dst, src.tobytes(), DType.FLOAT32)
     _C.sum_into(memoryview(dst), memoryview(src.tobytes()), DType.FLOAT32)
     np.testing.assert_array_equal(np.frombuffer(dst, np.float32), 1 + 2 * src)
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=lambda d: d.name)
+def test_misaligned_buffers(dtype):
+    # zmq frames and slices of byte buffers need not be aligned to the itemsize.
+    def at_offset(array: np.ndarray, offset: int) -> memoryview:
+        raw = bytearray(array.nbytes + offset)
+        view = memoryview(raw)[offset:]
+        view[:] = array.tobytes()
+        return view
+
+    dst, src = random_values(dtype, 1003, 40), random_values(dtype, 1003, 41)
+    for offset in (1, 3):
+        want = dst.copy()
+        _C.sum_into(want, src, dtype)
+        got = at_offset(dst, offset)
+        _C.sum_into(got, at_offset(src, offset), dtype)
+        assert_same(np.frombuffer(got, dtype.storage), want, dtype)
+        acc = at_offset(kernels.empty_accumulator(1003, dtype), offset)
+        _C.accumulate(acc, at_offset(src, offset), dtype, True)
+        out = at_offset(np.zeros_like(dst), offset)
+        _C.finalize(out, acc, dtype)
+        _C.scale(out, dtype, 3)
+        expected = src.copy()
+        _C.scale(expected, dtype, 3)
+        assert_same(np.frombuffer(out, dtype.storage), expected, dtype)
 
 
 def test_kernels_wrapper_takes_dtype_names_and_enums():

@@ -1,0 +1,302 @@
+// byteps.server._C: ServerEngine, the parameter server's summation hot path.
+//
+// Python receives pushes from the network and hands each frame's buffer to
+// the engine; the engine sums it into the key's accumulator with the GIL
+// released, on a persistent pool for large buffers, and finalizes the round
+// once every worker has pushed. See summation_engine.h for the buffer
+// scheme.
+
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "buffer_arg.h"
+#include "summation_engine.h"
+
+namespace py = pybind11;
+
+namespace byteps {
+namespace server {
+
+namespace {
+
+std::string pair_str(size_t nbytes, int dtype) {
+  return "(nbytes=" + std::to_string(nbytes) + ", dtype=" + dtype_name(dtype) + ")";
+}
+
+}  // namespace
+
+SummationEngine::KeyState& SummationEngine::state(uint64_t key) {
+  auto it = keys_.find(key);
+  if (it == keys_.end()) {
+    throw std::invalid_argument("key " + std::to_string(key) +
+                                " is not declared; call declare(key, nbytes, dtype) first");
+  }
+  return it->second;
+}
+
+void SummationEngine::declare(uint64_t key, size_t nbytes, int dtype) {
+  check_dtype(dtype);
+  if (nbytes == 0 || nbytes % itemsize(dtype) != 0) {
+    throw std::invalid_argument("key " + std::to_string(key) + ": nbytes " +
+                                std::to_string(nbytes) + " must be a positive multiple of the " +
+                                dtype_name(dtype) + " itemsize " +
+                                std::to_string(itemsize(dtype)));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = keys_.find(key);
+  if (it != keys_.end()) {
+    const KeyState& s = it->second;
+    if (s.nbytes == nbytes && s.dtype == dtype) return;
+    throw std::invalid_argument("key " + std::to_string(key) + " is already declared as " +
+                                pair_str(s.nbytes, s.dtype) + ", cannot redeclare it as " +
+                                pair_str(nbytes, dtype));
+  }
+  KeyState s;
+  s.nbytes = nbytes;
+  s.dtype = dtype;
+  s.out[0] = std::make_shared<AlignedBuffer>(nbytes);
+  s.out[1] = std::make_shared<AlignedBuffer>(nbytes);
+  if (is_half(dtype)) {
+    s.acc = std::make_shared<AlignedBuffer>(nbytes / itemsize(dtype) * accumulation_itemsize(dtype));
+  }
+  keys_.emplace(key, std::move(s));
+}
+
+bool SummationEngine::push(uint64_t key, int64_t round, const void* data, size_t nbytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KeyState& s = state(key);
+  if (nbytes != s.nbytes) {
+    throw std::invalid_argument("push for key " + std::to_string(key) + " has " +
+                                std::to_string(nbytes) + " bytes, but the key is declared with " +
+                                std::to_string(s.nbytes) + " bytes");
+  }
+  const int64_t expected = s.completed + 1;
+  if (round != expected) {
+    throw std::invalid_argument("push for key " + std::to_string(key) + " round " +
+                                std::to_string(round) + ", but the key is accumulating round " +
+                                std::to_string(expected) + " (completed_round " +
+                                std::to_string(s.completed) + ")");
+  }
+  const int parity = static_cast<int>(round & 1);
+  const bool first = s.pushes == 0;
+  // Round - 2's result leaves now, for every dtype: in place (non-half
+  // dtypes) its buffer is about to be summed over, and halves keep the same
+  // rule so that the contract does not depend on the dtype.
+  if (first) s.out_round[parity] = -1;
+  char* acc = static_cast<char*>(s.acc ? s.acc->data() : s.out[parity]->data());
+  char* out = static_cast<char*>(s.out[parity]->data());
+  const auto* src = static_cast<const char*>(data);
+  const size_t count = s.nbytes / itemsize(s.dtype);
+  const size_t isz = itemsize(s.dtype);
+  const size_t acc_isz = accumulation_itemsize(s.dtype);
+  const int dtype = s.dtype;
+  // The round's last push into a wider accumulator finalizes block by block,
+  // while each block is still in L1, instead of re-reading the whole
+  // accumulator from memory afterwards.
+  const bool finalize_now = s.pushes + 1 == num_workers_ && out != acc;
+  parallel_for(count, s.nbytes, [&](size_t begin, size_t end) {
+    if (!finalize_now) {
+      accumulate_(acc + begin * acc_isz, src + begin * isz, end - begin, dtype, first ? 1 : 0);
+      return;
+    }
+    for (size_t i = begin; i < end; i += kBlockElements) {
+      const size_t n = std::min(kBlockElements, end - i);
+      accumulate_(acc + i * acc_isz, src + i * isz, n, dtype, first ? 1 : 0);
+      finalize_(out + i * isz, acc + i * acc_isz, n, dtype);
+    }
+  });
+  if (++s.pushes < num_workers_) return false;
+
+  s.out_round[parity] = round;
+  s.completed = round;
+  s.pushes = 0;
+  return true;
+}
+
+std::shared_ptr<AlignedBuffer> SummationEngine::result(uint64_t key, int64_t round) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KeyState& s = state(key);
+  if (round < 0 || round > s.completed) {
+    throw std::invalid_argument("round " + std::to_string(round) + " of key " +
+                                std::to_string(key) + " is not completed (completed_round " +
+                                std::to_string(s.completed) + ")");
+  }
+  const int parity = static_cast<int>(round & 1);
+  if (s.out_round[parity] != round) {
+    throw std::invalid_argument("round " + std::to_string(round) + " of key " +
+                                std::to_string(key) +
+                                " has been overwritten: only the last two completed rounds are "
+                                "kept, and round r's buffer is reused once round r + 2 starts "
+                                "(completed_round " + std::to_string(s.completed) + ")");
+  }
+  return s.out[parity];
+}
+
+int64_t SummationEngine::completed_round(uint64_t key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state(key).completed;
+}
+
+void SummationEngine::reduce_into(void* dst, const void* src, size_t nbytes, int dtype) {
+  check_dtype(dtype);
+  const size_t count = nbytes / itemsize(dtype);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!is_half(dtype)) {
+    // With the accumulation type equal to dtype, accumulate is dst += src.
+    parallel_for(count, nbytes, [&](size_t begin, size_t end) {
+      const size_t isz = itemsize(dtype);
+      accumulate_(static_cast<char*>(dst) + begin * isz,
+                  static_cast<const char*>(src) + begin * isz, end - begin, dtype, 0);
+    });
+    return;
+  }
+  // Halves: widen both into a float32 block that stays in L1, add, round
+  // back once, block by block; the same arithmetic as common's sum_into,
+  // through the two entry points of kernel ABI 1.
+  parallel_for(count, nbytes, [&](size_t begin, size_t end) {
+    constexpr size_t kBlock = kBlockElements;
+    alignas(64) float block[kBlock];
+    auto* d = static_cast<uint16_t*>(dst);
+    const auto* s = static_cast<const uint16_t*>(src);
+    for (size_t i = begin; i < end; i += kBlock) {
+      const size_t n = std::min(kBlock, end - i);
+      accumulate_(block, d + i, n, dtype, 1);
+      accumulate_(block, s + i, n, dtype, 0);
+      finalize_(d + i, block, n, dtype);
+    }
+  });
+}
+
+namespace {
+
+// What result() hands out: memoryview's exporter, holding the buffer itself,
+// so a view stays valid after the engine (or its Python object) is gone.
+struct ResultBuffer {
+  std::shared_ptr<AlignedBuffer> buffer;
+};
+
+uintptr_t table_address(const py::dict& table, const char* name) {
+  if (!table.contains(name)) {
+    throw py::value_error(std::string("kernel_table has no '") + name +
+                          "' entry; pass byteps.common._C.kernel_table()");
+  }
+  const auto address = table[name].cast<uintptr_t>();
+  if (address == 0) throw py::value_error(std::string("kernel_table['") + name + "'] is null");
+  return address;
+}
+
+std::unique_ptr<SummationEngine> make_engine(int num_threads, int num_workers,
+                                             const py::dict& table) {
+  if (num_threads < 1 || num_threads > 1024) {
+    throw py::value_error("num_threads must be in 1..1024, got " + std::to_string(num_threads));
+  }
+  if (num_workers < 1) {
+    throw py::value_error("num_workers must be at least 1, got " + std::to_string(num_workers));
+  }
+  if (!table.contains("abi")) {
+    throw py::value_error("kernel_table has no 'abi' entry; pass byteps.common._C.kernel_table()");
+  }
+  const int abi = table["abi"].cast<int>();
+  if (abi != kKernelAbi) {
+    throw py::value_error("kernel table ABI " + std::to_string(abi) +
+                          " is not supported: this byteps-server engine needs kernel ABI " +
+                          std::to_string(kKernelAbi) +
+                          "; install byteps-common and byteps-server versions that match");
+  }
+  auto accumulate = reinterpret_cast<AccumulateFn>(table_address(table, "accumulate"));
+  auto finalize = reinterpret_cast<FinalizeFn>(table_address(table, "finalize"));
+  return std::make_unique<SummationEngine>(static_cast<size_t>(num_threads), num_workers,
+                                           accumulate, finalize);
+}
+
+bool py_push(SummationEngine& engine, uint64_t key, int64_t round, py::handle data) {
+  BufferArg buf(data, "data", false);
+  py::gil_scoped_release release;
+  return engine.push(key, round, buf.data(), buf.nbytes());
+}
+
+py::memoryview py_result(SummationEngine& engine, uint64_t key, int64_t round) {
+  std::shared_ptr<AlignedBuffer> buffer;
+  {
+    py::gil_scoped_release release;
+    buffer = engine.result(key, round);
+  }
+  return py::memoryview(py::cast(ResultBuffer{std::move(buffer)}));
+}
+
+void py_reduce_into(SummationEngine& engine, py::handle dst_obj, py::handle src_obj, int dtype) {
+  check_dtype(dtype);
+  BufferArg dst(dst_obj, "dst", true);
+  BufferArg src(src_obj, "src", false);
+  const size_t isz = itemsize(dtype);
+  if (dst.nbytes() % isz != 0 || dst.nbytes() != src.nbytes()) {
+    throw py::value_error("dst has " + std::to_string(dst.nbytes()) + " bytes and src has " +
+                          std::to_string(src.nbytes()) + " bytes; they must be equal and a " +
+                          "multiple of the " + dtype_name(dtype) + " itemsize " +
+                          std::to_string(isz));
+  }
+  const auto* d = static_cast<const char*>(dst.data());
+  const auto* s = static_cast<const char*>(src.data());
+  if (d != s && d < s + src.nbytes() && s < d + dst.nbytes()) {
+    throw py::value_error("dst and src overlap in memory without being the same buffer");
+  }
+  py::gil_scoped_release release;
+  engine.reduce_into(dst.data(), src.data(), dst.nbytes(), dtype);
+}
+
+}  // namespace
+}  // namespace server
+}  // namespace byteps
+
+using byteps::server::SummationEngine;
+
+PYBIND11_MODULE(_C, m) {
+  using namespace byteps::server;
+  m.doc() = "byteps parameter-server summation engine";
+  m.attr("KERNEL_ABI") = kKernelAbi;
+  m.attr("PARALLEL_BYTES") = SummationEngine::kParallelBytes;
+
+  py::class_<ResultBuffer>(m, "_ResultBuffer", py::buffer_protocol())
+      .def_buffer([](ResultBuffer& r) {
+        return py::buffer_info(r.buffer->data(), 1, "B", 1,
+                               {static_cast<py::ssize_t>(r.buffer->nbytes())}, {1},
+                               /*readonly=*/true);
+      });
+
+  py::class_<SummationEngine>(m, "ServerEngine", R"doc(
+Per-key summation store and thread pool of a byteps server.
+
+    engine = ServerEngine(num_threads=4, num_workers=2,
+                          kernel_table=byteps.common._C.kernel_table())
+    engine.declare(key, nbytes, DType.FLOAT16)
+    engine.push(key, 0, frame_from_worker_0)       # False
+    if engine.push(key, 0, frame_from_worker_1):   # True: round 0 complete
+        reply(engine.result(key, 0))               # read-only memoryview
+)doc")
+      .def(py::init(&make_engine), py::arg("num_threads"), py::arg("num_workers"),
+           py::arg("kernel_table"))
+      .def_property_readonly("num_threads", &SummationEngine::num_threads)
+      .def_property_readonly("num_workers", &SummationEngine::num_workers)
+      .def("declare",
+           [](SummationEngine& e, uint64_t key, size_t nbytes, int dtype) {
+             py::gil_scoped_release release;
+             e.declare(key, nbytes, dtype);
+           },
+           py::arg("key"), py::arg("nbytes"), py::arg("dtype"),
+           "Allocate a key's buffers; idempotent for the same (nbytes, dtype).")
+      .def("push", &py_push, py::arg("key"), py::arg("round"), py::arg("data"),
+           "Sum one worker's push; True when it was the round's last.")
+      .def("result", &py_result, py::arg("key"), py::arg("round"),
+           "Read-only memoryview of a completed round's sum (last two rounds kept).")
+      .def("completed_round",
+           [](SummationEngine& e, uint64_t key) {
+             py::gil_scoped_release release;
+             return e.completed_round(key);
+           },
+           py::arg("key"), "Last completed round of key, -1 before the first.")
+      .def("reduce_into", &py_reduce_into, py::arg("dst"), py::arg("src"), py::arg("dtype"),
+           "dst += src in dtype, split over the pool.");
+}

@@ -1,0 +1,38 @@
+"""Type stub for byteps.server._C, the parameter server's summation engine."""
+
+from typing import Dict
+
+from typing_extensions import Buffer
+
+KERNEL_ABI: int
+PARALLEL_BYTES: int
+"""Pushes of at least this many bytes are split over the thread pool."""
+
+class ServerEngine:
+    """Per-key accumulation store and persistent thread pool.
+
+    Each key keeps an accumulator and two output buffers by round parity:
+    round r's result stays readable until the first push of round r + 2,
+    which reuses its buffer (a view taken earlier then sees new bytes).
+    """
+
+    def __init__(self, num_threads: int, num_workers: int, kernel_table: Dict[str, int]) -> None:
+        """num_threads >= 1 counts the calling thread; kernel_table is
+        byteps.common._C.kernel_table() (ValueError on an ABI mismatch)."""
+    @property
+    def num_threads(self) -> int: ...
+    @property
+    def num_workers(self) -> int: ...
+    def declare(self, key: int, nbytes: int, dtype: int) -> None:
+        """Allocate the key's buffers; idempotent for the same (nbytes, dtype)."""
+    def push(self, key: int, round: int, data: Buffer) -> bool:
+        """Sum one worker's push into `round` (the round the key is accumulating);
+        True when it was the num_workers-th push and the round is finalized."""
+    def result(self, key: int, round: int) -> memoryview:
+        """Read-only memoryview ('B', nbytes) of a completed round's sum; it keeps
+        the buffer alive, even past the engine. ValueError if the round is not
+        completed or round + 2 has started."""
+    def completed_round(self, key: int) -> int:
+        """The key's last completed round, -1 before the first."""
+    def reduce_into(self, dst: Buffer, src: Buffer, dtype: int) -> None:
+        """dst += src in dtype, split over the pool (halves through float32)."""

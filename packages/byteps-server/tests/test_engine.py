@@ -1,0 +1,309 @@
+"""ServerEngine against numpy: rounds of several workers' pushes, every dtype,
+one to four threads, buffers below and above the pool threshold.
+
+Sums are compared exactly: the engine adds pushes in arrival order, one
+IEEE operation per element per push, so a numpy sum in the same order is
+bit-identical; halves are summed in float32 and rounded once, like the
+reference below.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+from byteps.common import _C as kernels_C
+from byteps.common.dtypes import DType
+from byteps.server import _C
+from byteps.server.engine import ServerEngine, create_engine
+
+HALVES = (DType.FLOAT16, DType.BFLOAT16)
+LARGE = 3 * 1024 * 1024 + 24  # bytes: a few MB, above the pool threshold, ragged last slice
+assert LARGE >= _C.PARALLEL_BYTES
+
+
+def bf16_from_f32(x: np.ndarray) -> np.ndarray:
+    w = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((w + 0x7FFF + ((w >> 16) & 1)) >> 16) & 0xFFFF
+    is_nan = (w & 0x7FFFFFFF) > 0x7F800000
+    return np.where(is_nan, (w >> 16) | 0x40, rounded).astype(np.uint16)
+
+
+def f32_from_bf16(b: np.ndarray) -> np.ndarray:
+    return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def pushes_for(dtype: DType, count: int, workers: int, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(workers):
+        if dtype == DType.INT32:
+            out.append(rng.integers(-(2**31), 2**31, count, dtype=np.int64).astype(np.int32))
+        elif dtype == DType.INT64:
+            out.append(rng.integers(-(2**62), 2**62, count, dtype=np.int64))
+        else:
+            values = (rng.standard_normal(count) * 10).astype(np.float32)
+            out.append(bf16_from_f32(values) if dtype == DType.BFLOAT16 else values.astype(dtype.storage))
+    return out
+
+
+def reference_sum(pushes: list, dtype: DType) -> np.ndarray:
+    """Sequential sum in the accumulation type, rounded once to dtype."""
+    def widen(x):
+        if dtype == DType.BFLOAT16:
+            return f32_from_bf16(x)
+        return x.astype(np.float32) if dtype == DType.FLOAT16 else x.copy()
+
+    with np.errstate(over="ignore"):
+        acc = widen(pushes[0])
+        for push in pushes[1:]:
+            acc += widen(push)
+    if dtype == DType.BFLOAT16:
+        return bf16_from_f32(acc)
+    return acc.astype(dtype.storage)
+
+
+def as_array(view: memoryview, dtype: DType) -> np.ndarray:
+    return np.frombuffer(view, dtype=dtype.storage)
+
+
+# --- rounds of pushes -----------------------------------------------------------------
+
+@pytest.mark.parametrize("nbytes", [8, 56, LARGE], ids=["tiny", "small", "large"])
+@pytest.mark.parametrize("num_threads", [1, 2, 4])
+@pytest.mark.parametrize("dtype", list(DType), ids=lambda d: d.name)
+def test_rounds_of_pushes_sum_like_numpy(dtype, num_threads, nbytes):
+    workers, rounds, key = 3, 3, 42
+    count = nbytes // dtype.itemsize
+    engine = create_engine(num_threads, workers)
+    assert (engine.num_threads, engine.num_workers) == (num_threads, workers)
+    engine.declare(key, count * dtype.itemsize, dtype)
+    assert engine.completed_round(key) == -1
+    for r in range(rounds):
+        pushes = pushes_for(dtype, count, workers, seed=100 * r + count)
+        done = [engine.push(key, r, push) for push in pushes]
+        assert done == [False] * (workers - 1) + [True]
+        assert engine.completed_round(key) == r
+        got = as_array(engine.result(key, r), dtype)
+        np.testing.assert_array_equal(got, reference_sum(pushes, dtype))
+
+
+def test_several_keys_progress_independently():
+    engine = create_engine(2, 2)
+    engine.declare(1, 400, DType.FLOAT32)
+    engine.declare(2, 200, DType.FLOAT16)
+    a = [np.full(100, float(i), np.float32) for i in range(2)]
+    b = [np.full(100, float(i), np.float16) for i in range(2)]
+    for push in a:
+        engine.push(1, 0, push)
+    engine.push(1, 1, a[0])
+    assert engine.push(2, 0, b[0]) is False and engine.push(2, 0, b[1]) is True
+    assert (engine.completed_round(1), engine.completed_round(2)) == (0, 0)
+    np.testing.assert_array_equal(as_array(engine.result(1, 0), DType.FLOAT32), np.ones(100, np.float32))
+    np.testing.assert_array_equal(as_array(engine.result(2, 0), DType.FLOAT16), np.ones(100, np.float16))
+
+
+@pytest.mark.parametrize("dtype", [DType.INT32, DType.FLOAT16, DType.BFLOAT16], ids=lambda d: d.name)
+def test_single_worker_round_completes_on_every_push(dtype):
+    engine = create_engine(2, 1)
+    engine.declare(0, LARGE, dtype)
+    for r in range(4):
+        (push,) = pushes_for(dtype, LARGE // dtype.itemsize, 1, seed=r)
+        assert engine.push(0, r, push) is True
+        np.testing.assert_array_equal(as_array(engine.result(0, r), dtype), push)
+
+
+def test_push_accepts_bytes_memoryview_and_zmq_frames():
+    zmq = pytest.importorskip("zmq")
+    engine = create_engine(2, 3)
+    engine.declare(5, 16, DType.FLOAT32)
+    values = np.arange(4, dtype=np.float32)
+    engine.push(5, 0, values.tobytes())
+    engine.push(5, 0, memoryview(values))
+    engine.push(5, 0, zmq.Frame(values.tobytes()))
+    np.testing.assert_array_equal(as_array(engine.result(5, 0), DType.FLOAT32), 3 * values)
+
+
+def test_halves_keep_nan_and_inf():
+    engine = create_engine(1, 2)
+    engine.declare(3, 8, DType.FLOAT16)
+    engine.push(3, 0, np.array([np.nan, np.inf, 60000, 1], np.float16))
+    engine.push(3, 0, np.array([1, 1, 60000, np.inf], np.float16))
+    got = as_array(engine.result(3, 0), DType.FLOAT16)
+    assert np.isnan(got[0]) and got[1] == np.inf and got[2] == np.inf and got[3] == np.inf
+
+
+def test_concurrent_callers_are_serialized():
+    engine = create_engine(2, 2)
+    size = 1 << 18  # float32 elements: 1 MiB, so the pool runs
+    for key in range(4):
+        engine.declare(key, size * 4, DType.FLOAT32)
+    ones = np.ones(size, np.float32)
+    errors = []
+
+    def drive(key):
+        try:
+            for r in range(5):
+                engine.push(key, r, ones)
+                engine.push(key, r, ones)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drive, args=(key,)) for key in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for key in range(4):
+        assert engine.completed_round(key) == 4
+        np.testing.assert_array_equal(as_array(engine.result(key, 4), DType.FLOAT32), 2 * ones)
+
+
+# --- result(): double buffering and lifetime ---------------------------------------
+
+@pytest.mark.parametrize("dtype", [DType.FLOAT32, DType.FLOAT16], ids=lambda d: d.name)
+def test_last_two_rounds_are_kept(dtype):
+    engine = create_engine(1, 2)
+    engine.declare(9, 4 * dtype.itemsize, dtype)
+
+    def run_round(r):
+        engine.push(9, r, np.full(4, r, dtype.storage))
+        engine.push(9, r, np.full(4, r, dtype.storage))
+
+    run_round(0)
+    run_round(1)
+    for r in (0, 1):
+        np.testing.assert_array_equal(as_array(engine.result(9, r), dtype), [2 * r] * 4)
+    engine.push(9, 2, np.full(4, 2, dtype.storage))  # round 2 starts: reuses round 0's buffer
+    with pytest.raises(ValueError, match="round 0 of key 9 has been overwritten"):
+        engine.result(9, 0)
+    np.testing.assert_array_equal(as_array(engine.result(9, 1), dtype), [2] * 4)
+    with pytest.raises(ValueError, match=r"round 2 of key 9 is not completed \(completed_round 1\)"):
+        engine.result(9, 2)
+    engine.push(9, 2, np.full(4, 2, dtype.storage))
+    np.testing.assert_array_equal(as_array(engine.result(9, 2), dtype), [4] * 4)
+    np.testing.assert_array_equal(as_array(engine.result(9, 1), dtype), [2] * 4)
+
+
+def test_result_is_a_read_only_byte_view_that_outlives_the_engine():
+    engine = create_engine(2, 1)
+    engine.declare(1, 12, DType.INT32)
+    engine.push(1, 0, np.array([7, 8, 9], np.int32))
+    view = engine.result(1, 0)
+    assert isinstance(view, memoryview)
+    assert view.readonly and view.format == "B" and view.nbytes == 12 and view.ndim == 1
+    with pytest.raises(TypeError):
+        view[0] = 1
+    del engine
+    gc.collect()
+    np.testing.assert_array_equal(np.frombuffer(view, np.int32), [7, 8, 9])
+
+
+# --- reduce_into -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("count", [1, 7, 1000003])
+@pytest.mark.parametrize("num_threads", [1, 2, 4])
+@pytest.mark.parametrize("dtype", list(DType), ids=lambda d: d.name)
+def test_reduce_into_matches_numpy(dtype, num_threads, count):
+    dst, src = pushes_for(dtype, count, 2, seed=count)
+    want = reference_sum([dst, src], dtype)
+    create_engine(num_threads, 1).reduce_into(dst, src, dtype)
+    np.testing.assert_array_equal(dst, want)
+
+
+@pytest.mark.parametrize("dtype", list(DType), ids=lambda d: d.name)
+def test_reduce_into_matches_common_sum_into(dtype):
+    dst, src = pushes_for(dtype, 300001, 2, seed=5)
+    expected = dst.copy()
+    kernels_C.sum_into(expected, src, dtype)
+    create_engine(2, 1).reduce_into(dst, src, dtype)
+    np.testing.assert_array_equal(dst, expected)
+
+
+def test_reduce_into_same_buffer_doubles():
+    x = (np.arange(1 << 18) % 100).astype(np.float16)
+    want = (x.astype(np.float32) * 2).astype(np.float16)
+    create_engine(2, 1).reduce_into(x, x, DType.FLOAT16)
+    np.testing.assert_array_equal(x, want)
+
+
+# --- errors --------------------------------------------------------------------------------
+
+def test_constructor_errors():
+    table = kernels_C.kernel_table()
+    with pytest.raises(ValueError, match="num_threads must be in 1..1024, got 0"):
+        ServerEngine(0, 1, table)
+    with pytest.raises(ValueError, match="num_workers must be at least 1, got 0"):
+        ServerEngine(1, 0, table)
+    with pytest.raises(ValueError, match="kernel table ABI 2 is not supported.*needs kernel ABI 1"):
+        ServerEngine(1, 1, dict(table, abi=2))
+    with pytest.raises(ValueError, match="kernel_table has no 'finalize' entry"):
+        ServerEngine(1, 1, {"abi": 1, "accumulate": table["accumulate"]})
+    with pytest.raises(ValueError, match="kernel_table has no 'abi' entry"):
+        ServerEngine(1, 1, {})
+    with pytest.raises(ValueError, match=r"kernel_table\['accumulate'\] is null"):
+        ServerEngine(1, 1, dict(table, accumulate=0))
+
+
+def test_declare_errors():
+    engine = create_engine(1, 2)
+    engine.declare(4, 64, DType.FLOAT32)
+    engine.declare(4, 64, DType.FLOAT32)  # idempotent
+    with pytest.raises(ValueError, match=r"key 4 is already declared as \(nbytes=64, dtype=float32\), "
+                                         r"cannot redeclare it as \(nbytes=128, dtype=float32\)"):
+        engine.declare(4, 128, DType.FLOAT32)
+    with pytest.raises(ValueError, match=r"\(nbytes=64, dtype=float16\)"):
+        engine.declare(4, 64, DType.FLOAT16)
+    with pytest.raises(ValueError, match="nbytes 0 must be a positive multiple of the float32 itemsize 4"):
+        engine.declare(5, 0, DType.FLOAT32)
+    with pytest.raises(ValueError, match="nbytes 12 must be a positive multiple of the int64 itemsize 8"):
+        engine.declare(5, 12, DType.INT64)
+    with pytest.raises(ValueError, match="unknown dtype code 6"):
+        engine.declare(5, 16, 6)
+
+
+def test_push_and_result_errors():
+    engine = create_engine(1, 2)
+    with pytest.raises(ValueError, match="key 8 is not declared"):
+        engine.push(8, 0, b"\0" * 4)
+    with pytest.raises(ValueError, match="key 8 is not declared"):
+        engine.result(8, 0)
+    with pytest.raises(ValueError, match="key 8 is not declared"):
+        engine.completed_round(8)
+    engine.declare(8, 16, DType.FLOAT32)
+    with pytest.raises(ValueError, match="push for key 8 has 12 bytes, but the key is declared with 16 bytes"):
+        engine.push(8, 0, b"\0" * 12)
+    with pytest.raises(ValueError, match=r"push for key 8 round 1, but the key is accumulating round 0 "
+                                         r"\(completed_round -1\)"):
+        engine.push(8, 1, b"\0" * 16)
+    with pytest.raises(ValueError, match=r"round 0 of key 8 is not completed \(completed_round -1\)"):
+        engine.result(8, 0)
+    engine.push(8, 0, b"\0" * 16)
+    engine.push(8, 0, b"\0" * 16)
+    with pytest.raises(ValueError, match="push for key 8 round 0, but the key is accumulating round 1"):
+        engine.push(8, 0, b"\0" * 16)
+    with pytest.raises(ValueError, match="round -1 of key 8 is not completed"):
+        engine.result(8, -1)
+    with pytest.raises(TypeError, match="data must support the buffer protocol"):
+        engine.push(8, 1, [0.0] * 4)
+
+
+def test_reduce_into_errors():
+    engine = create_engine(2, 1)
+    a = np.zeros(8, np.float32)
+    with pytest.raises(ValueError, match="dst has 32 bytes and src has 28 bytes"):
+        engine.reduce_into(a, np.zeros(7, np.float32), DType.FLOAT32)
+    with pytest.raises(ValueError, match="multiple of the int64 itemsize 8"):
+        engine.reduce_into(np.zeros(3, np.float32), np.zeros(3, np.float32), DType.INT64)
+    with pytest.raises(ValueError, match=r"dst is read-only \(32 bytes\)"):
+        engine.reduce_into(a.tobytes(), a, DType.FLOAT32)
+    with pytest.raises(ValueError, match="unknown dtype code -1"):
+        engine.reduce_into(a, a, -1)
+    with pytest.raises(ValueError, match="overlap"):
+        engine.reduce_into(a[2:], a[:6], DType.FLOAT32)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        engine.reduce_into(a[:4], a[::2], DType.FLOAT32)
