@@ -110,7 +110,7 @@ def _tests(session: nox.Session, package: str, *extra: str) -> None:
 
 @nox.session(name="tests-transport")
 def tests_transport(session: nox.Session) -> None:
-    _tests(session, "byteps-transport")
+    _tests(session, "byteps-transport", "numpy")
 
 
 @nox.session(name="tests-common")
