@@ -67,3 +67,27 @@ def test_default_partition_size_with_a_large_tensor():
     spec = {"rounds": 2, "tensors": [{"name": "big", "dtype": "float32", "count": 2_600_000, "average": True}]}
     result = run_job(WORKER + [json.dumps(spec)], 2, 2)
     assert_ok(result)
+
+
+MISMATCH = r"""
+import numpy as np
+import byteps.common as bps
+bps.init()
+x = np.ones(100 * (bps.rank() + 1), dtype=np.float32)   # rank 1 pushes twice as many elements
+try:
+    bps.push_pull(x, name="grad")
+except bps.PushPullError as exc:
+    print("FAILED:", exc, flush=True)
+    raise SystemExit(1)
+print("no error: silently wrong", flush=True)
+"""
+
+
+def test_tensors_that_differ_across_workers_fail_on_every_rank_naming_both():
+    result = run_job([sys.executable, "-c", MISMATCH], 2, 1, timeout=60)
+    assert not result.timed_out, result.failures()
+    for rank in (0, 1):
+        out = result.outputs[f"worker{rank}"]
+        assert result.codes[f"worker{rank}"] == 1, out
+        assert "FAILED: push_pull of 'grad' failed" in out and "mismatch for key 0" in out, out
+        assert "400 bytes of float32" in out and "800 bytes of float32" in out, out

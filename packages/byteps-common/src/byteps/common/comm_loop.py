@@ -156,6 +156,8 @@ class CommLoop(threading.Thread):
         except FrameError as exc:
             raise TransportError(f"malformed message from server {connection.address}: {exc}") from exc
         header = message.header
+        if header.command == Command.ERROR and (header.key, header.round) in self._abandoned:
+            return  # a further complaint about a push_pull that has already failed
         if header.command == Command.ERROR:
             text = bytes(message.payload.buffer).decode(errors="replace") if message.payload else ""
             self._fail_key(header.key, TransportError(f"server {connection.address}: {text}"))

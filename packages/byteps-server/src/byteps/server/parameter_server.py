@@ -125,10 +125,10 @@ class ParameterServer:
         except (TransportError, FrameError, ValueError, KeyError, TypeError) as exc:
             log.error("refused %s for key %d from worker %d: %s", command_name(header.command),
                       header.key, header.sender, exc)
-            self._send_error(message.identity, header.key, str(exc))
+            self._send_error(message.identity, header.key, str(exc), header.round)
 
-    def _send_error(self, identity: bytes, key: int, text: str) -> None:
-        self.listener.send(Command.ERROR, self.rank, key, payload=text.encode(), identity=identity)
+    def _send_error(self, identity: bytes, key: int, text: str, round_: int = 0) -> None:
+        self.listener.send(Command.ERROR, self.rank, key, round_, payload=text.encode(), identity=identity)
 
     def _init_key(self, message: Message) -> None:
         key = message.header.key
