@@ -104,13 +104,8 @@ class ParameterServer:
             log.error("unexpected %s from the scheduler", command_name(message.header.command))
 
     def _handle_worker_message(self) -> None:
-        try:
-            message = self.listener.recv()
-        except FrameError as exc:
-            log.error("dropped a malformed message: %s", exc)
-            identity = getattr(exc, "identity", None)
-            if identity is not None:
-                self._send_error(identity, 0, str(exc))
+        message = self.listener.recv_or_refuse(self.rank, log)
+        if message is None:
             return
         header = message.header
         try:

@@ -12,12 +12,13 @@ reads large tensor buffers in place, Python never copies them.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Callable, List, NamedTuple, Optional
 
 import zmq
 
 from byteps.transport.errors import TransportError
-from byteps.transport.frames import FrameError, Header, decode_header, encode_header
+from byteps.transport.frames import Command, FrameError, Header, decode_header, encode_header
 
 __all__ = ["ByteCounters", "Message", "Endpoint", "Listener", "Connection", "tcp_address"]
 
@@ -175,6 +176,21 @@ class Listener(Endpoint):
     @property
     def address(self) -> str:
         return tcp_address(self.host, self.port)
+
+    def recv_or_refuse(self, sender: int, log: logging.Logger) -> Optional[Message]:
+        """Receive one message; a malformed one is logged, answered with an ERROR and None returned.
+
+        This is how the scheduler and servers survive bad peers: the peer
+        learns what was wrong, everyone else carries on.
+        """
+        try:
+            return self.recv()
+        except FrameError as exc:
+            log.error("dropped a malformed message: %s", exc)
+            identity = getattr(exc, "identity", None)
+            if identity is not None:
+                self.send(Command.ERROR, sender, payload=str(exc).encode(), identity=identity)
+            return None
 
 
 class Connection(Endpoint):

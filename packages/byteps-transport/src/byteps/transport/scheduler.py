@@ -98,13 +98,8 @@ class Scheduler:
         return f"{len(self.servers)}/{self.options.num_servers} servers, {workers}"
 
     def _handle_one(self) -> None:
-        try:
-            message = self.listener.recv()
-        except FrameError as exc:
-            log.error("dropped a malformed message: %s", exc)
-            identity = getattr(exc, "identity", None)
-            if identity is not None:
-                self._error(identity, str(exc))
+        message = self.listener.recv_or_refuse(SCHEDULER_SENDER, log)
+        if message is None:
             return
         command = message.header.command
         try:
