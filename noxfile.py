@@ -36,18 +36,22 @@ def _module_name(package: str) -> str:
     return package.split("-", 1)[1]
 
 
+def _wheel_inputs(base: pathlib.Path):
+    """The files of one package that end up in (or build) its wheel."""
+    for name in ("pyproject.toml", "CMakeLists.txt", "README.md"):
+        yield base / name
+    for tree in ("src", "csrc"):
+        for path in sorted((base / tree).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".so":
+                yield path
+
+
 def _source_hash() -> str:
     digest = hashlib.sha256()
     for package in PACKAGES:
-        base = ROOT / "packages" / package
-        for path in sorted(base.rglob("*")):
-            relative = path.relative_to(base)
-            if path.is_file() and relative.parts[0] in ("src", "csrc") or relative.name in (
-                "pyproject.toml", "CMakeLists.txt", "README.md"):
-                if "__pycache__" in relative.parts or path.suffix == ".so":
-                    continue
-                digest.update(str(path.relative_to(ROOT)).encode())
-                digest.update(path.read_bytes())
+        for path in _wheel_inputs(ROOT / "packages" / package):
+            digest.update(str(path.relative_to(ROOT)).encode())
+            digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
