@@ -14,7 +14,8 @@ case are interleaved within each repeat so that drift hits all alike):
 3. The server's real path, for information: a round of 2 workers' float16
    pushes summed in a float32 accumulator and rounded back
    (``engine.push`` x 2), vs the same three numpy steps (widen-copy, add,
-   narrow-copy).
+   narrow-copy); and a round of 2 workers' float32 pushes vs numpy's
+   one-pass ``np.add(a, b, out=c)``, the least memory traffic there is.
 
 GB/s is payload: bytes of the ``src`` operand (cases 1-2) or of all pushes
 (case 3) per second, 1 GB = 1e9 bytes.
@@ -97,22 +98,28 @@ def bench_float16(nbytes: int, repeats: int) -> List[dict]:
     }, repeats)
 
 
-def bench_server_round(nbytes: int, repeats: int) -> List[dict]:
-    count = nbytes // 2
+def bench_server_round(nbytes: int, repeats: int, dtype: DType = DType.FLOAT16) -> List[dict]:
+    storage = np.dtype(dtype.storage)
+    count = nbytes // storage.itemsize
     rng = np.random.default_rng(2)
-    pushes = [rng.standard_normal(count, dtype=np.float32).astype(np.float16) for _ in range(2)]
-    acc = np.empty(count, np.float32)
-    out = np.empty(count, np.float16)
+    pushes = [rng.standard_normal(count, dtype=np.float32).astype(storage) for _ in range(2)]
 
-    def numpy_round() -> None:
-        np.copyto(acc, pushes[0])
-        np.add(acc, pushes[1], out=acc)
-        np.copyto(out, acc, casting="same_kind")
+    if dtype == DType.FLOAT16:
+        acc = np.empty(count, np.float32)
+        out = np.empty(count, np.float16)
 
-    variants = {"numpy widen + add + narrow": numpy_round}
+        def numpy_round() -> None:
+            np.copyto(acc, pushes[0])
+            np.add(acc, pushes[1], out=acc)
+            np.copyto(out, acc, casting="same_kind")
+
+        variants = {"numpy widen + add + narrow": numpy_round}
+    else:
+        out = np.empty(count, storage)
+        variants = {"numpy np.add(a, b, out=c)": lambda: np.add(pushes[0], pushes[1], out=out)}
     for threads in (1, 2):
         engine = create_engine(threads, 2)
-        engine.declare(0, nbytes, DType.FLOAT16)
+        engine.declare(0, nbytes, dtype)
         state = {"round": 0}
 
         def engine_round(engine=engine, state=state) -> None:
@@ -122,7 +129,8 @@ def bench_server_round(nbytes: int, repeats: int) -> List[dict]:
             state["round"] = r + 1
 
         variants[f"ServerEngine({threads} thread{'s' if threads > 1 else ''}) 2 pushes"] = engine_round
-    return case_rows("float16 server round, 2 workers", 2 * nbytes, variants, repeats)
+    name = storage.name
+    return case_rows(f"{name} server round, 2 workers", 2 * nbytes, variants, repeats)
 
 
 def markdown(rows: List[dict]) -> str:
@@ -145,6 +153,7 @@ def main() -> None:
     rows += bench_float16(nbytes, args.repeats)
     rows += bench_float32(4 << 20, args.repeats, "float32 dst += src, 4 MiB (info)", inner=20)
     rows += bench_server_round(nbytes, args.repeats)
+    rows += bench_server_round(nbytes, args.repeats, DType.FLOAT32)
 
     features = kernels.cpu_features()
 

@@ -67,11 +67,12 @@ struct F16cF16 {
     half_add_loop<half::F16Codec>(dst + i, src + i, n - i);
   }
 
-  BYTEPS_AVX2 static void scale(uint16_t* __restrict__ buf, size_t n, float divisor) {
+  // dst may be src itself: each group of eight is loaded before it is stored.
+  BYTEPS_AVX2 static void scale(uint16_t* dst, const uint16_t* src, size_t n, float divisor) {
     const __m256 d = _mm256_set1_ps(divisor);
     size_t i = 0;
-    for (; i + 8 <= n; i += 8) store8(buf + i, _mm256_div_ps(load8(buf + i), d));
-    half_scale_loop<half::F16Codec>(buf + i, n - i, divisor);
+    for (; i + 8 <= n; i += 8) store8(dst + i, _mm256_div_ps(load8(src + i), d));
+    half_scale_loop<half::F16Codec>(dst + i, src + i, n - i, divisor);
   }
 };
 
@@ -127,8 +128,8 @@ struct Avx2BF16 {
     half_add_loop<half::BF16Codec>(dst + i, src + i, n - i);
   }
 
-  BYTEPS_AVX2 static void scale(uint16_t* __restrict__ buf, size_t n, float divisor) {
-    half_scale_loop<half::BF16Codec>(buf, n, divisor);
+  BYTEPS_AVX2 static void scale(uint16_t* dst, const uint16_t* src, size_t n, float divisor) {
+    half_scale_loop<half::BF16Codec>(dst, src, n, divisor);
   }
 };
 

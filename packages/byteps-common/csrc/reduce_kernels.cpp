@@ -44,8 +44,8 @@ void finalize(void* out, const void* acc, size_t n, int dtype) {
 void sum_into(void* dst, const void* src, size_t n, int dtype) {
   sum_into_body<PortableIsa>(dst, src, n, dtype);
 }
-void scale(void* buf, size_t n, int dtype, int64_t divisor) {
-  scale_body<PortableIsa>(buf, n, dtype, divisor);
+void scale_into(void* dst, const void* src, size_t n, int dtype, int64_t divisor) {
+  scale_body<PortableIsa>(dst, src, n, dtype, divisor);
 }
 }  // namespace portable
 
@@ -60,8 +60,8 @@ BYTEPS_AVX2 void finalize(void* out, const void* acc, size_t n, int dtype) {
 BYTEPS_AVX2 void sum_into(void* dst, const void* src, size_t n, int dtype) {
   sum_into_body<Avx2Isa>(dst, src, n, dtype);
 }
-BYTEPS_AVX2 void scale(void* buf, size_t n, int dtype, int64_t divisor) {
-  scale_body<Avx2Isa>(buf, n, dtype, divisor);
+BYTEPS_AVX2 void scale_into(void* dst, const void* src, size_t n, int dtype, int64_t divisor) {
+  scale_body<Avx2Isa>(dst, src, n, dtype, divisor);
 }
 }  // namespace avx2
 #endif
@@ -133,11 +133,14 @@ void dispatch_sum_into(void* dst, const void* src, size_t n, int dtype) {
   portable::sum_into(dst, src, n, dtype);
 }
 
-void dispatch_scale(void* buf, size_t n, int dtype, int64_t divisor) {
+// dst is src itself (scale) or does not overlap it (scale_into).
+void dispatch_scale_into(void* dst, const void* src, size_t n, int dtype, int64_t divisor) {
 #if defined(BYTEPS_X86)
-  if (g_isa.load(std::memory_order_relaxed) == kAvx2) return avx2::scale(buf, n, dtype, divisor);
+  if (g_isa.load(std::memory_order_relaxed) == kAvx2) {
+    return avx2::scale_into(dst, src, n, dtype, divisor);
+  }
 #endif
-  portable::scale(buf, n, dtype, divisor);
+  portable::scale_into(dst, src, n, dtype, divisor);
 }
 
 // ---------------------------------------------------------------------------
@@ -216,6 +219,19 @@ void check_no_partial_overlap(const BufferArg& dst, const BufferArg& src) {
   }
 }
 
+// The element count of dst and src, which must hold as many dtype elements.
+size_t same_count(const BufferArg& dst, const BufferArg& src, int dtype) {
+  const size_t n_dst = dst.count(kItemsize[dtype], kNames[dtype]);
+  const size_t n_src = src.count(kItemsize[dtype], kNames[dtype]);
+  if (n_dst != n_src) {
+    throw py::value_error("dst has " + std::to_string(dst.nbytes()) + " bytes (" +
+                          std::to_string(n_dst) + " " + kNames[dtype] + ") but src has " +
+                          std::to_string(src.nbytes()) + " bytes (" + std::to_string(n_src) +
+                          ")");
+  }
+  return n_dst;
+}
+
 void py_accumulate(py::handle acc_obj, py::handle src_obj, int dtype, bool first) {
   check_dtype(dtype);
   BufferArg acc(acc_obj, "acc", true);
@@ -252,17 +268,10 @@ void py_sum_into(py::handle dst_obj, py::handle src_obj, int dtype) {
   check_dtype(dtype);
   BufferArg dst(dst_obj, "dst", true);
   BufferArg src(src_obj, "src", false);
-  const size_t n_dst = dst.count(kItemsize[dtype], kNames[dtype]);
-  const size_t n_src = src.count(kItemsize[dtype], kNames[dtype]);
-  if (n_dst != n_src) {
-    throw py::value_error("dst has " + std::to_string(dst.nbytes()) + " bytes (" +
-                          std::to_string(n_dst) + " " + kNames[dtype] + ") but src has " +
-                          std::to_string(src.nbytes()) + " bytes (" + std::to_string(n_src) +
-                          ")");
-  }
+  const size_t n = same_count(dst, src, dtype);
   check_no_partial_overlap(dst, src);
   py::gil_scoped_release release;
-  dispatch_sum_into(dst.data(), src.data(), n_dst, dtype);
+  dispatch_sum_into(dst.data(), src.data(), n, dtype);
 }
 
 void py_scale(py::handle buf_obj, int dtype, int64_t divisor) {
@@ -271,7 +280,20 @@ void py_scale(py::handle buf_obj, int dtype, int64_t divisor) {
   BufferArg buf(buf_obj, "buf", true);
   const size_t n = buf.count(kItemsize[dtype], kNames[dtype]);
   py::gil_scoped_release release;
-  dispatch_scale(buf.data(), n, dtype, divisor);
+  dispatch_scale_into(buf.data(), buf.data(), n, dtype, divisor);
+}
+
+// scale without the copy in front of it: one pass, reading src and writing
+// dst, where a copy then scale would pass over the bytes twice.
+void py_scale_into(py::handle dst_obj, py::handle src_obj, int dtype, int64_t divisor) {
+  check_dtype(dtype);
+  if (divisor == 0) throw py::value_error("divisor must not be 0");
+  BufferArg dst(dst_obj, "dst", true);
+  BufferArg src(src_obj, "src", false);
+  const size_t n = same_count(dst, src, dtype);
+  check_no_partial_overlap(dst, src);
+  py::gil_scoped_release release;
+  dispatch_scale_into(dst.data(), src.data(), n, dtype, divisor);
 }
 
 py::dict kernel_table() {
@@ -319,6 +341,9 @@ PYBIND11_MODULE(_C, m) {
         "dst += src elementwise in dtype (halves through float32).");
   m.def("scale", &py_scale, py::arg("buf"), py::arg("dtype"), py::arg("divisor"),
         "buf /= divisor in place; floor division (numpy //) for integer dtypes.");
+  m.def("scale_into", &py_scale_into, py::arg("dst"), py::arg("src"), py::arg("dtype"),
+        py::arg("divisor"),
+        "dst = src / divisor in one pass, rounded as scale; dst is src or does not overlap it.");
   m.def("itemsize", [](int dtype) { return kItemsize[check_dtype(dtype)]; }, py::arg("dtype"),
         "Bytes per element of dtype.");
   m.def("accumulation_itemsize", [](int dtype) { return kAccItemsize[check_dtype(dtype)]; },

@@ -257,10 +257,80 @@ def test_scale_integers_floor_divide_like_numpy(dtype, divisor):
     with np.errstate(over="ignore"):
         want = (buf.astype(np.int64) // np.int64(divisor)).astype(dtype.storage) \
             if dtype == DType.INT32 else buf // np.int64(divisor)
+    src = buf.copy()
+    out = np.empty_like(buf)
+    _C.scale_into(out, src, dtype, divisor)
+    np.testing.assert_array_equal(out, want)
     _C.scale(buf, dtype, divisor)
     np.testing.assert_array_equal(buf, want)
     if divisor == 2:
         assert buf[0] == -2 and buf[1] == 1  # -3 // 2 == -2, 3 // 2 == 1
+
+
+# --- scale_into ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("divisor", [1, 2, 3, 7, -3])
+@pytest.mark.parametrize("dtype", ALL, ids=lambda d: d.name)
+def test_scale_into_matches_scale_and_leaves_src_alone(dtype, divisor, n):
+    src = random_values(dtype, n, 22)
+    before = src.copy()
+    want = src.copy()
+    _C.scale(want, dtype, divisor)
+    dst = np.full_like(src, 5)
+    _C.scale_into(dst, src, dtype, divisor)
+    assert_same(dst, want, dtype)
+    np.testing.assert_array_equal(src, before)
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=lambda d: d.name)
+def test_scale_into_rounds_like_numpy(dtype):
+    src = random_values(dtype, 1009, 23)
+    if dtype in INTS:
+        want = src // dtype.storage.type(3)
+    elif dtype in HALVES:
+        want = narrow(widen(src, dtype) / np.float32(3), dtype)
+    else:
+        want = src / dtype.storage.type(3)
+    dst = np.empty_like(src)
+    _C.scale_into(dst, src, dtype, 3)
+    assert_same(dst, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=lambda d: d.name)
+def test_scale_into_the_same_buffer_is_scale(dtype):
+    buf = random_values(dtype, 1003, 24)
+    want = buf.copy()
+    _C.scale(want, dtype, 7)
+    _C.scale_into(buf, buf, dtype, 7)
+    assert_same(buf, want, dtype)
+    _C.scale_into(memoryview(buf), buf, dtype, 1)  # the same memory through two objects
+    assert_same(buf, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=lambda d: d.name)
+def test_scale_into_halves_on_random_bit_patterns(dtype):
+    src = np.random.default_rng(31).integers(0, 2**16, 100003, dtype=np.uint16)
+    if dtype == DType.FLOAT16:
+        src = src.view(np.float16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = narrow(widen(src, dtype) / np.float32(3), dtype)
+    dst = np.empty_like(src)
+    _C.scale_into(dst, src, dtype, 3)
+    assert_same(dst, want, dtype)
+
+
+def test_scale_into_reads_any_buffer_and_the_wrapper_takes_names():
+    src = np.arange(8, dtype=np.float32)
+    dst = bytearray(32)
+    _C.scale_into(dst, src.tobytes(), DType.FLOAT32, 2)
+    np.testing.assert_array_equal(np.frombuffer(dst, np.float32), src / 2)
+    out = np.empty(8, np.float16)
+    kernels.scale_into(out, src.astype(np.float16), "float16", 4)
+    np.testing.assert_array_equal(out, (src / 4).astype(np.float16))
+    ints = np.empty(8, np.int64)
+    kernels.scale_into(ints, np.arange(-4, 4, dtype=np.int64), np.int64, 3)
+    np.testing.assert_array_equal(ints, np.arange(-4, 4) // 3)
 
 
 # --- buffer kinds and the Python wrapper ---------------------------------------------
@@ -297,6 +367,9 @@ def test_misaligned_buffers(dtype):
         expected = src.copy()
         _C.scale(expected, dtype, 3)
         assert_same(np.frombuffer(out, dtype.storage), expected, dtype)
+        scaled = at_offset(np.zeros_like(src), offset)
+        _C.scale_into(scaled, at_offset(src, offset), dtype, 3)
+        assert_same(np.frombuffer(scaled, dtype.storage), expected, dtype)
 
 
 def test_kernels_wrapper_takes_dtype_names_and_enums():
@@ -364,6 +437,10 @@ def test_size_mismatches_name_argument_and_sizes():
         _C.sum_into(bytearray(8), b"\0" * 7, DType.FLOAT32)
     with pytest.raises(ValueError, match="buf has 6 bytes, not a multiple of the int64 itemsize 8"):
         _C.scale(bytearray(6), DType.INT64, 2)
+    with pytest.raises(ValueError, match=r"dst has 16 bytes \(4 float32\) but src has 12 bytes \(3\)"):
+        _C.scale_into(np.zeros(4, np.float32), np.zeros(3, np.float32), DType.FLOAT32, 2)
+    with pytest.raises(ValueError, match="src has 6 bytes, not a multiple of the float32 itemsize 4"):
+        _C.scale_into(bytearray(8), b"\0" * 6, DType.FLOAT32, 2)
 
 
 def test_read_only_destinations_are_refused():
@@ -377,6 +454,8 @@ def test_read_only_destinations_are_refused():
         _C.finalize(bytes(8), np.zeros(4, np.float32), DType.FLOAT16)
     with pytest.raises(ValueError, match="buf is read-only"):
         _C.scale(b"\0" * 8, DType.FLOAT32, 2)
+    with pytest.raises(ValueError, match=r"dst is read-only \(8 bytes\)"):
+        _C.scale_into(b"\0" * 8, np.zeros(2, np.float32), DType.FLOAT32, 2)
 
 
 def test_other_bad_arguments():
@@ -389,3 +468,13 @@ def test_other_bad_arguments():
         _C.sum_into([1.0, 2.0], a[:2], DType.FLOAT32)
     with pytest.raises(ValueError, match="overlap"):
         _C.sum_into(a[1:5], a[:4], DType.FLOAT32)
+    with pytest.raises(ValueError, match="dst and src overlap in memory without being the same buffer"):
+        _C.scale_into(a[1:5], a[:4], DType.FLOAT32, 2)
+    with pytest.raises(ValueError, match="divisor must not be 0"):
+        _C.scale_into(a, a, DType.FLOAT32, 0)
+    with pytest.raises(ValueError, match="unknown dtype code 7"):
+        _C.scale_into(a, a, 7, 2)
+    with pytest.raises(TypeError, match="src must support the buffer protocol"):
+        _C.scale_into(a, [1.0] * 8, DType.FLOAT32, 2)
+    with pytest.raises(ValueError, match="dst must be a C-contiguous buffer"):
+        _C.scale_into(a[::2], a[:4], DType.FLOAT32, 2)

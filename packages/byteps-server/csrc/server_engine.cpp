@@ -1,16 +1,19 @@
 // byteps.server._C: ServerEngine, the parameter server's summation hot path.
 //
-// Python receives pushes from the network and hands each frame's buffer to
-// the engine; the engine sums it into the key's accumulator with the GIL
-// released, on a persistent pool for large buffers, and finalizes the round
-// once every worker has pushed. See summation_engine.h for the buffer
-// scheme.
+// Python receives pushes from the network and hands each frame to the
+// engine, which keeps a round's first frame (a buffer export holding it
+// alive) and sums it with the second in one pass, with the GIL released, on
+// a persistent pool for large buffers; later pushes accumulate, and the
+// round is finalized once every worker has pushed. With one worker the
+// frame is the result. See summation_engine.h for the buffer scheme.
 
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "buffer_arg.h"
 #include "summation_engine.h"
@@ -57,20 +60,25 @@ void SummationEngine::declare(uint64_t key, size_t nbytes, int dtype) {
   KeyState s;
   s.nbytes = nbytes;
   s.dtype = dtype;
-  s.out[0] = std::make_shared<AlignedBuffer>(nbytes);
-  s.out[1] = std::make_shared<AlignedBuffer>(nbytes);
-  if (is_half(dtype)) {
-    s.acc = std::make_shared<AlignedBuffer>(nbytes / itemsize(dtype) * accumulation_itemsize(dtype));
+  if (num_workers_ > 1) {
+    s.out[0] = std::make_shared<AlignedBuffer>(nbytes);
+    s.out[1] = std::make_shared<AlignedBuffer>(nbytes);
+    if (is_half(dtype)) {
+      s.acc = std::make_shared<AlignedBuffer>(nbytes / itemsize(dtype) *
+                                              accumulation_itemsize(dtype));
+    }
   }
   keys_.emplace(key, std::move(s));
 }
 
-bool SummationEngine::push(uint64_t key, int64_t round, const void* data, size_t nbytes) {
+bool SummationEngine::push(uint64_t key, int64_t round, const SharedBytes& data,
+                           std::vector<SharedBytes>& released) {
   std::lock_guard<std::mutex> lock(mu_);
   KeyState& s = state(key);
-  if (nbytes != s.nbytes) {
+  if (data.nbytes != s.nbytes) {
     throw std::invalid_argument("push for key " + std::to_string(key) + " has " +
-                                std::to_string(nbytes) + " bytes, but the key is declared with " +
+                                std::to_string(data.nbytes) +
+                                " bytes, but the key is declared with " +
                                 std::to_string(s.nbytes) + " bytes");
   }
   const int64_t expected = s.completed + 1;
@@ -81,42 +89,77 @@ bool SummationEngine::push(uint64_t key, int64_t round, const void* data, size_t
                                 std::to_string(s.completed) + ")");
   }
   const int parity = static_cast<int>(round & 1);
-  const bool first = s.pushes == 0;
-  // Round - 2's result leaves now, for every dtype: in place (non-half
-  // dtypes) its buffer is about to be summed over, and halves keep the same
-  // rule so that the contract does not depend on the dtype.
-  if (first) s.out_round[parity] = -1;
-  char* acc = static_cast<char*>(s.acc ? s.acc->data() : s.out[parity]->data());
+  if (s.pushes == 0) {
+    // Round - 2's result leaves now: its output buffer is about to be summed
+    // into, and a held push is let go, so that the contract is the same
+    // whatever the slot holds.
+    s.out_round[parity] = -1;
+    if (s.result[parity]) released.push_back(std::exchange(s.result[parity], SharedBytes{}));
+    if (num_workers_ == 1) {
+      // The sum of one push is the push, bit for bit, halves included.
+      s.result[parity] = data;
+      s.out_round[parity] = round;
+      s.completed = round;
+      return true;
+    }
+    s.first = data;
+    s.pushes = 1;
+    return false;
+  }
+
   char* out = static_cast<char*>(s.out[parity]->data());
-  const auto* src = static_cast<const char*>(data);
-  const size_t count = s.nbytes / itemsize(s.dtype);
-  const size_t isz = itemsize(s.dtype);
-  const size_t acc_isz = accumulation_itemsize(s.dtype);
-  const int dtype = s.dtype;
+  char* acc = s.acc ? static_cast<char*>(s.acc->data()) : out;
+  const auto* src = static_cast<const char*>(data.data);
   // The round's last push into a wider accumulator finalizes block by block,
   // while each block is still in L1, instead of re-reading the whole
   // accumulator from memory afterwards.
   const bool finalize_now = s.pushes + 1 == num_workers_ && out != acc;
-  parallel_for(count, s.nbytes, [&](size_t begin, size_t end) {
-    if (!finalize_now) {
-      accumulate_(acc + begin * acc_isz, src + begin * isz, end - begin, dtype, first ? 1 : 0);
-      return;
-    }
-    for (size_t i = begin; i < end; i += kBlockElements) {
-      const size_t n = std::min(kBlockElements, end - i);
-      accumulate_(acc + i * acc_isz, src + i * isz, n, dtype, first ? 1 : 0);
-      finalize_(out + i * isz, acc + i * acc_isz, n, dtype);
-    }
-  });
+  if (s.pushes == 1) {
+    sum_pair(s, acc, out, static_cast<const char*>(s.first.data), src, finalize_now);
+    released.push_back(std::exchange(s.first, SharedBytes{}));
+  } else {
+    const size_t isz = itemsize(s.dtype);
+    const size_t acc_isz = accumulation_itemsize(s.dtype);
+    const int dtype = s.dtype;
+    parallel_for(s.nbytes / isz, s.nbytes, [&](size_t begin, size_t end) {
+      if (!finalize_now) {
+        accumulate_(acc + begin * acc_isz, src + begin * isz, end - begin, dtype, 0);
+        return;
+      }
+      for (size_t i = begin; i < end; i += kBlockElements) {
+        const size_t n = std::min(kBlockElements, end - i);
+        accumulate_(acc + i * acc_isz, src + i * isz, n, dtype, 0);
+        finalize_(out + i * isz, acc + i * acc_isz, n, dtype);
+      }
+    });
+  }
   if (++s.pushes < num_workers_) return false;
 
+  s.result[parity] = SharedBytes{s.out[parity], out, s.nbytes};
   s.out_round[parity] = round;
   s.completed = round;
   s.pushes = 0;
   return true;
 }
 
-std::shared_ptr<AlignedBuffer> SummationEngine::result(uint64_t key, int64_t round) {
+void SummationEngine::sum_pair(KeyState& s, char* acc, char* out, const char* first,
+                               const char* second, bool finalize) {
+  const size_t isz = itemsize(s.dtype);
+  const size_t acc_isz = accumulation_itemsize(s.dtype);
+  const int dtype = s.dtype;
+  const size_t block = is_half(dtype) ? kBlockElements : kPairBlockBytes / acc_isz;
+  parallel_for(s.nbytes / isz, s.nbytes, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; i += block) {
+      const size_t n = std::min(block, end - i);
+      char* a = acc + i * acc_isz;
+      accumulate_(a, first + i * isz, n, dtype, 1);
+      accumulate_(a, second + i * isz, n, dtype, 0);
+      if (finalize) finalize_(out + i * isz, a, n, dtype);
+    }
+  });
+}
+
+SharedBytes SummationEngine::result(uint64_t key, int64_t round) {
   std::lock_guard<std::mutex> lock(mu_);
   KeyState& s = state(key);
   if (round < 0 || round > s.completed) {
@@ -132,7 +175,7 @@ std::shared_ptr<AlignedBuffer> SummationEngine::result(uint64_t key, int64_t rou
                                 "kept, and round r's buffer is reused once round r + 2 starts "
                                 "(completed_round " + std::to_string(s.completed) + ")");
   }
-  return s.out[parity];
+  return s.result[parity];
 }
 
 int64_t SummationEngine::completed_round(uint64_t key) {
@@ -172,10 +215,11 @@ void SummationEngine::reduce_into(void* dst, const void* src, size_t nbytes, int
 
 namespace {
 
-// What result() hands out: memoryview's exporter, holding the buffer itself,
-// so a view stays valid after the engine (or its Python object) is gone.
+// What result() hands out: memoryview's exporter, holding the bytes' owner
+// (an engine buffer or a held push), so a view stays valid after the engine
+// (or its Python object) is gone.
 struct ResultBuffer {
-  std::shared_ptr<AlignedBuffer> buffer;
+  SharedBytes bytes;
 };
 
 uintptr_t table_address(const py::dict& table, const char* name) {
@@ -213,18 +257,24 @@ std::unique_ptr<SummationEngine> make_engine(int num_threads, int num_workers,
 }
 
 bool py_push(SummationEngine& engine, uint64_t key, int64_t round, py::handle data) {
-  BufferArg buf(data, "data", false);
+  const std::shared_ptr<const Py_buffer> view = hold_buffer(data, "data");
+  const SharedBytes push{view, view->buf, static_cast<size_t>(view->len)};
+  // Declared before the GIL is released, so destroyed after it is taken
+  // back: releasing a buffer export needs the GIL. Reserved, so that the
+  // engine's push_back cannot fail with a push in hand.
+  std::vector<SharedBytes> released;
+  released.reserve(2);
   py::gil_scoped_release release;
-  return engine.push(key, round, buf.data(), buf.nbytes());
+  return engine.push(key, round, push, released);
 }
 
 py::memoryview py_result(SummationEngine& engine, uint64_t key, int64_t round) {
-  std::shared_ptr<AlignedBuffer> buffer;
+  SharedBytes bytes;
   {
     py::gil_scoped_release release;
-    buffer = engine.result(key, round);
+    bytes = engine.result(key, round);
   }
-  return py::memoryview(py::cast(ResultBuffer{std::move(buffer)}));
+  return py::memoryview(py::cast(ResultBuffer{std::move(bytes)}));
 }
 
 void py_reduce_into(SummationEngine& engine, py::handle dst_obj, py::handle src_obj, int dtype) {
@@ -261,8 +311,8 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<ResultBuffer>(m, "_ResultBuffer", py::buffer_protocol())
       .def_buffer([](ResultBuffer& r) {
-        return py::buffer_info(r.buffer->data(), 1, "B", 1,
-                               {static_cast<py::ssize_t>(r.buffer->nbytes())}, {1},
+        return py::buffer_info(const_cast<void*>(r.bytes.data), 1, "B", 1,
+                               {static_cast<py::ssize_t>(r.bytes.nbytes)}, {1},
                                /*readonly=*/true);
       });
 
@@ -288,7 +338,8 @@ Per-key summation store and thread pool of a byteps server.
            py::arg("key"), py::arg("nbytes"), py::arg("dtype"),
            "Allocate a key's buffers; idempotent for the same (nbytes, dtype).")
       .def("push", &py_push, py::arg("key"), py::arg("round"), py::arg("data"),
-           "Sum one worker's push; True when it was the round's last.")
+           "Sum one worker's push (the engine may keep a reference to it); True when it "
+           "was the round's last.")
       .def("result", &py_result, py::arg("key"), py::arg("round"),
            "Read-only memoryview of a completed round's sum (last two rounds kept).")
       .def("completed_round",

@@ -1,12 +1,17 @@
 // The parameter server's summation engine, free of Python.
 //
-// Each declared key owns an accumulator and two output buffers, one per
-// round parity: while round r+1 is being summed, round r's result can still
-// be pulled; round r's buffer is reused from the first push of round r+2 on
-// (non-half dtypes sum in place into it). Pushes are summed by the kernels
-// of byteps-common, reached through the C function pointers of its
-// kernel_table(), so both extensions agree on every rounding without
+// Each declared key keeps two result slots, one per round parity: while
+// round r+1 is being summed, round r's result can still be pulled; round
+// r's slot is reused from the first push of round r+2 on. Pushes are summed
+// by the kernels of byteps-common, reached through the C function pointers
+// of its kernel_table(), so both extensions agree on every rounding without
 // sharing a build. Large pushes are split over a persistent thread pool.
+//
+// The engine touches each pushed byte once. A round's first push is not
+// copied anywhere: the engine keeps the pushed buffer (SharedBytes) and, when
+// the second push arrives, sums both into the output buffer of the round's
+// parity in one pass (a float32 accumulator for halves). With one worker
+// there is nothing to sum: the push itself is the round's result.
 //
 // Errors are std::invalid_argument (ValueError in Python).
 
@@ -24,6 +29,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "thread_pool.h"
 
@@ -80,6 +86,19 @@ class AlignedBuffer {
   size_t nbytes_;
 };
 
+// Read-only bytes and the owner that keeps them valid: one of the engine's
+// buffers, or a pushed buffer the engine holds on to, whose owner (made by
+// the Python binding) releases a buffer export. Dropping the last owner of
+// a push may need the GIL, so the engine never drops one itself: push()
+// hands those it lets go of back to its caller.
+struct SharedBytes {
+  std::shared_ptr<const void> owner;
+  const void* data = nullptr;
+  size_t nbytes = 0;
+
+  explicit operator bool() const { return owner != nullptr; }
+};
+
 class SummationEngine {
  public:
   // Pushes of at least this many bytes are split over the pool; below it a
@@ -91,6 +110,13 @@ class SummationEngine {
   // the same data. Measured best here: 512 (2 KiB of float32); 8 KiB blocks
   // ran ~1.5x and 32 KiB ones several times slower.
   static constexpr size_t kBlockElements = 512;
+  // Accumulator bytes per block where a round's first two pushes are summed
+  // back to back: memory then sees one read of each push and one write of
+  // the sum. Measured here on 100 MiB: 4 KiB; 2 KiB ran up to 2x slower
+  // (the first kernel is a memmove there), 8 KiB and more 10-30% slower.
+  // Halves, whose first kernel widens, run best with kBlockElements, like
+  // the finalizing loop.
+  static constexpr size_t kPairBlockBytes = 4096;
 
   SummationEngine(size_t num_threads, int num_workers, AccumulateFn accumulate,
                   FinalizeFn finalize)
@@ -103,10 +129,14 @@ class SummationEngine {
   void declare(uint64_t key, size_t nbytes, int dtype);
 
   // Sums one worker's push for `round`; true when it completed the round.
-  bool push(uint64_t key, int64_t round, const void* data, size_t nbytes);
+  // The engine may keep `data` (a copy of its owner) past the call: a
+  // round's first push until the second arrives, and with one worker until
+  // round + 2 starts. Pushes it no longer needs are appended to `released`.
+  bool push(uint64_t key, int64_t round, const SharedBytes& data,
+            std::vector<SharedBytes>& released);
 
-  // The buffer holding round `round`'s sum (shared so views outlive the engine).
-  std::shared_ptr<AlignedBuffer> result(uint64_t key, int64_t round);
+  // Round `round`'s sum; its owner keeps the bytes alive past the engine.
+  SharedBytes result(uint64_t key, int64_t round);
 
   int64_t completed_round(uint64_t key);
 
@@ -118,15 +148,24 @@ class SummationEngine {
     size_t nbytes = 0;
     int dtype = 0;
     // Only halves need a wider accumulator; other dtypes sum straight into
-    // the output buffer of the round's parity.
+    // the output buffer of the round's parity. With one worker neither is
+    // allocated: results are the pushes themselves.
     std::shared_ptr<AlignedBuffer> acc;
     std::shared_ptr<AlignedBuffer> out[2];
-    int64_t out_round[2] = {-1, -1};  // round whose finished sum out[i] holds, -1: none
+    SharedBytes result[2];            // finished sum of round out_round[i]: out[i] or a push
+    int64_t out_round[2] = {-1, -1};  // -1: slot i holds no finished round
+    SharedBytes first;                // the round's first push, until the second arrives
     int64_t completed = -1;
     int pushes = 0;  // pushes received for round completed + 1
   };
 
   KeyState& state(uint64_t key);
+
+  // acc = first + second, and out = narrow(acc) too when `finalize`, block
+  // by block so that each block of acc is written once and read back while
+  // still in cache.
+  void sum_pair(KeyState& s, char* acc, char* out, const char* first, const char* second,
+                bool finalize);
 
   // Calls f(begin, end) over chunks of [0, count), on every pool thread, or
   // once on this thread when the work is small. Threads take chunks from a

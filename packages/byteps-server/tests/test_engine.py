@@ -1,16 +1,21 @@
-"""ServerEngine against numpy: rounds of several workers' pushes, every dtype,
-one to four threads, buffers below and above the pool threshold.
+"""ServerEngine against numpy: rounds of one to four workers' pushes, every
+dtype, one to four threads, buffers below and above the pool threshold.
 
 Sums are compared exactly: the engine adds pushes in arrival order, one
 IEEE operation per element per push, so a numpy sum in the same order is
 bit-identical; halves are summed in float32 and rounded once, like the
 reference below.
+
+The engine copies no push (it holds a round's first push until the second
+arrives, and with one worker the push is the result), so the lifetime
+tests below watch pushed arrays through weak references.
 """
 
 from __future__ import annotations
 
 import gc
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -72,23 +77,27 @@ def as_array(view: memoryview, dtype: DType) -> np.ndarray:
 
 # --- rounds of pushes -----------------------------------------------------------------
 
+@pytest.mark.parametrize("workers", [1, 2, 3, 4])
 @pytest.mark.parametrize("nbytes", [8, 56, LARGE], ids=["tiny", "small", "large"])
 @pytest.mark.parametrize("num_threads", [1, 2, 4])
 @pytest.mark.parametrize("dtype", list(DType), ids=lambda d: d.name)
-def test_rounds_of_pushes_sum_like_numpy(dtype, num_threads, nbytes):
-    workers, rounds, key = 3, 3, 42
+def test_rounds_of_pushes_sum_like_numpy(dtype, num_threads, nbytes, workers):
+    rounds, key = 3, 42
     count = nbytes // dtype.itemsize
     engine = create_engine(num_threads, workers)
     assert (engine.num_threads, engine.num_workers) == (num_threads, workers)
     engine.declare(key, count * dtype.itemsize, dtype)
     assert engine.completed_round(key) == -1
+    sums = []
     for r in range(rounds):
         pushes = pushes_for(dtype, count, workers, seed=100 * r + count)
         done = [engine.push(key, r, push) for push in pushes]
         assert done == [False] * (workers - 1) + [True]
         assert engine.completed_round(key) == r
-        got = as_array(engine.result(key, r), dtype)
-        np.testing.assert_array_equal(got, reference_sum(pushes, dtype))
+        sums.append(reference_sum(pushes, dtype))
+        del pushes  # the engine's held pushes must not depend on the caller's references
+        for done_round in range(max(0, r - 1), r + 1):  # the last two rounds stay readable
+            np.testing.assert_array_equal(as_array(engine.result(key, done_round), dtype), sums[done_round])
 
 
 def test_several_keys_progress_independently():
@@ -114,6 +123,107 @@ def test_single_worker_round_completes_on_every_push(dtype):
         (push,) = pushes_for(dtype, LARGE // dtype.itemsize, 1, seed=r)
         assert engine.push(0, r, push) is True
         np.testing.assert_array_equal(as_array(engine.result(0, r), dtype), push)
+
+
+# --- pushes are held, not copied ----------------------------------------------------
+
+@pytest.mark.parametrize("dtype", list(DType), ids=lambda d: d.name)
+def test_single_worker_result_is_the_pushed_buffer_itself(dtype):
+    engine = create_engine(2, 1)
+    engine.declare(0, LARGE, dtype)
+    (push,) = pushes_for(dtype, LARGE // dtype.itemsize, 1, seed=3)
+    assert engine.push(0, 0, push) is True
+    got = as_array(engine.result(0, 0), dtype)
+    assert got.ctypes.data == push.ctypes.data  # no copy, halves included
+    assert not got.flags.writeable
+    push[:3] = push[3:6]  # so the caller must not touch a pushed buffer while it is in use
+    np.testing.assert_array_equal(got, push)
+
+
+def test_single_worker_keeps_a_push_until_round_plus_2_starts():
+    engine = create_engine(1, 1)
+    engine.declare(0, 16, DType.FLOAT32)
+    pushes = [np.full(4, r, np.float32) for r in range(4)]
+    alive = [weakref.ref(p) for p in pushes]
+    for r in range(2):
+        engine.push(0, r, pushes[r])
+    del pushes[:2]
+    gc.collect()
+    assert alive[0]() is not None and alive[1]() is not None
+    view = engine.result(0, 0)
+    engine.push(0, 2, pushes[0])  # round 2 starts: round 0's push is let go, but the view holds it
+    with pytest.raises(ValueError, match="round 0 of key 0 has been overwritten"):
+        engine.result(0, 0)
+    gc.collect()
+    assert alive[0]() is not None
+    np.testing.assert_array_equal(np.frombuffer(view, np.float32), [0] * 4)
+    del view
+    gc.collect()
+    assert alive[0]() is None and alive[1]() is not None
+    np.testing.assert_array_equal(as_array(engine.result(0, 1), DType.FLOAT32), [1] * 4)
+    engine.push(0, 3, pushes[1])
+    gc.collect()
+    assert alive[1]() is None
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("dtype", list(DType), ids=lambda d: d.name)
+def test_held_first_push_whose_caller_dropped_it_still_sums(dtype, workers):
+    engine = create_engine(2, workers)
+    engine.declare(1, LARGE, dtype)
+    pushes = pushes_for(dtype, LARGE // dtype.itemsize, workers, seed=8)
+    want = reference_sum(pushes, dtype)
+    first = weakref.ref(pushes[0])
+    assert engine.push(1, 0, pushes.pop(0)) is False
+    gc.collect()
+    assert first() is not None  # the engine holds it, nobody else does
+    for i, push in enumerate(pushes):
+        assert engine.push(1, 0, push) is (i == len(pushes) - 1)
+        if i == 0:
+            gc.collect()
+            assert first() is None  # let go once summed with the second push
+    np.testing.assert_array_equal(as_array(engine.result(1, 0), dtype), want)
+
+
+def test_a_refused_push_is_not_kept():
+    engine = create_engine(1, 2)
+    engine.declare(2, 16, DType.FLOAT32)
+    wrong_size, wrong_round = np.zeros(3, np.float32), np.zeros(4, np.float32)
+    refs = [weakref.ref(wrong_size), weakref.ref(wrong_round)]
+    with pytest.raises(ValueError):
+        engine.push(2, 0, wrong_size)
+    with pytest.raises(ValueError):
+        engine.push(2, 1, wrong_round)
+    del wrong_size, wrong_round
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None]
+
+
+def test_result_views_keep_a_held_zmq_frame_alive_past_the_engine():
+    zmq = pytest.importorskip("zmq")
+    engine = create_engine(2, 1)
+    engine.declare(3, LARGE, DType.FLOAT32)
+    values = np.arange(LARGE // 4, dtype=np.float32)
+    frame = zmq.Frame(values.tobytes())
+    engine.push(3, 0, frame.buffer)  # what the server passes: a memoryview onto the frame
+    view = engine.result(3, 0)
+    del frame, engine
+    gc.collect()
+    np.testing.assert_array_equal(np.frombuffer(view, np.float32), values)
+
+
+def test_first_push_may_be_a_view_of_the_buffer_its_round_sums_into():
+    # Round 2 sums into round 0's buffer; a view of round 0 pushed as round
+    # 2's first push is read before that buffer is written, block by block.
+    engine = create_engine(2, 2)
+    engine.declare(4, LARGE, DType.FLOAT32)
+    ones = np.ones(LARGE // 4, np.float32)
+    for r in range(2):
+        engine.push(4, r, ones)
+        engine.push(4, r, ones)
+    engine.push(4, 2, engine.result(4, 0))
+    engine.push(4, 2, ones)
+    np.testing.assert_array_equal(as_array(engine.result(4, 2), DType.FLOAT32), 3 * ones)
 
 
 def test_push_accepts_bytes_memoryview_and_zmq_frames():
@@ -187,6 +297,21 @@ def test_last_two_rounds_are_kept(dtype):
     engine.push(9, 2, np.full(4, 2, dtype.storage))
     np.testing.assert_array_equal(as_array(engine.result(9, 2), dtype), [4] * 4)
     np.testing.assert_array_equal(as_array(engine.result(9, 1), dtype), [2] * 4)
+
+
+@pytest.mark.parametrize("dtype", [DType.FLOAT32, DType.BFLOAT16], ids=lambda d: d.name)
+def test_last_two_rounds_are_kept_with_one_worker(dtype):
+    engine = create_engine(1, 1)
+    engine.declare(9, 4 * dtype.itemsize, dtype)
+    for r in range(2):
+        assert engine.push(9, r, np.full(4, r + 1, dtype.storage)) is True
+    engine.push(9, 2, np.full(4, 3, dtype.storage))
+    with pytest.raises(ValueError, match="round 0 of key 9 has been overwritten"):
+        engine.result(9, 0)
+    with pytest.raises(ValueError, match=r"round 3 of key 9 is not completed \(completed_round 2\)"):
+        engine.result(9, 3)
+    for r in (1, 2):
+        np.testing.assert_array_equal(as_array(engine.result(9, r), dtype), np.full(4, r + 1, dtype.storage))
 
 
 def test_result_is_a_read_only_byte_view_that_outlives_the_engine():

@@ -23,6 +23,10 @@ def sum_into(dst: Buffer, src: Buffer, dtype: int) -> None:
 def scale(buf: Buffer, dtype: int, divisor: int) -> None:
     """buf /= divisor in place; floor division (numpy //) for integer dtypes."""
 
+def scale_into(dst: Buffer, src: Buffer, dtype: int, divisor: int) -> None:
+    """dst = src / divisor in one pass, rounded as scale; dst may be src itself,
+    or must not overlap it."""
+
 def itemsize(dtype: int) -> int: ...
 def accumulation_itemsize(dtype: int) -> int: ...
 def kernel_table() -> Dict[str, int]:

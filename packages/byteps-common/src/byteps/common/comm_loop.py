@@ -142,10 +142,15 @@ class CommLoop(threading.Thread):
             connection.send(Command.PULL, self.rank, part.key, task.round, dtype=dtype)
 
     def _destination(self, header):
+        """Where a sum is received straight into: the output slice, unless it must be averaged.
+
+        An averaged sum is instead divided while being copied out of
+        ZeroMQ's buffer (scale_into): one pass over the bytes, not two.
+        """
         if header.command != Command.PULL_RESPONSE:
             return None
         entry = self._in_flight.get((header.key, header.round))
-        if entry is None or entry[1].nbytes != header.payload_bytes:
+        if entry is None or entry[1].nbytes != header.payload_bytes or entry[0].average_over > 1:
             return None
         task, part = entry
         return task.output.data[part.offset:part.offset + part.nbytes]
@@ -166,14 +171,16 @@ class CommLoop(threading.Thread):
             self._abandoned.discard((header.key, header.round))
             return
         entry = self._in_flight.pop((header.key, header.round), None)
-        if header.command != Command.PULL_RESPONSE or entry is None or message.payload is not None:
+        averaged = entry is not None and entry[0].average_over > 1
+        if (header.command != Command.PULL_RESPONSE or entry is None or header.payload_bytes != entry[1].nbytes
+                or (message.payload is not None) != averaged):
             raise TransportError(
                 f"unexpected {command_name(header.command)} for key {header.key} round {header.round} "
                 f"({header.payload_bytes} bytes) from server {connection.address}")
         task, part = entry
-        if task.average_over > 1:
+        if averaged:
             chunk = task.output.data[part.offset:part.offset + part.nbytes]
-            kernels.scale(chunk, task.output.dtype, task.average_over)
+            kernels.scale_into(chunk, message.payload.buffer, task.output.dtype, task.average_over)
         task.remaining -= 1
         if task.remaining == 0:
             task.handle.set_done()

@@ -18,8 +18,9 @@ Example: the server's path for three workers' float16 pushes::
     finalize(out, acc, DType.FLOAT16)        # out: n float16
     scale(out, DType.FLOAT16, 3)             # the average
 
-Raises ValueError when sizes disagree, a destination is read-only, or the
-dtype is unknown.
+``scale_into(out, summed, dtype, n)`` writes the average to another buffer in
+one pass instead. Raises ValueError when sizes disagree, a destination is
+read-only, buffers partly overlap, or the dtype is unknown.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "finalize",
     "sum_into",
     "scale",
+    "scale_into",
     "empty_accumulator",
     "kernel_table",
     "cpu_features",
@@ -66,6 +68,19 @@ def sum_into(dst: Buffer, src: Buffer, dtype: Any) -> None:
 def scale(buf: Buffer, dtype: Any, divisor: int) -> None:
     """``buf /= divisor`` in place; integers use floor division like numpy's ``//``."""
     _C.scale(buf, int(dtype_of(dtype)), int(divisor))
+
+
+def scale_into(dst: Buffer, src: Buffer, dtype: Any, divisor: int) -> None:
+    """``dst = src / divisor`` in one pass, with :func:`scale`'s rounding and floor division.
+
+    Saves the copy in front of an in-place :func:`scale`, e.g. averaging a
+    received sum straight into the caller's tensor::
+
+        scale_into(tensor, frame, DType.FLOAT32, num_workers)
+
+    ``dst`` may be ``src`` itself; any other overlap is a ValueError.
+    """
+    _C.scale_into(dst, src, int(dtype_of(dtype)), int(divisor))
 
 
 def empty_accumulator(count: int, dtype: Any) -> np.ndarray:

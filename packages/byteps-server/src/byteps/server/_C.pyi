@@ -11,9 +11,16 @@ PARALLEL_BYTES: int
 class ServerEngine:
     """Per-key accumulation store and persistent thread pool.
 
-    Each key keeps an accumulator and two output buffers by round parity:
-    round r's result stays readable until the first push of round r + 2,
-    which reuses its buffer (a view taken earlier then sees new bytes).
+    Each key keeps two result slots by round parity: round r's result stays
+    readable until the first push of round r + 2, which reuses its slot (a
+    view taken earlier may then see new bytes).
+
+    Pushes are not copied: the engine holds a reference to a round's first
+    push and sums it with the second in one pass; with num_workers == 1 the
+    push itself is the round's result (result() is a view onto it, kept
+    until round r + 2 starts). So a pushed buffer must not be modified until
+    its round completes, nor, with one worker, while its result is in use.
+    The caller may drop its own reference at once (a zmq.Frame stays alive).
     """
 
     def __init__(self, num_threads: int, num_workers: int, kernel_table: Dict[str, int]) -> None:
@@ -27,11 +34,13 @@ class ServerEngine:
         """Allocate the key's buffers; idempotent for the same (nbytes, dtype)."""
     def push(self, key: int, round: int, data: Buffer) -> bool:
         """Sum one worker's push into `round` (the round the key is accumulating);
-        True when it was the num_workers-th push and the round is finalized."""
+        True when it was the num_workers-th push and the round is finalized.
+        The engine may keep a reference to data (see the class docstring)."""
     def result(self, key: int, round: int) -> memoryview:
-        """Read-only memoryview ('B', nbytes) of a completed round's sum; it keeps
-        the buffer alive, even past the engine. ValueError if the round is not
-        completed or round + 2 has started."""
+        """Read-only memoryview ('B', nbytes) of a completed round's sum (with one
+        worker, of the pushed buffer itself); it keeps the bytes alive, even
+        past the engine. ValueError if the round is not completed or round + 2
+        has started."""
     def completed_round(self, key: int) -> int:
         """The key's last completed round, -1 before the first."""
     def reduce_into(self, dst: Buffer, src: Buffer, dtype: int) -> None:

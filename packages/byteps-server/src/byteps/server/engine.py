@@ -2,7 +2,10 @@
 
 ``ServerEngine`` (compiled, ``byteps.server._C``) keeps every key's
 accumulator and its last two rounds' sums and runs pushes on a persistent
-thread pool. It sums with the kernels of byteps-common, which it reaches
+thread pool. It copies no push: a round's first push is held (the frame
+stays alive) and summed with the second in one pass, and with one worker
+the push itself is the result, so a pushed buffer must not change until its
+round is done. It sums with the kernels of byteps-common, which it reaches
 through the C function pointers of ``byteps.common._C.kernel_table()``;
 :func:`create_engine` does that wiring::
 
