@@ -83,3 +83,24 @@ def test_module_api_handles():
     assert not bps.is_initialized()
     with pytest.raises(ValueError, match="call init"):
         bps.rank()
+
+
+def test_done_callbacks_run_once_with_the_handle(worker):
+    seen = []
+    handle = worker.push_pull_async(np.ones(3, np.float32), name="cb")
+    handle.add_done_callback(lambda h: seen.append(("late", h.error)))
+    assert seen == [("late", None)]  # already done: runs at once
+
+
+def test_callbacks_of_a_failed_handle_see_the_error_and_a_raising_callback_is_contained():
+    from byteps.common.handle import Handle, PushPullError
+
+    handle = Handle("x", output=None)
+    seen = []
+    handle.add_done_callback(lambda h: 1 / 0)
+    handle.add_done_callback(lambda h: seen.append(h.error))
+    handle.set_error(RuntimeError("server gone"))
+    handle.set_done()  # a second completion is ignored
+    assert len(seen) == 1 and str(seen[0]) == "server gone"
+    with pytest.raises(PushPullError, match="server gone"):
+        handle.wait()

@@ -91,3 +91,25 @@ def test_tensors_that_differ_across_workers_fail_on_every_rank_naming_both():
         assert result.codes[f"worker{rank}"] == 1, out
         assert "FAILED: push_pull of 'grad' failed" in out and "mismatch for key 0" in out, out
         assert "400 bytes of float32" in out and "800 bytes of float32" in out, out
+
+
+SHAPE_MISMATCH = r"""
+import numpy as np
+import byteps.common as bps
+bps.init()
+x = np.ones((2, 3) if bps.rank() == 0 else (3, 2), dtype=np.float32)   # same bytes, other shape
+try:
+    bps.push_pull(x, name="w")
+except bps.PushPullError as exc:
+    print("FAILED:", exc, flush=True)
+    raise SystemExit(1)
+"""
+
+
+def test_same_bytes_in_another_shape_fail_on_every_rank():
+    result = run_job([sys.executable, "-c", SHAPE_MISMATCH], 2, 1, timeout=60)
+    assert not result.timed_out, result.failures()
+    for rank in (0, 1):
+        out = result.outputs[f"worker{rank}"]
+        assert result.codes[f"worker{rank}"] == 1, out
+        assert "shape 2x3" in out and "shape 3x2" in out, out

@@ -131,8 +131,8 @@ class CommLoop(threading.Thread):
             connection = self.connections[part.server]
             if part.key not in self._initialized_keys:
                 description = {
-                    "name": task.name, "partition": part.index, "tensor_nbytes": task.plan.nbytes,
-                    "nbytes": part.nbytes, "dtype": dtype,
+                    "name": task.name, "partition": part.index, "shape": list(task.source.shape),
+                    "tensor_nbytes": task.plan.nbytes, "nbytes": part.nbytes, "dtype": dtype,
                 }
                 connection.send(Command.INIT_KEY, self.rank, part.key, payload=json_payload(description))
                 self._initialized_keys.add(part.key)

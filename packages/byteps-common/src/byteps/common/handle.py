@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, List, Optional
 
 __all__ = ["Handle", "PushPullError"]
+
+log = logging.getLogger("byteps.common.handle")
 
 
 class PushPullError(RuntimeError):
@@ -20,6 +23,8 @@ class Handle:
         self._output = output
         self._done = threading.Event()
         self._error: Optional[BaseException] = None
+        self._lock = threading.Lock()
+        self._callbacks: List[Callable[[Handle], None]] = []
 
     def poll(self) -> bool:
         """True once the push_pull has finished (successfully or not)."""
@@ -33,10 +38,41 @@ class Handle:
             raise PushPullError(f"push_pull of {self.name!r} failed: {self._error}") from self._error
         return self._output
 
-    def set_done(self) -> None:
-        self._done.set()
+    @property
+    def error(self) -> Optional[BaseException]:
+        """The failure, once done; None on success or while running."""
+        return self._error
 
-    def set_error(self, error: BaseException) -> None:
-        if not self._done.is_set():
+    def add_done_callback(self, callback: Callable[[Handle], None]) -> None:
+        """Call ``callback(handle)`` once done, from the thread that finishes it (now, if done).
+
+        Callbacks run on byteps' communication thread: keep them short and
+        never wait on another push_pull inside one.
+        """
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        self._run(callback)
+
+    def _run(self, callback: Callable[[Handle], None]) -> None:
+        try:
+            callback(self)
+        except Exception:  # a user callback must not kill the communication thread
+            log.exception("a done-callback of push_pull %r raised", self.name)
+
+    def _finish(self, error: Optional[BaseException]) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
             self._error = error
             self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            self._run(callback)
+
+    def set_done(self) -> None:
+        self._finish(None)
+
+    def set_error(self, error: BaseException) -> None:
+        self._finish(error)

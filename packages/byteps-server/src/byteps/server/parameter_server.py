@@ -39,16 +39,21 @@ class PartitionSpec:
 
     name: str
     partition: int
+    shape: Tuple[int, ...]
     tensor_nbytes: int
     nbytes: int
     dtype: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
 
     def describe(self) -> str:
         try:
             dtype = DType(self.dtype).name.lower()
         except ValueError:
             dtype = f"dtype code {self.dtype}"
-        return (f"tensor {self.name!r} ({self.tensor_nbytes} bytes of {dtype}), "
+        shape = "x".join(map(str, self.shape)) or "scalar"
+        return (f"tensor {self.name!r} (shape {shape}, {self.tensor_nbytes} bytes of {dtype}), "
                 f"partition {self.partition} of {self.nbytes} bytes")
 
 
