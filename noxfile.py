@@ -15,7 +15,7 @@ import zipfile
 import nox
 
 ROOT = pathlib.Path(__file__).parent
-PACKAGES = ["byteps-transport", "byteps-common", "byteps-server", "byteps-launcher"]
+PACKAGES = ["byteps-transport", "byteps-common", "byteps-server", "byteps-launcher", "byteps-torch"]
 # Pinned: any other torch spec pulls several GB of CUDA wheels.
 TORCH = "torch==2.13.0"
 FRAMEWORK_MODULES = ["torch", "tensorflow", "mxnet"]
@@ -27,6 +27,7 @@ nox.options.sessions = [
     "tests-common",
     "tests-server",
     "tests-launcher",
+    "tests-torch",
     "server-only",
 ]
 nox.options.error_on_missing_interpreters = True
@@ -132,6 +133,14 @@ def tests_launcher(session: nox.Session) -> None:
     _tests(session, "byteps-launcher")
 
 
+@nox.session(name="tests-torch")
+def tests_torch(session: nox.Session) -> None:
+    # torch first, in a pip call of its own, so that it comes from the pinned
+    # local wheel and nothing later can float it.
+    session.install(TORCH)
+    _tests(session, "byteps-torch", "scikit-learn")
+
+
 @nox.session(name="server-only")
 def server_only(session: nox.Session) -> None:
     """byteps-server alone: no deep-learning framework comes with it, and a real job runs."""
@@ -150,7 +159,16 @@ def server_only(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job on this machine: a numpy model trained by 2 workers and 1 server."""
+    """The main job on this machine: a PyTorch CNN trained by 2 workers through 1 server."""
+    session.install(TORCH)
+    _install(session, "byteps-torch", extra=("scikit-learn",))
+    session.run("bpslaunch", "--workers", "2", "--servers", "1", "--",
+                "python", str(ROOT / "examples" / "torch" / "train_digits.py"), *session.posargs)
+
+
+@nox.session(name="demo-numpy")
+def demo_numpy(session: nox.Session) -> None:
+    """The same job without any framework: a numpy MLP over byteps-common's API."""
     _install(session, "byteps-launcher", extra=("scikit-learn",))
     session.run("bpslaunch", "--workers", "2", "--servers", "1", "--",
                 "python", str(ROOT / "examples" / "numpy" / "train_digits.py"), *session.posargs)
@@ -159,6 +177,11 @@ def demo(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks whose figures go into docs/performance.md (not part of the default run)."""
-    _install(session, "byteps-server")
+    session.install(TORCH)
+    _install(session, "byteps-torch")
     for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
         session.run("python", str(script))
+    synthetic = str(ROOT / "examples" / "torch" / "synthetic_benchmark.py")
+    session.run("python", synthetic)
+    for layout in (["-np", "2"], ["--workers", "2", "--servers", "2"]):
+        session.run("bpslaunch", *layout, "--", "python", synthetic)

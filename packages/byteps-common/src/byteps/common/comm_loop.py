@@ -61,6 +61,10 @@ class CommLoop(threading.Thread):
         self._abandoned: Set[Tuple[int, int]] = set()  # (key, round) of failed tasks still answered
         self._fatal: Optional[BaseException] = None
         self._stopping = False
+        # Set while a wake-up byte is in the pipe and the thread has not yet
+        # drained the queue: further submits need not write another (each
+        # write costs a system call and a thread switch).
+        self._wake_pending = False
 
     # --- called from API threads -------------------------------------------------
     def submit(self, task: PushPullTask) -> None:
@@ -68,7 +72,9 @@ class CommLoop(threading.Thread):
             task.handle.set_error(self._fatal or TransportError("the worker's communication thread is not running"))
             return
         self._tasks.put(task)
-        os.write(self._wake_write, b"t")
+        if not self._wake_pending:
+            self._wake_pending = True
+            os.write(self._wake_write, b"t")
 
     def stop(self) -> None:
         """Ask the thread to finish; in-flight tasks fail if it must cut them off."""
@@ -101,6 +107,7 @@ class CommLoop(threading.Thread):
                 for target, _ in poller.poll():
                     if target == self._wake_read:
                         os.read(self._wake_read, 4096)
+                        self._wake_pending = False  # before draining, so no submit goes unseen
                         self._start_queued_tasks()
                     else:
                         self._receive(by_socket[target])

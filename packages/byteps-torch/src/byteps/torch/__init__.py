@@ -1,0 +1,107 @@
+"""byteps for PyTorch: a Horovod drop-in over byteps parameter servers.
+
+Change ``import horovod.torch as hvd`` to ``import byteps.torch as hvd`` (or
+``bps``) and launch with ``bpslaunch``::
+
+    import torch
+    import byteps.torch as bps
+
+    bps.init()
+    model = torch.nn.Linear(10, 1)
+    optimizer = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * bps.size()),
+                                         named_parameters=model.named_parameters())
+    bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    bps.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    $ bpslaunch -np 2 -- python train.py
+
+The compiled part (``byteps.torch._C``) reads tensors through DLPack and does
+not link libtorch, so any torch version with DLPack export works.
+"""
+
+try:
+    import torch
+except ImportError as exc:
+    raise ImportError("byteps.torch needs PyTorch: pip install torch") from exc
+
+from byteps.common.interface import require_interface
+
+INTERFACE_VERSION = (1, 0)
+
+#: Oldest torch with everything used here (untyped_storage, post-accumulate-grad hooks).
+MINIMUM_TORCH = (2, 1)
+
+
+def _torch_version(text: str) -> tuple:
+    parts = []
+    for piece in text.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+if _torch_version(torch.__version__) < MINIMUM_TORCH:
+    raise ImportError(
+        f"byteps-torch needs torch >= {'.'.join(map(str, MINIMUM_TORCH))}, but torch {torch.__version__} is "
+        "installed: pip install --upgrade torch")
+
+require_interface("byteps-common", "byteps.common", (1, 0), requirer="byteps-torch")
+
+from byteps.common import PushPullError  # noqa: E402
+from byteps.torch import parallel  # noqa: E402
+from byteps.torch.compression import Compression, Compressor  # noqa: E402
+from byteps.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters  # noqa: E402
+from byteps.torch.horovod_ops import (  # noqa: E402
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+)
+from byteps.torch.ops import (  # noqa: E402
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    barrier,
+    declare,
+    get_pushpull_speed,
+    handle_done_callback,
+    init,
+    is_initialized,
+    join,
+    local_rank,
+    local_size,
+    poll,
+    push_pull,
+    push_pull_async,
+    push_pull_async_inplace,
+    push_pull_inplace,
+    rank,
+    shutdown,
+    size,
+    synchronize,
+)
+from byteps.torch.optimizer import DistributedOptimizer  # noqa: E402
+
+__all__ = [
+    "INTERFACE_VERSION",
+    # process
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "barrier", "join",
+    # BytePS names
+    "declare", "push_pull", "push_pull_async", "push_pull_inplace", "push_pull_async_inplace",
+    "poll", "synchronize", "handle_done_callback", "get_pushpull_speed",
+    # Horovod names
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "Compression", "Compressor",
+    "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+    "DistributedOptimizer", "parallel",
+    "PushPullError",
+]

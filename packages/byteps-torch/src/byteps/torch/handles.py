@@ -1,0 +1,99 @@
+"""Integer handles of asynchronous torch push_pulls, and push_pull telemetry.
+
+A handle stands for one byteps-common :class:`~byteps.common.Handle` plus
+the step that turns its finished host bytes into the tensor the caller gets
+(copy back from a staging buffer, decompress, post-scale). That step runs
+in :func:`synchronize`, on the caller's thread, never on byteps'
+communication thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import threading
+import time
+from typing import Callable, Deque, Dict, Tuple
+
+import torch
+
+from byteps.common import Handle
+
+__all__ = ["PendingOp", "HandleTable", "SpeedMeter"]
+
+
+@dataclasses.dataclass
+class PendingOp:
+    core: Handle
+    finish: Callable[[], torch.Tensor]
+    release: Callable[[], None]  # frees the op's name for the next op
+
+
+class HandleTable:
+    """Thread-safe map from integer handles to pending push_pulls."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ops: Dict[int, PendingOp] = {}
+        self._ids = itertools.count(1)
+
+    def add(self, op: PendingOp) -> int:
+        with self._lock:
+            handle = next(self._ids)
+            self._ops[handle] = op
+        return handle
+
+    def get(self, handle: int) -> PendingOp:
+        with self._lock:
+            op = self._ops.get(handle)
+        if op is None:
+            raise ValueError(f"unknown push_pull handle {handle!r} (already synchronized, or from before shutdown())")
+        return op
+
+    def pop(self, handle: int) -> None:
+        with self._lock:
+            self._ops.pop(handle, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._ops.clear()
+
+
+class SpeedMeter:
+    """Throughput of recently completed push_pulls, as BytePS's get_pushpull_speed reports it.
+
+    Each successful push_pull is recorded as (start, end, tensor bytes). The
+    speed is the bytes of the push_pulls that ended within ``window_s`` before
+    the latest completion, divided by the time from the earliest start among
+    them to that completion: the rate at which tensors were reduced while
+    byteps was busy, in MB/s (10**6 bytes per second).
+    """
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self._lock = threading.Lock()
+        self._records: Deque[Tuple[float, float, int]] = collections.deque()
+
+    def record(self, start: float, nbytes: int) -> None:
+        end = time.time()
+        with self._lock:
+            self._records.append((start, end, nbytes))
+            while self._records and self._records[0][1] < end - self.window_s:
+                self._records.popleft()
+
+    def speed(self) -> Tuple[float, float]:
+        """(time of the latest completion in seconds since the epoch, MB/s); (0.0, 0.0) before any."""
+        with self._lock:
+            records = list(self._records)
+        if not records:
+            return 0.0, 0.0
+        latest = max(end for _, end, _ in records)
+        recent = [r for r in records if r[1] >= latest - self.window_s]
+        elapsed = latest - min(start for start, _, _ in recent)
+        total = sum(nbytes for _, _, nbytes in recent)
+        return latest, (total / elapsed / 1e6) if elapsed > 0 else 0.0
+
+    def clear(self) -> None:
+        with self._lock:
+            self._records.clear()

@@ -1,0 +1,269 @@
+"""DistributedOptimizer: Horovod's gradient-averaging optimizer wrapper over byteps.
+
+Each parameter gets a post-accumulate-grad hook. Once its gradient has been
+accumulated ``backward_passes_per_step`` times, the hook starts an
+asynchronous push_pull of it, so communication of late layers overlaps the
+backward pass of early ones. ``step()`` (or an explicit ``synchronize()``)
+waits for all of them and leaves the averaged gradients in ``p.grad``.
+
+Example (run under ``bpslaunch -np 2 -- python train.py``)::
+
+    import byteps.torch as bps
+
+    bps.init()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * bps.size())
+    optimizer = bps.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    bps.broadcast_optimizer_state(optimizer, root_rank=0)
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+
+Gradient clipping (or AMP unscaling) needs the averaged gradients before
+the step::
+
+    loss.backward()
+    optimizer.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    with optimizer.skip_synchronize():
+        optimizer.step()
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from contextlib import contextmanager
+from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Set, Tuple
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from byteps.torch.compression import Compression
+from byteps.torch.ops import Adasum, Average, Sum, declare, push_pull_async_inplace, size, synchronize
+
+__all__ = ["DistributedOptimizer"]
+
+#: Prefix of every gradient's push_pull name, as in BytePS (keeps them apart from broadcasts).
+GRADIENT_PREFIX = "Gradient."
+
+
+# The hook each parameter currently has. Wrapping the same parameters again
+# (a new DistributedOptimizer for the same model) moves the hook to the new
+# optimizer, so a gradient is never push_pulled twice under one name.
+_hooks: WeakIdKeyDictionary = WeakIdKeyDictionary()   # tensor -> RemovableHandle
+
+
+class _PendingGradient(NamedTuple):
+    """One parameter's gradient on its way through a push_pull."""
+
+    handle: int
+    ctx: Any            # the compressor's context
+    postscale: float
+
+
+class _DistributedOptimizer:
+    """Mixed in front of the wrapped optimizer's class; see :func:`DistributedOptimizer`."""
+
+    def _setup_distributed(self, named_parameters: List[Tuple[str, torch.Tensor]], compression: Any,
+                           backward_passes_per_step: int, op: Any, gradient_predivide_factor: float) -> None:
+        self._compression = compression
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        names = {id(p): name for name, p in named_parameters}
+        self._parameter_names: Dict[torch.Tensor, str] = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                self._parameter_names[p] = names[id(p)]
+        # The set of push_pulls in a step must be the same on every rank, and
+        # ids come from declaration order: declare them all now, in order.
+        for name in self._parameter_names.values():
+            declare(GRADIENT_PREFIX + name)
+        self._passes_left: Dict[torch.Tensor, int] = {p: backward_passes_per_step for p in self._parameter_names}
+        self._touched: Set[torch.Tensor] = set()      # gradient accumulated since the last synchronize
+        self._pending: Dict[torch.Tensor, _PendingGradient] = {}
+        self._hooked: Set[torch.Tensor] = set()
+        self._synchronized = False
+        self._should_synchronize = True
+        self._communicate = size() > 1   # one worker: nothing to average (as Horovod)
+        if self._communicate:
+            self._register_hooks()
+
+    def _register_hooks(self) -> None:
+        """Hook every parameter that requires grad and has no hook yet.
+
+        Called again at each synchronize, so a parameter whose requires_grad
+        was switched on later is hooked from its next backward on.
+        """
+        for p in self._parameter_names:
+            if p.requires_grad and p not in self._hooked:
+                previous = _hooks.pop(p, None)
+                if previous is not None:
+                    previous.remove()
+                _hooks[p] = p.register_post_accumulate_grad_hook(self._gradient_ready)
+                self._hooked.add(p)
+
+    def _gradient_ready(self, p: torch.Tensor) -> None:
+        if p in self._pending:
+            raise RuntimeError(
+                f"the gradient of {self._parameter_names[p]!r} was computed more than backward_passes_per_step="
+                f"{self.backward_passes_per_step} times before step(); raise backward_passes_per_step to "
+                "accumulate gradients locally")
+        self._touched.add(p)
+        self._synchronized = False
+        self._passes_left[p] -= 1
+        if self._passes_left[p] == 0:
+            self._start_push_pull(p)
+
+    def _start_push_pull(self, p: torch.Tensor) -> None:
+        if p.grad is None:
+            # Not computed here, but maybe on another rank (unused branch,
+            # requires_grad switched): every rank must submit the same names.
+            p.grad = torch.zeros_like(p)
+        elif p.grad.is_sparse:
+            p.grad = p.grad.to_dense()
+        grad, average, postscale = p.grad, self.op == Average, 1.0
+        if average and self.gradient_predivide_factor != 1.0:
+            # Horovod: divide by f before the sum, multiply by f / size after.
+            grad = grad / self.gradient_predivide_factor
+            average, postscale = False, self.gradient_predivide_factor / size()
+        compressed, ctx = self._compression.compress(grad)
+        # Non-contiguous gradients (channels_last) go through a contiguous copy.
+        buffer = compressed if compressed.is_contiguous() else compressed.contiguous()
+        handle = push_pull_async_inplace(buffer, average=average, name=GRADIENT_PREFIX + self._parameter_names[p])
+        self._pending[p] = _PendingGradient(handle, ctx, postscale)
+
+    def synchronize(self) -> None:
+        """Wait for every gradient's push_pull and write the averages into ``p.grad``.
+
+        Parameters that require grad but got no gradient since the last
+        synchronize are reduced as zeros, since another rank may have one.
+        """
+        if not self._communicate:
+            self._synchronized = True
+            return
+        if self._synchronized and not self._pending:
+            return
+        for p in self._parameter_names:
+            if p not in self._pending and (p.requires_grad or p in self._touched):
+                self._start_push_pull(p)
+        pending, self._pending = self._pending, {}
+        try:
+            for p, item in pending.items():
+                output = self._compression.decompress(synchronize(item.handle), item.ctx)
+                if item.postscale != 1.0:
+                    output = output * item.postscale
+                if output.data_ptr() != p.grad.data_ptr():
+                    p.grad.copy_(output)
+        finally:
+            for p in self._parameter_names:
+                self._passes_left[p] = self.backward_passes_per_step
+            self._touched.clear()
+        self._register_hooks()
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Let ``step()`` use the gradients as they are (after an explicit ``synchronize()``)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Any = None) -> Any:
+        if self._should_synchronize:
+            if self._synchronized and self._communicate:
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() after optimizer.synchronize(); "
+                    "use the skip_synchronize() context to make that explicit", stacklevel=2)
+            self.synchronize()
+        self._synchronized = False
+        return super().step(closure)
+
+    # step() must not be wrapped again by torch's profiling/hook wrapper:
+    # the wrapped class's own step (called through super()) already runs the hooks.
+    step.hooked = True  # type: ignore[attr-defined]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._pending or any(left != self.backward_passes_per_step for left in self._passes_left.values()):
+            raise ValueError(
+                "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+                "optimizer.synchronize(); push_pulls of the gradients are pending, and zeroing them now would race")
+        return super().zero_grad(set_to_none)
+
+
+def _named_parameters(optimizer: torch.optim.Optimizer,
+                      named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]]) -> List[Tuple[str, torch.Tensor]]:
+    if named_parameters is None:
+        return [(f"noname.{i}.{j}", p)
+                for i, group in enumerate(optimizer.param_groups) for j, p in enumerate(group["params"])]
+    named = list(named_parameters)
+    if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
+        raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
+                         "usually produced by model.named_parameters()")
+    duplicates = sorted(name for name, count in Counter(name for name, _ in named).items() if count > 1)
+    if duplicates:
+        raise ValueError(f"parameter names in named_parameters must be unique; duplicates: {', '.join(duplicates)}")
+    named_ids = {id(p) for _, p in named}
+    unnamed = [f"group {i} parameter {j} (shape {tuple(p.shape)})"
+               for i, group in enumerate(optimizer.param_groups) for j, p in enumerate(group["params"])
+               if id(p) not in named_ids]
+    if unnamed:
+        raise ValueError("named_parameters was given, but some of the optimizer's parameters are not in it: "
+                         + "; ".join(unnamed))
+    return named
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
+                         compression: Any = Compression.none, backward_passes_per_step: int = 1,
+                         op: Any = Average, gradient_predivide_factor: float = 1.0) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all workers.
+
+    Returns an instance of a subclass of ``optimizer``'s class (so
+    ``isinstance`` checks and learning-rate schedulers keep working) that
+    shares its param groups, state and hooks; use it instead of the original
+    from then on.
+
+    ``named_parameters`` (usually ``model.named_parameters()``) names the
+    push_pulls; without it the names come from the parameters' positions in
+    the param groups, which is fine as long as every rank builds the same
+    optimizer. ``backward_passes_per_step`` accumulates that many backward
+    passes locally before communicating. ``compression=Compression.fp16``
+    sends float16. ``op`` is ``Average`` or ``Sum``. With
+    ``gradient_predivide_factor=f`` each gradient is divided by ``f`` before
+    the sum and multiplied by ``f / size()`` after (Horovod), which can keep
+    float16 sums in range.
+
+    Every rank must push_pull the same gradients each step. A parameter
+    that requires grad but got no gradient (a branch unused on this rank)
+    is averaged as zeros; a parameter with ``requires_grad=False`` is left
+    out, so freeze and unfreeze parameters alike on every rank (a parameter
+    unfrozen later is hooked from its next step on). With one worker
+    nothing is communicated, as in Horovod. Wrapping the same parameters
+    again moves their hooks to the new optimizer.
+    """
+    if op == Adasum:
+        raise NotImplementedError("op=Adasum is not supported by byteps; use Average or Sum")
+    if op not in (Average, Sum):
+        raise ValueError(f"op must be Average or Sum, got {op!r}")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor is only supported with op=Average")
+    if gradient_predivide_factor <= 0:
+        raise ValueError(f"gradient_predivide_factor must be positive, got {gradient_predivide_factor}")
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step!r}")
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("this optimizer is already a DistributedOptimizer; wrap the original optimizer once")
+    named = _named_parameters(optimizer, named_parameters)
+    base = optimizer.__class__
+    cls = type(base.__name__, (_DistributedOptimizer, base), {})
+    wrapped = cls.__new__(cls)
+    # Share everything (param groups, state, defaults, hook tables) rather
+    # than building a second optimizer: a state loaded before wrapping survives.
+    wrapped.__dict__.update(optimizer.__dict__)
+    wrapped._setup_distributed(named, compression, backward_passes_per_step, op, gradient_predivide_factor)
+    return wrapped

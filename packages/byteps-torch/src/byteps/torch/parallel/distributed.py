@@ -1,0 +1,144 @@
+"""byteps' own DistributedDataParallel: torch's DDP interface, gradients averaged through byteps.
+
+No torch.distributed process group is needed. At construction the module's
+parameters (and buffers, with ``broadcast_buffers``) are broadcast from
+rank 0. During backward, each parameter's gradient is push_pulled as soon as
+it has been accumulated, overlapping the rest of the backward pass; a
+callback queued on the autograd engine waits for all of them at the end of
+backward, so after ``loss.backward()`` every ``p.grad`` holds the average
+over all workers and any optimizer can step.
+
+Example (run under ``bpslaunch -np 2 -- python train.py``)::
+
+    import byteps.torch as bps
+    from byteps.torch.parallel import DistributedDataParallel
+
+    bps.init()
+    model = DistributedDataParallel(Net())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i, (x, y) in enumerate(loader):
+        if i % 2 == 0:
+            with model.no_sync():           # accumulate locally, no communication
+                loss_fn(model(x), y).backward()
+            continue
+        loss_fn(model(x), y).backward()     # gradients of both passes averaged here
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+from __future__ import annotations
+
+import itertools
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+
+import torch
+
+from byteps.torch.compression import Compression
+from byteps.torch.functions import broadcast_parameters
+from byteps.torch.ops import declare, push_pull_async_inplace, size, synchronize
+
+__all__ = ["DistributedDataParallel"]
+
+# Every rank builds its DistributedDataParallel modules in the same order, so
+# this counter gives each module the same name prefix on every rank.
+_instances = itertools.count()
+
+
+class DistributedDataParallel(torch.nn.Module):
+    """Wrap ``module`` for data-parallel training over byteps.
+
+    ``device_ids`` is accepted for torch compatibility: None (CPU, or the
+    module's current device) or the single device the module already lives
+    on; the module is never moved. With ``broadcast_buffers`` the buffers
+    (e.g. BatchNorm statistics) are broadcast from rank 0 at construction
+    and at every forward in training mode, as torch's DDP does.
+    ``compression`` is a Horovod compressor (``Compression.fp16`` sends
+    float16). Parameters that get no gradient in a backward pass (unused
+    branches) are averaged as zeros, so ``find_unused_parameters`` is
+    accepted and has nothing left to do.
+    """
+
+    def __init__(self, module: torch.nn.Module, device_ids: Optional[Sequence[Any]] = None,
+                 broadcast_buffers: bool = True, compression: Any = Compression.none,
+                 find_unused_parameters: bool = False) -> None:
+        super().__init__()
+        if device_ids is not None and len(device_ids) > 1:
+            raise ValueError("DistributedDataParallel takes one device per process; got device_ids="
+                             f"{list(device_ids)!r}")
+        self.module = module
+        self.device_ids = list(device_ids) if device_ids is not None else None
+        self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = find_unused_parameters
+        self.require_backward_grad_sync = True
+        self._compression = compression
+        self._prefix = f"DistributedDataParallel.{next(_instances)}."
+        self._names: Dict[torch.Tensor, str] = {p: name for name, p in module.named_parameters()}
+        self._pending: Dict[torch.Tensor, Tuple[int, Any]] = {}   # parameter -> (handle, compressor context)
+        self._callback_queued = False
+        self._communicate = size() > 1
+        for name in self._names.values():
+            declare(self._prefix + "Gradient." + name)
+        self._hooked: Set[torch.Tensor] = set()
+        tensors = [(self._prefix + name, p.data) for p, name in self._names.items()]
+        broadcast_parameters(tensors + self._named_buffers() if broadcast_buffers else tensors, root_rank=0)
+        if self._communicate:
+            self._register_hooks()
+
+    def _register_hooks(self) -> None:
+        """Hook each parameter that requires grad (again after each backward: requires_grad may change)."""
+        for p in self._names:
+            if p.requires_grad and p not in self._hooked:
+                p.register_post_accumulate_grad_hook(self._gradient_ready)
+                self._hooked.add(p)
+
+    def _named_buffers(self) -> List[Tuple[str, torch.Tensor]]:
+        return [(self._prefix + "buffer." + name, b) for name, b in self.module.named_buffers()]
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        if self.broadcast_buffers and self.training and self._communicate:
+            buffers = self._named_buffers()
+            if buffers:
+                broadcast_parameters(buffers, root_rank=0)
+        return self.module(*inputs, **kwargs)
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally; the first backward after the block averages them all."""
+        previous, self.require_backward_grad_sync = self.require_backward_grad_sync, False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = previous
+
+    def _gradient_ready(self, p: torch.Tensor) -> None:
+        if not self.require_backward_grad_sync:
+            return
+        if not self._callback_queued:
+            # Runs once the whole backward pass is done, on the engine's thread.
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+            self._callback_queued = True
+        self._start_push_pull(p)
+
+    def _start_push_pull(self, p: torch.Tensor) -> None:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        compressed, ctx = self._compression.compress(p.grad)
+        # Non-contiguous gradients (channels_last) go through a contiguous copy.
+        buffer = compressed if compressed.is_contiguous() else compressed.contiguous()
+        handle = push_pull_async_inplace(buffer, average=True, name=self._prefix + "Gradient." + self._names[p])
+        self._pending[p] = (handle, ctx)
+
+    def _finish_backward(self) -> None:
+        self._callback_queued = False
+        # A parameter unused here may have been used on another rank: every
+        # rank must push the same names, so the missing ones go as zeros.
+        for p in self._names:
+            if p.requires_grad and p not in self._pending:
+                self._start_push_pull(p)
+        pending, self._pending = self._pending, {}
+        for p, (handle, ctx) in pending.items():
+            output = self._compression.decompress(synchronize(handle), ctx)
+            if output.data_ptr() != p.grad.data_ptr():
+                p.grad.copy_(output)
+        self._register_hooks()
