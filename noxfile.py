@@ -15,7 +15,8 @@ import zipfile
 import nox
 
 ROOT = pathlib.Path(__file__).parent
-PACKAGES = ["byteps-transport", "byteps-common", "byteps-server", "byteps-launcher", "byteps-torch"]
+# Every folder under packages/ with a pyproject.toml is one distribution.
+PACKAGES = sorted(p.name for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").is_file())
 # Pinned: any other torch spec pulls several GB of CUDA wheels.
 TORCH = "torch==2.13.0"
 FRAMEWORK_MODULES = ["torch", "tensorflow", "mxnet"]
