@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Dict, Optional, Set, Union
+from typing import Any, Dict, List, Optional, Set, Union
 
 import numpy as np
 import zmq
@@ -158,6 +158,11 @@ class Worker:
         """Block until every worker process reaches the barrier."""
         if self._scheduler is not None:
             self._scheduler.barrier()
+
+    @property
+    def server_addresses(self) -> List[str]:
+        """The servers this worker pushes to, as ``tcp://host:port`` (empty when not distributed)."""
+        return [c.address for c in self._comm.connections] if self._comm else []
 
     @property
     def bytes_sent(self) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Dict, List, Tuple
+from typing import Dict, List, Set, Tuple
 
 import zmq
 
@@ -57,11 +57,32 @@ class PartitionSpec:
                 f"partition {self.partition} of {self.nbytes} bytes")
 
 
+    def check(self, max_partition_bytes: int) -> None:
+        """Refuse a description that is inconsistent or asks for too much memory (before allocating)."""
+        try:
+            dtype = DType(self.dtype)
+        except ValueError:
+            raise ValueError(f"unknown dtype code {self.dtype}") from None
+        elements = 1
+        for dim in self.shape:
+            if dim < 0:
+                raise ValueError(f"negative dimension in shape {self.shape}")
+            elements *= dim
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("a tensor needs a non-empty name")
+        if not 0 < self.nbytes <= max_partition_bytes or self.nbytes % dtype.itemsize:
+            raise ValueError(f"partition of {self.nbytes} bytes: it must be a positive multiple of "
+                             f"{dtype.itemsize} and at most {max_partition_bytes} bytes")
+        if self.tensor_nbytes != elements * dtype.itemsize or not 0 <= self.partition:
+            raise ValueError(f"inconsistent description: {self.describe()}")
+
+
 @dataclasses.dataclass
 class KeyState:
     spec: PartitionSpec
     declared_by: Dict[bytes, int] = dataclasses.field(default_factory=dict)  # identity -> worker rank
     pending_pulls: List[Tuple[bytes, int]] = dataclasses.field(default_factory=list)  # (identity, round)
+    pushed: Set[bytes] = dataclasses.field(default_factory=set)  # who pushed in the round being summed
 
 
 class ParameterServer:
@@ -72,7 +93,8 @@ class ParameterServer:
         self.context = zmq.Context()
         host = resolve_host(config.node_host, config.interface, config.root_uri)
         # A push is at most one partition; leave room for any partition size workers use.
-        self.listener = Listener(self.context, host, 0, max_payload_bytes=max(config.partition_bytes, 1 << 20))
+        self.max_partition_bytes = max(config.partition_bytes, 1 << 20)
+        self.listener = Listener(self.context, host, 0, max_payload_bytes=self.max_partition_bytes)
         self.scheduler = SchedulerClient(self.context, config.root_uri, config.root_port,
                                          config.rendezvous_timeout_s)
         book = self.scheduler.register(NodeInfo(role="server", host=host, port=self.listener.port))
@@ -134,7 +156,11 @@ class ParameterServer:
         key = message.header.key
         fields = parse_json_payload(message.payload.buffer if message.payload else b"")
         spec = PartitionSpec(**fields)
+        spec.check(self.max_partition_bytes)
         state = self.keys.get(key)
+        if state is not None and message.identity not in state.declared_by \
+                and len(state.declared_by) >= self.num_workers:
+            raise ValueError(f"key {key} already has its {self.num_workers} workers")
         if state is None:
             self.engine.declare(key, spec.nbytes, spec.dtype)
             state = self.keys[key] = KeyState(spec)
@@ -158,13 +184,26 @@ class ParameterServer:
         state = self._state_for(message)
         if header.dtype != state.spec.dtype:
             raise ValueError(f"push of dtype code {header.dtype} for {state.spec.describe()}")
+        if message.identity in state.pushed:
+            raise ValueError(f"second push of round {header.round} for {state.spec.describe()}")
         payload = message.payload.buffer if message.payload is not None else b""
-        if self.engine.push(header.key, header.round, payload):
+        complete = self.engine.push(header.key, header.round, payload)
+        state.pushed.add(message.identity)
+        if complete:
+            state.pushed.clear()
             self._answer_pulls(header.key, state)
 
     def _pull(self, message: Message) -> None:
         header = message.header
         state = self._state_for(message)
+        completed = self.engine.completed_round(header.key)
+        # A worker pulls round r after pushing it, and pushes r + 1 only after
+        # its pull of r was answered: r is the last completed round or the next.
+        if header.round not in (completed, completed + 1):
+            raise ValueError(f"pull of round {header.round} for {state.spec.describe()}: "
+                             f"the last completed round is {completed}")
+        if any(identity == message.identity for identity, _ in state.pending_pulls):
+            raise ValueError(f"second pending pull for {state.spec.describe()}")
         state.pending_pulls.append((message.identity, header.round))
         if self.engine.completed_round(header.key) >= header.round:
             self._answer_pulls(header.key, state)
