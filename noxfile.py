@@ -126,7 +126,7 @@ def tests_common(session: nox.Session) -> None:
 
 @nox.session(name="tests-server")
 def tests_server(session: nox.Session) -> None:
-    _tests(session, "byteps-server")
+    _tests(session, "byteps-server", "hypothesis")
 
 
 @nox.session(name="tests-launcher")
