@@ -17,7 +17,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
 
-__all__ = ["JobResult", "run_job", "free_port"]
+__all__ = ["JobResult", "RunningJob", "run_job", "start_job", "free_port"]
 
 
 def free_port() -> int:
@@ -44,10 +44,53 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_job(worker_argv: Sequence[str], num_workers: int, num_servers: int, local_size: int = 1,
-            env: Optional[Dict[str, str]] = None, timeout: float = 120.0,
-            server_argv: Optional[Sequence[str]] = None, start_scheduler: bool = True) -> JobResult:
-    """Run one job to completion; every process is gone when this returns."""
+class RunningJob:
+    """Processes of one job, started by :func:`start_job`; ``finish`` always leaves none behind."""
+
+    def __init__(self, procs: Dict[str, subprocess.Popen], logs: Dict[str, object]) -> None:
+        self.procs = procs
+        self.logs = logs
+
+    def output(self, name: str) -> str:
+        handle = self.logs[name]
+        handle.flush()
+        with open(handle.name) as reader:
+            return reader.read()
+
+    def kill(self, name: str) -> None:
+        os.kill(self.procs[name].pid, signal.SIGKILL)
+
+    def wait(self, timeout: float, stop_on_failure: bool = True) -> bool:
+        """Wait until every process exited (or, by default, one failed); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in self.procs.values()):
+            if time.monotonic() > deadline:
+                return False
+            if stop_on_failure and any(p.poll() not in (None, 0) for p in self.procs.values()):
+                time.sleep(0.5)  # let the others report their view of the failure
+                return True
+            time.sleep(0.05)
+        return True
+
+    def finish(self, timed_out: bool = False) -> JobResult:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                _kill_group(proc)
+            proc.wait()
+        outputs = {}
+        for name, handle in self.logs.items():
+            handle.seek(0)
+            outputs[name] = handle.read()
+            handle.close()
+            os.unlink(handle.name)
+        codes = {name: proc.returncode for name, proc in self.procs.items()}
+        return JobResult(codes=codes, outputs=outputs, timed_out=timed_out)
+
+
+def start_job(worker_argv: Sequence[str], num_workers: int, num_servers: int, local_size: int = 1,
+              env: Optional[Dict[str, str]] = None, timeout: float = 120.0,
+              server_argv: Optional[Sequence[str]] = None, start_scheduler: bool = True) -> RunningJob:
+    """Start every process of one job; call ``finish()`` on the result (in a finally)."""
     port = free_port()
     base = dict(os.environ)
     base.update({
@@ -67,36 +110,29 @@ def run_job(worker_argv: Sequence[str], num_workers: int, num_servers: int, loca
             plan.append((f"worker{w * local_size + local}", list(worker_argv), {
                 "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(w),
                 "BYTEPS_LOCAL_RANK": str(local), "BYTEPS_LOCAL_SIZE": str(local_size)}))
-    procs: Dict[str, subprocess.Popen] = {}
-    logs: Dict[str, object] = {}
+    job = RunningJob({}, {})
     try:
         for name, argv, extra in plan:
-            logs[name] = open(_log_path(name, port), "w+")
-            procs[name] = subprocess.Popen(argv, env={**base, **extra}, stdout=logs[name],
-                                           stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        timed_out = False
-        while any(p.poll() is None for p in procs.values()):
-            if time.monotonic() > deadline:
-                timed_out = True
-                break
-            if any(p.poll() not in (None, 0) for p in procs.values()):
-                time.sleep(0.5)  # let the others report their view of the failure
-                break
-            time.sleep(0.05)
+            job.logs[name] = open(_log_path(name, port), "w+")
+            job.procs[name] = subprocess.Popen(argv, env={**base, **extra}, stdout=job.logs[name],
+                                               stderr=subprocess.STDOUT, start_new_session=True)
+    except BaseException:
+        job.finish()
+        raise
+    return job
+
+
+def run_job(worker_argv: Sequence[str], num_workers: int, num_servers: int, local_size: int = 1,
+            env: Optional[Dict[str, str]] = None, timeout: float = 120.0,
+            server_argv: Optional[Sequence[str]] = None, start_scheduler: bool = True) -> JobResult:
+    """Run one job to completion; every process is gone when this returns."""
+    job = start_job(worker_argv, num_workers, num_servers, local_size, env, timeout, server_argv, start_scheduler)
+    timed_out = True
+    try:
+        timed_out = not job.wait(timeout)
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                _kill_group(proc)
-            proc.wait()
-    outputs = {}
-    for name, handle in logs.items():
-        handle.seek(0)
-        outputs[name] = handle.read()
-        handle.close()
-        os.unlink(handle.name)
-    codes = {name: proc.returncode for name, proc in procs.items()}
-    return JobResult(codes=codes, outputs=outputs, timed_out=timed_out)
+        result = job.finish(timed_out)
+    return result
 
 
 def _log_path(name: str, port: int) -> str:

@@ -16,7 +16,7 @@ import logging
 import os
 import queue
 import threading
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple, Union
 
 import zmq
 
@@ -24,10 +24,11 @@ from byteps.common import kernels
 from byteps.common.buffers import TensorView
 from byteps.common.handle import Handle
 from byteps.common.partition import Partition, PartitionPlan
-from byteps.transport import Command, Connection, FrameError, TransportError
+from byteps.transport import Command, Connection, FrameError, NodeFailure, SchedulerClient, TransportError
 from byteps.transport.frames import command_name, json_payload
+from byteps.transport.rendezvous import BARRIER_WORKERS
 
-__all__ = ["PushPullTask", "CommLoop"]
+__all__ = ["PushPullTask", "BarrierRequest", "CommLoop"]
 
 log = logging.getLogger("byteps.common.comm_loop")
 
@@ -46,15 +47,35 @@ class PushPullTask:
     remaining: int = 0
 
 
+@dataclasses.dataclass
+class BarrierRequest:
+    """A barrier with the other workers, carried out by the comm thread (it owns the scheduler socket)."""
+
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    error: Optional[BaseException] = None
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+
+
 class CommLoop(threading.Thread):
-    """Background thread that moves one worker's partitions."""
+    """Background thread that moves one worker's partitions and keeps its heartbeat.
+
+    After rendezvous it also owns the connection to the scheduler: it sends
+    the heartbeats, serves barriers, and turns a NODE_FAILED from the
+    scheduler (or the scheduler's silence) into an error for every push_pull
+    in flight and every later one.
+    """
 
     def __init__(self, context: zmq.Context, servers: List[Tuple[str, int]], rank: int,
-                 max_payload_bytes: int) -> None:
+                 max_payload_bytes: int, scheduler: Optional[SchedulerClient] = None) -> None:
         super().__init__(name="byteps-comm", daemon=True)
         self.rank = rank
         self.connections = [Connection(context, host, port, max_payload_bytes) for host, port in servers]
-        self._tasks: queue.SimpleQueue[Optional[PushPullTask]] = queue.SimpleQueue()
+        self.scheduler = scheduler
+        self._barriers: List[BarrierRequest] = []  # sent, waiting for BARRIER_RELEASE
+        self._tasks: queue.SimpleQueue[Union[PushPullTask, BarrierRequest, None]] = queue.SimpleQueue()
         self._wake_read, self._wake_write = os.pipe()
         self._in_flight: Dict[Tuple[int, int], Tuple[PushPullTask, Partition]] = {}
         self._initialized_keys: Set[int] = set()
@@ -71,7 +92,21 @@ class CommLoop(threading.Thread):
         if self._fatal is not None or not self.is_alive():
             task.handle.set_error(self._fatal or TransportError("the worker's communication thread is not running"))
             return
-        self._tasks.put(task)
+        self._enqueue(task)
+
+    def barrier(self, timeout_s: float) -> None:
+        """Block until every worker has entered the barrier; raises the job's failure if any."""
+        request = BarrierRequest()
+        if self._fatal is not None or not self.is_alive():
+            raise self._fatal or TransportError("the worker's communication thread is not running")
+        self._enqueue(request)
+        if not request.done.wait(timeout_s):
+            raise TransportError(f"barrier: the other workers did not arrive within {timeout_s:g} s")
+        if request.error is not None:
+            raise request.error
+
+    def _enqueue(self, item: Union[PushPullTask, BarrierRequest]) -> None:
+        self._tasks.put(item)
         if not self._wake_pending:
             self._wake_pending = True
             os.write(self._wake_write, b"t")
@@ -102,20 +137,36 @@ class CommLoop(threading.Thread):
         for connection in self.connections:
             poller.register(connection.socket, zmq.POLLIN)
             by_socket[connection.socket] = connection
+        scheduler_socket = self.scheduler.connection.socket if self.scheduler else None
+        if scheduler_socket is not None:
+            poller.register(scheduler_socket, zmq.POLLIN)
         try:
             while not self._stopping:
-                for target, _ in poller.poll():
+                wait_s = self.scheduler.pulse() if self.scheduler else None
+                for target, _ in poller.poll(None if wait_s is None else max(1, int(wait_s * 1000))):
                     if target == self._wake_read:
                         os.read(self._wake_read, 4096)
                         self._wake_pending = False  # before draining, so no submit goes unseen
                         self._start_queued_tasks()
+                    elif target is scheduler_socket:
+                        self._receive_from_scheduler()
                     else:
                         self._receive(by_socket[target])
+        except NodeFailure as exc:
+            log.error("%s", exc)
+            self._fail_all(exc)
         except BaseException as exc:  # the thread must never die silently
             log.exception("communication thread failed")
             self._fail_all(exc)
         finally:
             self._fail_all(TransportError("the worker was shut down with this push_pull in flight"))
+
+    def _receive_from_scheduler(self) -> None:
+        message = self.scheduler.recv()  # raises NodeFailure when the scheduler reports a dead node
+        if message.header.command == Command.BARRIER_RELEASE and self._barriers:
+            self._barriers.pop(0).done.set()
+        elif message.header.command != Command.HEARTBEAT:
+            log.error("unexpected %s from the scheduler", command_name(message.header.command))
 
     def _start_queued_tasks(self) -> None:
         while True:
@@ -126,7 +177,11 @@ class CommLoop(threading.Thread):
             if task is None:
                 self._stopping = True
                 return
-            self._start(task)
+            if isinstance(task, BarrierRequest):
+                self.scheduler.connection.send(Command.BARRIER, self.rank, aux=BARRIER_WORKERS)
+                self._barriers.append(task)
+            else:
+                self._start(task)
 
     def _start(self, task: PushPullTask) -> None:
         task.remaining = len(task.plan.partitions)
@@ -210,10 +265,15 @@ class CommLoop(threading.Thread):
             self._fatal = error
         for task, _ in list(self._in_flight.values()):
             self._fail_task(task, error)
+        for barrier in self._barriers:
+            barrier.fail(error)
+        self._barriers.clear()
         while True:
             try:
                 task = self._tasks.get_nowait()
             except queue.Empty:
                 break
-            if task is not None:
+            if isinstance(task, BarrierRequest):
+                task.fail(error)
+            elif task is not None:
                 task.handle.set_error(error)

@@ -28,6 +28,8 @@ LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 DEFAULT_PARTITION_BYTES = 4096000
 DEFAULT_SERVER_ENGINE_THREADS = 4
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 120
+DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
+DEFAULT_HEARTBEAT_TIMEOUT_S = 10.0
 
 T = TypeVar("T")
 
@@ -49,6 +51,16 @@ def _parse_int(variable: str, raw: str, minimum: Optional[int] = None, maximum: 
         raise ConfigError(variable, f"must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
         raise ConfigError(variable, f"must be <= {maximum}, got {value}")
+    return value
+
+
+def _parse_seconds(variable: str, raw: str) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ConfigError(variable, f"expected a number of seconds, got {raw!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise ConfigError(variable, f"must be >= 0, got {raw!r}")
     return value
 
 
@@ -123,6 +135,8 @@ class Config:
     server_engine_threads: int = DEFAULT_SERVER_ENGINE_THREADS
     enable_rdma: bool = False
     rendezvous_timeout_s: int = DEFAULT_RENDEZVOUS_TIMEOUT_S
+    heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
+    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
     log_level: str = "WARNING"
     ps_verbose: int = 0
 
@@ -183,6 +197,13 @@ class Config:
         if distributed and num_server < 1:
             raise ConfigError("DMLC_NUM_SERVER", f"must be >= 1 {why}, got {num_server}")
 
+        heartbeat_interval = env.get("PS_HEARTBEAT_INTERVAL", _parse_seconds, DEFAULT_HEARTBEAT_INTERVAL_S)
+        heartbeat_timeout = env.get("PS_HEARTBEAT_TIMEOUT", _parse_seconds, DEFAULT_HEARTBEAT_TIMEOUT_S)
+        if heartbeat_interval > 0 and heartbeat_timeout < 2 * heartbeat_interval:
+            raise ConfigError(
+                "PS_HEARTBEAT_TIMEOUT",
+                f"must be at least twice PS_HEARTBEAT_INTERVAL={heartbeat_interval:g}, got {heartbeat_timeout:g}")
+
         return cls(
             role=role,
             num_worker=num_worker,
@@ -203,6 +224,8 @@ class Config:
             rendezvous_timeout_s=env.get(
                 "BYTEPS_RENDEZVOUS_TIMEOUT", _int(1), DEFAULT_RENDEZVOUS_TIMEOUT_S
             ),
+            heartbeat_interval_s=heartbeat_interval,
+            heartbeat_timeout_s=heartbeat_timeout,
             log_level=env.get("BYTEPS_LOG_LEVEL", _choice(LOG_LEVELS, str.upper), "WARNING"),
             ps_verbose=env.get("PS_VERBOSE", _int(0, 2), 0),
         )

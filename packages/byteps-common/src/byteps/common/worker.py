@@ -82,13 +82,15 @@ class Worker:
         cfg = self.config
         self._context = zmq.Context()
         host = resolve_host(cfg.node_host, cfg.interface, cfg.root_uri)
-        self._scheduler = SchedulerClient(self._context, cfg.root_uri, cfg.root_port, cfg.rendezvous_timeout_s)
+        self._scheduler = SchedulerClient(self._context, cfg.root_uri, cfg.root_port, cfg.rendezvous_timeout_s,
+                                          cfg.heartbeat_interval_s, cfg.heartbeat_timeout_s)
         book = self._scheduler.register(
             NodeInfo(role="worker", host=host, worker_id=cfg.worker_id,
                      local_rank=cfg.local_rank, local_size=cfg.local_size))
         self.rank, self.size = book.rank, book.num_workers
         max_payload = max(cfg.partition_bytes, 1 << 20)
-        self._comm = CommLoop(self._context, list(book.servers), self.rank, max_payload)
+        # From here on the comm thread owns the scheduler connection (heartbeats, barriers).
+        self._comm = CommLoop(self._context, list(book.servers), self.rank, max_payload, self._scheduler)
         self._comm.start()
         log.info("worker rank %d of %d connected to %d server(s)", self.rank, self.size, len(book.servers))
 
@@ -156,8 +158,8 @@ class Worker:
 
     def barrier(self) -> None:
         """Block until every worker process reaches the barrier."""
-        if self._scheduler is not None:
-            self._scheduler.barrier()
+        if self._comm is not None:
+            self._comm.barrier(self.config.rendezvous_timeout_s)
 
     @property
     def server_addresses(self) -> List[str]:

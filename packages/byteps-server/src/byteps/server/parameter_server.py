@@ -96,7 +96,8 @@ class ParameterServer:
         self.max_partition_bytes = max(config.partition_bytes, 1 << 20)
         self.listener = Listener(self.context, host, 0, max_payload_bytes=self.max_partition_bytes)
         self.scheduler = SchedulerClient(self.context, config.root_uri, config.root_port,
-                                         config.rendezvous_timeout_s)
+                                         config.rendezvous_timeout_s, config.heartbeat_interval_s,
+                                         config.heartbeat_timeout_s)
         book = self.scheduler.register(NodeInfo(role="server", host=host, port=self.listener.port))
         self.rank = book.rank
         self.num_workers = book.num_workers
@@ -111,7 +112,8 @@ class ParameterServer:
         poller.register(self.listener.socket, zmq.POLLIN)
         poller.register(self.scheduler.connection.socket, zmq.POLLIN)
         while self.running:
-            for socket, _ in poller.poll():
+            wait_s = self.scheduler.pulse()  # heartbeat; NodeFailure if the scheduler went silent
+            for socket, _ in poller.poll(None if wait_s is None else max(1, int(wait_s * 1000))):
                 if socket is self.listener.socket:
                     self._handle_worker_message()
                 else:
@@ -123,11 +125,11 @@ class ParameterServer:
         self.context.term()
 
     def _handle_scheduler_message(self) -> None:
-        message = self.scheduler.recv()
+        message = self.scheduler.recv()  # NodeFailure when the scheduler reports a dead node
         if message.header.command == Command.TERMINATE:
             log.info("server %d: all workers finished, exiting", self.rank)
             self.running = False
-        else:
+        elif message.header.command != Command.HEARTBEAT:
             log.error("unexpected %s from the scheduler", command_name(message.header.command))
 
     def _handle_worker_message(self) -> None:

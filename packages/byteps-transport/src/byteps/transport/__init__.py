@@ -7,7 +7,7 @@ book. RDMA (pyverbs) is planned behind the same endpoint interface.
 """
 
 from byteps.transport.endpoints import ByteCounters, Connection, Endpoint, Listener, Message
-from byteps.transport.errors import RemoteError, RendezvousTimeout, TransportError
+from byteps.transport.errors import NodeFailure, RemoteError, RendezvousTimeout, TransportError
 from byteps.transport.frames import (
     HEADER_BYTES,
     PROTOCOL_VERSION,
@@ -34,6 +34,7 @@ __all__ = [
     "Header",
     "Listener",
     "Message",
+    "NodeFailure",
     "NodeInfo",
     "ProtocolVersionError",
     "RemoteError",

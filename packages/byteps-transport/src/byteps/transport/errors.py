@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["TransportError", "RemoteError", "RendezvousTimeout"]
+__all__ = ["TransportError", "RemoteError", "RendezvousTimeout", "NodeFailure"]
 
 
 class TransportError(RuntimeError):
@@ -21,3 +21,7 @@ class RemoteError(TransportError):
 
 class RendezvousTimeout(TransportError):
     """The scheduler did not answer in time."""
+
+
+class NodeFailure(TransportError):
+    """A node of the job is dead (it stopped heartbeating), or the scheduler is."""

@@ -46,6 +46,8 @@ class Command(enum.IntEnum):
     FINALIZE = 5  # worker -> scheduler: this worker is done (code 6 is retired)
     TERMINATE = 7  # scheduler -> server: exit now
     ERROR = 8  # any -> any: UTF-8 text payload, key names the tensor if any
+    HEARTBEAT = 9  # node -> scheduler, and the scheduler's answer
+    NODE_FAILED = 10  # scheduler -> nodes: UTF-8 text naming the node presumed dead
     INIT_KEY = 16  # worker -> server: JSON description of a partition
     PUSH = 17  # worker -> server: payload = partition bytes
     PULL = 18  # worker -> server: ask for the sum of a round

@@ -19,12 +19,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Tuple
+from typing import Optional, Tuple
 
 import zmq
 
 from byteps.transport.endpoints import Connection, Message
-from byteps.transport.errors import RemoteError, RendezvousTimeout, TransportError
+from byteps.transport.errors import NodeFailure, RemoteError, RendezvousTimeout, TransportError
 from byteps.transport.frames import MAX_CONTROL_PAYLOAD, Command, command_name, json_payload, parse_json_payload
 
 __all__ = ["NodeInfo", "AddressBook", "SchedulerClient", "BARRIER_WORKERS", "BARRIER_ALL"]
@@ -48,7 +48,8 @@ class NodeInfo:
     def describe(self) -> str:
         if self.role == "server":
             return f"server at {self.host}:{self.port} (pid {self.pid})"
-        return f"worker {self.worker_id} local rank {self.local_rank} (pid {self.pid})"
+        where = f" on {self.host}" if self.host else ""
+        return f"worker {self.worker_id} local rank {self.local_rank}{where} (pid {self.pid})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,12 +85,40 @@ class AddressBook:
 
 
 class SchedulerClient:
-    """A node's connection to the scheduler."""
+    """A node's connection to the scheduler, and its heartbeat.
 
-    def __init__(self, context: zmq.Context, host: str, port: int, timeout_s: float) -> None:
+    After registration, the thread that owns the client calls ``pulse()``
+    regularly (its return value is how long it may sleep, e.g. in a poll):
+    it sends a heartbeat every ``heartbeat_interval_s`` and raises
+    :class:`NodeFailure` when the scheduler has been silent for
+    ``heartbeat_timeout_s``. ``recv()`` raises NodeFailure when the scheduler
+    reports another node dead. An interval of 0 turns heartbeats off.
+    """
+
+    def __init__(self, context: zmq.Context, host: str, port: int, timeout_s: float,
+                 heartbeat_interval_s: float = 1.0, heartbeat_timeout_s: float = 10.0) -> None:
         self.connection = Connection(context, host, port, max_payload_bytes=MAX_CONTROL_PAYLOAD)
         self.timeout_s = timeout_s
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self.rank = -1
+        self._last_heard = time.monotonic()
+        self._last_beat = 0.0
+
+    def pulse(self) -> Optional[float]:
+        """Heartbeat if due; NodeFailure if the scheduler is silent; seconds until the next beat."""
+        if self.heartbeat_interval_s <= 0:
+            return None
+        now = time.monotonic()
+        silent = now - self._last_heard
+        if silent > self.heartbeat_timeout_s:
+            raise NodeFailure(
+                f"the scheduler at {self.address} has not answered for {silent:.1f} s "
+                f"(PS_HEARTBEAT_TIMEOUT={self.heartbeat_timeout_s:g}): presumed dead")
+        if now - self._last_beat >= self.heartbeat_interval_s:
+            self.connection.send(Command.HEARTBEAT, self.rank)
+            self._last_beat = now
+        return max(0.0, self._last_beat + self.heartbeat_interval_s - now)
 
     @property
     def address(self) -> str:
@@ -118,15 +147,14 @@ class SchedulerClient:
         self.connection.send(Command.FINALIZE, self.rank)
 
     def recv(self) -> Message:
-        """Receive one message (for servers polling for TERMINATE)."""
+        """Receive one message; ERROR raises RemoteError, NODE_FAILED raises NodeFailure."""
         message = self.connection.recv()
+        self._last_heard = time.monotonic()
         if message.header.command == Command.ERROR:
-            raise self._remote_error(message)
+            raise RemoteError(f"scheduler {self.address}", _text(message))
+        if message.header.command == Command.NODE_FAILED:
+            raise NodeFailure(f"the job lost a node: {_text(message)}")
         return message
-
-    def _remote_error(self, message: Message) -> RemoteError:
-        text = bytes(message.payload.buffer).decode(errors="replace") if message.payload else "(no text)"
-        return RemoteError(f"scheduler {self.address}", text)
 
     def _expect(self, command: Command, what: str) -> Message:
         deadline = time.monotonic() + self.timeout_s
@@ -141,9 +169,15 @@ class SchedulerClient:
             message = self.recv()
             if message.header.command == command:
                 return message
+            if message.header.command == Command.HEARTBEAT:
+                continue  # the answer to a heartbeat sent before this request
             raise TransportError(
                 f"unexpected {command_name(message.header.command)} from the scheduler during {what}"
             )
 
     def close(self) -> None:
         self.connection.close()
+
+
+def _text(message: Message) -> str:
+    return bytes(message.payload.buffer).decode(errors="replace") if message.payload else "(no text)"

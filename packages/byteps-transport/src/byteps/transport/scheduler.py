@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Set
 import zmq
 
 from byteps.transport.endpoints import Listener, Message
-from byteps.transport.errors import TransportError
+from byteps.transport.errors import NodeFailure, TransportError
 from byteps.transport.frames import (
     MAX_CONTROL_PAYLOAD,
     Command,
@@ -43,12 +43,15 @@ class SchedulerOptions:
     port: int
     num_worker_machines: int
     num_servers: int
+    heartbeat_timeout_s: float = 10.0  # 0: do not watch the nodes' heartbeats
 
 
 @dataclasses.dataclass
 class _Registered:
     identity: bytes
     info: NodeInfo
+    last_heard: float = 0.0
+    finished: bool = False  # a finalized worker is no longer watched
 
 
 class Scheduler:
@@ -80,13 +83,41 @@ class Scheduler:
         last_status = time.monotonic()
         try:
             while not self._job_over():
-                if self.listener.socket.poll(1000):
+                if self.listener.socket.poll(500):
                     self._handle_one()
                 elif not self.book_sent and time.monotonic() - last_status > _STATUS_INTERVAL_S:
                     last_status = time.monotonic()
                     log.warning("still waiting for nodes: %s", self._missing())
+                self._check_heartbeats()
         finally:
             self.listener.close()
+
+    def _nodes(self) -> List[_Registered]:
+        return self.servers + list(self.workers.values())
+
+    def _check_heartbeats(self) -> None:
+        """After rendezvous, a node silent for longer than the timeout is presumed dead: tell everyone, stop."""
+        if not self.book_sent or self.options.heartbeat_timeout_s <= 0:
+            return
+        now = time.monotonic()
+        for entry in self._nodes():
+            silent = now - entry.last_heard
+            if entry.finished or silent <= self.options.heartbeat_timeout_s:
+                continue
+            text = (f"{entry.info.describe()} sent no heartbeat for {silent:.1f} s "
+                    f"(PS_HEARTBEAT_TIMEOUT={self.options.heartbeat_timeout_s:g}): presumed dead")
+            log.error("%s; telling every other node and ending the job", text)
+            for other in self._nodes():
+                if other is not entry and not other.finished:
+                    self.listener.send(Command.NODE_FAILED, SCHEDULER_SENDER, payload=text.encode(),
+                                       identity=other.identity)
+            raise NodeFailure(text)
+
+    def _heard_from(self, identity: bytes) -> None:
+        for entry in self._nodes():
+            if entry.identity == identity:
+                entry.last_heard = time.monotonic()
+                return
 
     def _job_over(self) -> bool:
         expected = self._expected_workers()
@@ -102,8 +133,11 @@ class Scheduler:
         if message is None:
             return
         command = message.header.command
+        self._heard_from(message.identity)
         try:
-            if command == Command.REGISTER:
+            if command == Command.HEARTBEAT:
+                self.listener.send(Command.HEARTBEAT, SCHEDULER_SENDER, identity=message.identity)
+            elif command == Command.REGISTER:
                 self._register(message)
             elif command == Command.BARRIER:
                 self._barrier(message)
@@ -165,6 +199,9 @@ class Scheduler:
             self.listener.send(Command.ADDRESS_BOOK, SCHEDULER_SENDER,
                                payload=json_payload(book.to_json()), identity=entry.identity)
         self.book_sent = True
+        now = time.monotonic()  # heartbeats are watched from here on
+        for entry in self._nodes():
+            entry.last_heard = now
         log.info("all nodes registered; address book sent (%d servers)", len(servers))
 
     def _members(self, group: int) -> List[bytes]:
@@ -192,6 +229,7 @@ class Scheduler:
         if rank not in self.workers or self.workers[rank].identity != message.identity:
             raise TransportError(f"finalize from unknown worker rank {rank}")
         self.finalized.add(rank)
+        self.workers[rank].finished = True
         if self._job_over():
             for entry in self.servers:
                 self.listener.send(Command.TERMINATE, SCHEDULER_SENDER, identity=entry.identity)
