@@ -22,6 +22,7 @@ def test_every_variable_is_read():
         "BYTEPS_SERVER_ENGINE_THREAD": "8", "BYTEPS_LOG_LEVEL": "info", "PS_VERBOSE": "2",
         "BYTEPS_RENDEZVOUS_TIMEOUT": "30", "DMLC_ENABLE_RDMA": "0",
         "PS_HEARTBEAT_INTERVAL": "0.5", "PS_HEARTBEAT_TIMEOUT": "4",
+        "BYTEPS_STALL_CHECK_TIME": "30", "BYTEPS_STALL_SHUTDOWN_TIME": "120",
     })
     assert (cfg.root_uri, cfg.root_port, cfg.num_server, cfg.num_worker) == ("10.0.0.1", 9000, 2, 3)
     assert (cfg.interface, cfg.node_host, cfg.local_rank, cfg.local_size) == ("eth0", "10.0.0.7", 1, 4)
@@ -29,6 +30,7 @@ def test_every_variable_is_read():
     assert (cfg.partition_bytes, cfg.server_engine_threads, cfg.log_level, cfg.ps_verbose) == (1024, 8, "INFO", 2)
     assert cfg.rendezvous_timeout_s == 30 and not cfg.enable_rdma
     assert (cfg.heartbeat_interval_s, cfg.heartbeat_timeout_s) == (0.5, 4.0)
+    assert (cfg.stall_check_s, cfg.stall_shutdown_s) == (30.0, 120.0)
 
 
 @pytest.mark.parametrize("env,variable,fragment", [
@@ -49,6 +51,7 @@ def test_every_variable_is_read():
     ({"PS_VERBOSE": "3"}, "PS_VERBOSE", "must be <= 2"),
     ({"PS_HEARTBEAT_INTERVAL": "soon"}, "PS_HEARTBEAT_INTERVAL", "expected a number of seconds"),
     ({"PS_HEARTBEAT_TIMEOUT": "-1"}, "PS_HEARTBEAT_TIMEOUT", "must be >= 0"),
+    ({"BYTEPS_STALL_CHECK_TIME": "1m"}, "BYTEPS_STALL_CHECK_TIME", "expected a number of seconds"),
     ({"PS_HEARTBEAT_INTERVAL": "2", "PS_HEARTBEAT_TIMEOUT": "3"}, "PS_HEARTBEAT_TIMEOUT", "at least twice"),
 ])
 def test_bad_values_name_the_variable(env, variable, fragment):

@@ -25,7 +25,7 @@ from byteps.common.buffers import TensorView
 from byteps.common.handle import Handle
 from byteps.common.partition import Partition, PartitionPlan
 from byteps.transport import Command, Connection, FrameError, NodeFailure, SchedulerClient, TransportError
-from byteps.transport.frames import command_name, json_payload
+from byteps.transport.frames import FLAG_AVERAGE, command_name, json_payload
 from byteps.transport.rendezvous import BARRIER_WORKERS
 
 __all__ = ["PushPullTask", "BarrierRequest", "CommLoop"]
@@ -200,7 +200,8 @@ class CommLoop(threading.Thread):
                 self._initialized_keys.add(part.key)
             self._in_flight[(part.key, task.round)] = (task, part)
             payload = task.source.data[part.offset:part.offset + part.nbytes]
-            connection.send(Command.PUSH, self.rank, part.key, task.round, payload=payload, dtype=dtype)
+            connection.send(Command.PUSH, self.rank, part.key, task.round, payload=payload, dtype=dtype,
+                            flags=FLAG_AVERAGE if task.average_over else 0)
             connection.send(Command.PULL, self.rank, part.key, task.round, dtype=dtype)
 
     def _destination(self, header):

@@ -30,6 +30,7 @@ DEFAULT_SERVER_ENGINE_THREADS = 4
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 120
 DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 10.0
+DEFAULT_STALL_CHECK_S = 60.0
 
 T = TypeVar("T")
 
@@ -137,6 +138,8 @@ class Config:
     rendezvous_timeout_s: int = DEFAULT_RENDEZVOUS_TIMEOUT_S
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
+    stall_check_s: float = DEFAULT_STALL_CHECK_S
+    stall_shutdown_s: float = 0.0
     log_level: str = "WARNING"
     ps_verbose: int = 0
 
@@ -226,6 +229,8 @@ class Config:
             ),
             heartbeat_interval_s=heartbeat_interval,
             heartbeat_timeout_s=heartbeat_timeout,
+            stall_check_s=env.get("BYTEPS_STALL_CHECK_TIME", _parse_seconds, DEFAULT_STALL_CHECK_S),
+            stall_shutdown_s=env.get("BYTEPS_STALL_SHUTDOWN_TIME", _parse_seconds, 0.0),
             log_level=env.get("BYTEPS_LOG_LEVEL", _choice(LOG_LEVELS, str.upper), "WARNING"),
             ps_verbose=env.get("PS_VERBOSE", _int(0, 2), 0),
         )

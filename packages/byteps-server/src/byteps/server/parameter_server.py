@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Dict, List, Set, Tuple
 
 import zmq
@@ -24,13 +25,19 @@ import zmq
 from byteps.common.config import Config
 from byteps.common.dtypes import DType
 from byteps.server.engine import create_engine
+from byteps.server.stall_inspector import PartialRound, StallInspector
 from byteps.transport import Command, FrameError, Listener, Message, NodeInfo, SchedulerClient, TransportError
 from byteps.transport.addressing import resolve_host
-from byteps.transport.frames import command_name, parse_json_payload
+from byteps.transport.frames import FLAG_AVERAGE, command_name, parse_json_payload
 
 __all__ = ["ParameterServer"]
 
 log = logging.getLogger("byteps.server")
+_STALL_POLL_S = 1.0
+
+
+class StallShutdown(TransportError):
+    """A round waited past BYTEPS_STALL_SHUTDOWN_TIME: the job ends."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +90,8 @@ class KeyState:
     declared_by: Dict[bytes, int] = dataclasses.field(default_factory=dict)  # identity -> worker rank
     pending_pulls: List[Tuple[bytes, int]] = dataclasses.field(default_factory=list)  # (identity, round)
     pushed: Set[bytes] = dataclasses.field(default_factory=set)  # who pushed in the round being summed
+    round_started: float = 0.0  # time.monotonic() of the first push of the round being summed
+    round_flags: int = 0  # flags of that first push (FLAG_AVERAGE): every push of a round must agree
 
 
 class ParameterServer:
@@ -103,6 +112,7 @@ class ParameterServer:
         self.num_workers = book.num_workers
         self.engine = create_engine(config.server_engine_threads, self.num_workers)
         self.keys: Dict[int, KeyState] = {}
+        self.stall_inspector = StallInspector(config.stall_check_s, config.stall_shutdown_s, self.num_workers)
         self.running = True
         log.info("server %d at %s sums for %d workers on %d threads", self.rank,
                  self.listener.address, self.num_workers, config.server_engine_threads)
@@ -113,11 +123,29 @@ class ParameterServer:
         poller.register(self.scheduler.connection.socket, zmq.POLLIN)
         while self.running:
             wait_s = self.scheduler.pulse()  # heartbeat; NodeFailure if the scheduler went silent
+            if self.stall_inspector.enabled:
+                self._inspect_stalls()
+                wait_s = _STALL_POLL_S if wait_s is None else min(wait_s, _STALL_POLL_S)
             for socket, _ in poller.poll(None if wait_s is None else max(1, int(wait_s * 1000))):
                 if socket is self.listener.socket:
                     self._handle_worker_message()
                 else:
                     self._handle_scheduler_message()
+
+    def _inspect_stalls(self) -> None:
+        partial = [PartialRound(key, state.spec.name, self.engine.completed_round(key) + 1, state.round_started,
+                                {state.declared_by[identity] for identity in state.pushed})
+                   for key, state in self.keys.items() if state.pushed]
+        fatal = self.stall_inspector.inspect(partial)
+        if not fatal:
+            return
+        text = "; ".join(stall.describe() for stall in fatal) + \
+            f" (BYTEPS_STALL_SHUTDOWN_TIME={self.config.stall_shutdown_s:g}): ending the job"
+        for stall in fatal:
+            for key in stall.keys:
+                for identity in self.keys[key].declared_by:
+                    self._send_error(identity, key, text, stall.round)
+        raise StallShutdown(text)
 
     def close(self) -> None:
         self.listener.close()
@@ -188,12 +216,28 @@ class ParameterServer:
             raise ValueError(f"push of dtype code {header.dtype} for {state.spec.describe()}")
         if message.identity in state.pushed:
             raise ValueError(f"second push of round {header.round} for {state.spec.describe()}")
+        if state.pushed and header.flags != state.round_flags:
+            self._refuse_round(header.key, state, message, header.flags)
         payload = message.payload.buffer if message.payload is not None else b""
         complete = self.engine.push(header.key, header.round, payload)
+        if not state.pushed:
+            state.round_started, state.round_flags = time.monotonic(), header.flags
         state.pushed.add(message.identity)
         if complete:
             state.pushed.clear()
             self._answer_pulls(header.key, state)
+
+    def _refuse_round(self, key: int, state: KeyState, message: Message, flags: int) -> None:
+        """A push that averages where the round's others sum (or the reverse): fail them all."""
+        def op(f: int) -> str:
+            return "averages" if f & FLAG_AVERAGE else "sums"
+
+        first = state.declared_by[next(iter(state.pushed))]
+        text = (f"mismatch for {state.spec.describe()}: worker {message.header.sender} {op(flags)} "
+                f"but worker {first} {op(state.round_flags)}; every worker must use the same op for a tensor")
+        for identity in state.pushed:
+            self._send_error(identity, key, text, message.header.round)
+        raise ValueError(text)
 
     def _pull(self, message: Message) -> None:
         header = message.header

@@ -21,6 +21,7 @@ __all__ = [
     "ProtocolVersionError",
     "PROTOCOL_VERSION",
     "HEADER_BYTES",
+    "FLAG_AVERAGE",
     "MAX_CONTROL_PAYLOAD",
     "command_name",
     "encode_header",
@@ -60,6 +61,10 @@ def command_name(code: int) -> str:
         return Command(code).name
     except ValueError:
         return f"unknown command {code}"
+
+
+#: Header flag of a PUSH: the worker averages this tensor (clear: it sums).
+FLAG_AVERAGE = 1
 
 
 class Header(NamedTuple):
