@@ -47,9 +47,10 @@ def _kill_group(proc: subprocess.Popen) -> None:
 class RunningJob:
     """Processes of one job, started by :func:`start_job`; ``finish`` always leaves none behind."""
 
-    def __init__(self, procs: Dict[str, subprocess.Popen], logs: Dict[str, object]) -> None:
+    def __init__(self, procs: Dict[str, subprocess.Popen], logs: Dict[str, object], port: int = 0) -> None:
         self.procs = procs
         self.logs = logs
+        self.port = port  # the scheduler's
 
     def output(self, name: str) -> str:
         handle = self.logs[name]
@@ -89,8 +90,12 @@ class RunningJob:
 
 def start_job(worker_argv: Sequence[str], num_workers: int, num_servers: int, local_size: int = 1,
               env: Optional[Dict[str, str]] = None, timeout: float = 120.0,
-              server_argv: Optional[Sequence[str]] = None, start_scheduler: bool = True) -> RunningJob:
-    """Start every process of one job; call ``finish()`` on the result (in a finally)."""
+              server_argv: Optional[Sequence[str]] = None, start_scheduler: bool = True,
+              overrides: Optional[Dict[str, Dict[str, str]]] = None) -> RunningJob:
+    """Start every process of one job; call ``finish()`` on the result (in a finally).
+
+    ``overrides`` maps a process name (``worker1``, ``server0``) to extra environment.
+    """
     port = free_port()
     base = dict(os.environ)
     base.update({
@@ -110,11 +115,12 @@ def start_job(worker_argv: Sequence[str], num_workers: int, num_servers: int, lo
             plan.append((f"worker{w * local_size + local}", list(worker_argv), {
                 "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(w),
                 "BYTEPS_LOCAL_RANK": str(local), "BYTEPS_LOCAL_SIZE": str(local_size)}))
-    job = RunningJob({}, {})
+    job = RunningJob({}, {}, port)
     try:
         for name, argv, extra in plan:
             job.logs[name] = open(_log_path(name, port), "w+")
-            job.procs[name] = subprocess.Popen(argv, env={**base, **extra}, stdout=job.logs[name],
+            env_of = {**base, **extra, **(overrides or {}).get(name, {})}
+            job.procs[name] = subprocess.Popen(argv, env=env_of, stdout=job.logs[name],
                                                stderr=subprocess.STDOUT, start_new_session=True)
     except BaseException:
         job.finish()

@@ -140,6 +140,7 @@ class Config:
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
     stall_check_s: float = DEFAULT_STALL_CHECK_S
     stall_shutdown_s: float = 0.0
+    job_secret: Optional[str] = dataclasses.field(default=None, repr=False)
     log_level: str = "WARNING"
     ps_verbose: int = 0
 
@@ -152,6 +153,11 @@ class Config:
         several local processes on one machine also reduce through servers.
         """
         return self.force_distributed or self.num_worker * self.local_size > 1
+
+    @property
+    def secret(self) -> Optional[bytes]:
+        """The job secret as bytes for HMAC, or None when the job has none."""
+        return self.job_secret.encode() if self.job_secret else None
 
     @property
     def rank(self) -> int:
@@ -231,6 +237,7 @@ class Config:
             heartbeat_timeout_s=heartbeat_timeout,
             stall_check_s=env.get("BYTEPS_STALL_CHECK_TIME", _parse_seconds, DEFAULT_STALL_CHECK_S),
             stall_shutdown_s=env.get("BYTEPS_STALL_SHUTDOWN_TIME", _parse_seconds, 0.0),
+            job_secret=env.get("BYTEPS_JOB_SECRET", _text, None),
             log_level=env.get("BYTEPS_LOG_LEVEL", _choice(LOG_LEVELS, str.upper), "WARNING"),
             ps_verbose=env.get("PS_VERBOSE", _int(0, 2), 0),
         )

@@ -34,7 +34,7 @@ from byteps.common.config import Config
 from byteps.common.dtypes import DType
 from byteps.common.handle import Handle
 from byteps.common.partition import PartitionPlan
-from byteps.transport import NodeInfo, SchedulerClient
+from byteps.transport import NodeInfo, SchedulerClient, authenticate
 from byteps.transport.addressing import resolve_host
 
 __all__ = ["Worker"]
@@ -83,7 +83,7 @@ class Worker:
         self._context = zmq.Context()
         host = resolve_host(cfg.node_host, cfg.interface, cfg.root_uri)
         self._scheduler = SchedulerClient(self._context, cfg.root_uri, cfg.root_port, cfg.rendezvous_timeout_s,
-                                          cfg.heartbeat_interval_s, cfg.heartbeat_timeout_s)
+                                          cfg.heartbeat_interval_s, cfg.heartbeat_timeout_s, cfg.secret)
         book = self._scheduler.register(
             NodeInfo(role="worker", host=host, worker_id=cfg.worker_id,
                      local_rank=cfg.local_rank, local_size=cfg.local_size))
@@ -91,6 +91,9 @@ class Worker:
         max_payload = max(cfg.partition_bytes, 1 << 20)
         # From here on the comm thread owns the scheduler connection (heartbeats, barriers).
         self._comm = CommLoop(self._context, list(book.servers), self.rank, max_payload, self._scheduler)
+        if cfg.secret is not None:
+            for connection in self._comm.connections:
+                authenticate(connection, cfg.secret, self.rank, cfg.rendezvous_timeout_s)
         self._comm.start()
         log.info("worker rank %d of %d connected to %d server(s)", self.rank, self.size, len(book.servers))
 

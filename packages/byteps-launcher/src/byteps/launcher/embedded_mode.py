@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from byteps.common.config import Config
@@ -134,6 +135,8 @@ def embedded_plan(
     }
     if options.force_distributed:
         shared["BYTEPS_FORCE_DISTRIBUTED"] = "1"
+    # One secret per job, so that no other process on this machine can join it.
+    shared["BYTEPS_JOB_SECRET"] = base_env.get("BYTEPS_JOB_SECRET", "").strip() or secrets.token_hex(32)
 
     def spec(role: str, argv: Tuple[str, ...], extra: Mapping[str, str], **rank) -> ProcessSpec:
         env = child_environment(base_env, {**shared, "DMLC_ROLE": role, **extra})

@@ -26,7 +26,7 @@ from byteps.common.config import Config
 from byteps.common.dtypes import DType
 from byteps.server.engine import create_engine
 from byteps.server.stall_inspector import PartialRound, StallInspector
-from byteps.transport import Command, FrameError, Listener, Message, NodeInfo, SchedulerClient, TransportError
+from byteps.transport import Command, FrameError, Gate, Listener, Message, NodeInfo, SchedulerClient, TransportError
 from byteps.transport.addressing import resolve_host
 from byteps.transport.frames import FLAG_AVERAGE, command_name, parse_json_payload
 
@@ -106,11 +106,12 @@ class ParameterServer:
         self.listener = Listener(self.context, host, 0, max_payload_bytes=self.max_partition_bytes)
         self.scheduler = SchedulerClient(self.context, config.root_uri, config.root_port,
                                          config.rendezvous_timeout_s, config.heartbeat_interval_s,
-                                         config.heartbeat_timeout_s)
+                                         config.heartbeat_timeout_s, config.secret)
         book = self.scheduler.register(NodeInfo(role="server", host=host, port=self.listener.port))
         self.rank = book.rank
         self.num_workers = book.num_workers
         self.engine = create_engine(config.server_engine_threads, self.num_workers)
+        self.gate = Gate(config.secret, self.rank, log)
         self.keys: Dict[int, KeyState] = {}
         self.stall_inspector = StallInspector(config.stall_check_s, config.stall_shutdown_s, self.num_workers)
         self.running = True
@@ -162,7 +163,7 @@ class ParameterServer:
 
     def _handle_worker_message(self) -> None:
         message = self.listener.recv_or_refuse(self.rank, log)
-        if message is None:
+        if message is None or not self.gate.admit(self.listener, message):
             return
         header = message.header
         try:

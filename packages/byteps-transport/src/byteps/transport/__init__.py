@@ -6,6 +6,7 @@ payload) over ZeroMQ TCP sockets; the scheduler assembles the job's address
 book. RDMA (pyverbs) is planned behind the same endpoint interface.
 """
 
+from byteps.transport.authentication import AuthenticationError, Gate, authenticate
 from byteps.transport.endpoints import ByteCounters, Connection, Endpoint, Listener, Message
 from byteps.transport.errors import NodeFailure, RemoteError, RendezvousTimeout, TransportError
 from byteps.transport.frames import (
@@ -26,6 +27,9 @@ __all__ = [
     "PROTOCOL_VERSION",
     "HEADER_BYTES",
     "AddressBook",
+    "AuthenticationError",
+    "Gate",
+    "authenticate",
     "ByteCounters",
     "Command",
     "Connection",

@@ -49,6 +49,10 @@ class Command(enum.IntEnum):
     ERROR = 8  # any -> any: UTF-8 text payload, key names the tensor if any
     HEARTBEAT = 9  # node -> scheduler, and the scheduler's answer
     NODE_FAILED = 10  # scheduler -> nodes: UTF-8 text naming the node presumed dead
+    HELLO = 11  # node -> listener: client nonce (authentication, see authentication.py)
+    CHALLENGE = 12  # listener -> node: server nonce + the listener's proof
+    PROOF = 13  # node -> listener: the node's proof
+    AUTH_OK = 14  # listener -> node: admitted
     INIT_KEY = 16  # worker -> server: JSON description of a partition
     PUSH = 17  # worker -> server: payload = partition bytes
     PULL = 18  # worker -> server: ask for the sum of a round

@@ -23,6 +23,7 @@ from typing import Optional, Tuple
 
 import zmq
 
+from byteps.transport.authentication import authenticate
 from byteps.transport.endpoints import Connection, Message
 from byteps.transport.errors import NodeFailure, RemoteError, RendezvousTimeout, TransportError
 from byteps.transport.frames import MAX_CONTROL_PAYLOAD, Command, command_name, json_payload, parse_json_payload
@@ -96,9 +97,11 @@ class SchedulerClient:
     """
 
     def __init__(self, context: zmq.Context, host: str, port: int, timeout_s: float,
-                 heartbeat_interval_s: float = 1.0, heartbeat_timeout_s: float = 10.0) -> None:
+                 heartbeat_interval_s: float = 1.0, heartbeat_timeout_s: float = 10.0,
+                 secret: Optional[bytes] = None) -> None:
         self.connection = Connection(context, host, port, max_payload_bytes=MAX_CONTROL_PAYLOAD)
         self.timeout_s = timeout_s
+        self.secret = secret
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.rank = -1
@@ -125,7 +128,9 @@ class SchedulerClient:
         return self.connection.address
 
     def register(self, info: NodeInfo) -> AddressBook:
-        """Announce this node and wait until the scheduler sends the address book."""
+        """Announce this node (proving the job secret first, if any) and wait for the address book."""
+        if self.secret is not None:
+            authenticate(self.connection, self.secret, -1, self.timeout_s)
         self.connection.send(Command.REGISTER, -1, payload=json_payload(dataclasses.asdict(info)))
         reply = self._expect(Command.ADDRESS_BOOK, "registration")
         book = AddressBook.from_json(parse_json_payload(reply.payload.buffer))

@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Set
 
 import zmq
 
+from byteps.transport.authentication import Gate
 from byteps.transport.endpoints import Listener, Message
 from byteps.transport.errors import NodeFailure, TransportError
 from byteps.transport.frames import (
@@ -44,6 +45,7 @@ class SchedulerOptions:
     num_worker_machines: int
     num_servers: int
     heartbeat_timeout_s: float = 10.0  # 0: do not watch the nodes' heartbeats
+    secret: Optional[bytes] = dataclasses.field(default=None, repr=False)  # the job secret, if any
 
 
 @dataclasses.dataclass
@@ -61,6 +63,7 @@ class Scheduler:
         self.options = options
         self.context = context or zmq.Context.instance()
         self.listener = Listener(self.context, options.host, options.port, MAX_CONTROL_PAYLOAD)
+        self.gate = Gate(options.secret, SCHEDULER_SENDER, log)
         self.servers: List[_Registered] = []
         self.workers: Dict[int, _Registered] = {}  # by rank
         self.local_size: Optional[int] = None
@@ -130,7 +133,7 @@ class Scheduler:
 
     def _handle_one(self) -> None:
         message = self.listener.recv_or_refuse(SCHEDULER_SENDER, log)
-        if message is None:
+        if message is None or not self.gate.admit(self.listener, message):
             return
         command = message.header.command
         self._heard_from(message.identity)
