@@ -1,0 +1,102 @@
+"""byteps for TensorFlow 2: a Horovod drop-in over byteps parameter servers.
+
+Change ``import horovod.tensorflow as hvd`` to ``import byteps.tensorflow as hvd``
+(or ``bps``) and launch with ``bpslaunch``::
+
+    import tensorflow as tf
+    import byteps.tensorflow as bps
+
+    bps.init()
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    optimizer = tf.keras.optimizers.SGD(0.01 * bps.size())
+    bps.broadcast_variables(model.variables, root_rank=0)    # everyone starts from rank 0's weights
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - y) ** 2)
+        tape = bps.DistributedGradientTape(tape)              # gradients averaged over all workers
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    $ bpslaunch -np 2 -- python train.py
+
+Keras users: ``import byteps.tensorflow.keras as bps`` (or ``byteps.keras``).
+The compiled part (``byteps.tensorflow._C``) exchanges tensors with
+TensorFlow through DLPack and does not link TensorFlow.
+"""
+
+try:
+    import tensorflow as tf
+except ImportError as exc:
+    raise ImportError("byteps.tensorflow needs TensorFlow: pip install tensorflow (or tensorflow-cpu)") from exc
+
+from byteps.common.interface import require_interface
+
+INTERFACE_VERSION = (1, 0)
+
+#: Oldest TensorFlow this package is tested against the API of (Keras 3 is its default from 2.16 on).
+MINIMUM_TENSORFLOW = (2, 16)
+
+
+def _version(text: str) -> tuple:
+    parts = []
+    for piece in text.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+if _version(getattr(tf, "__version__", "0.0")) < MINIMUM_TENSORFLOW:
+    raise ImportError(
+        f"byteps-tf needs tensorflow >= {'.'.join(map(str, MINIMUM_TENSORFLOW))}, but tensorflow "
+        f"{getattr(tf, '__version__', 'unknown')} is installed: pip install --upgrade tensorflow")
+
+require_interface("byteps-common", "byteps.common", (1, 0), requirer="byteps-tf")
+
+from byteps.common import PushPullError  # noqa: E402
+from byteps.tensorflow.compression import Compression, Compressor  # noqa: E402
+from byteps.tensorflow.functions import (  # noqa: E402
+    broadcast_global_variables,
+    broadcast_object,
+    broadcast_variables,
+)
+from byteps.tensorflow.gradient_tape import DistributedGradientTape  # noqa: E402
+from byteps.tensorflow.ops import (  # noqa: E402
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    allgather,
+    allreduce,
+    barrier,
+    broadcast,
+    global_process_set,
+    init,
+    is_initialized,
+    join,
+    local_rank,
+    local_size,
+    push_pull,
+    rank,
+    shutdown,
+    size,
+)
+from byteps.tensorflow.optimizer import DistributedOptimizer  # noqa: E402
+
+__all__ = [
+    "INTERFACE_VERSION",
+    # process
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "barrier", "join",
+    # reductions
+    "push_pull", "allreduce", "broadcast", "allgather", "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "Compression", "Compressor", "global_process_set",
+    # variables and objects
+    "broadcast_variables", "broadcast_global_variables", "broadcast_object",
+    # training
+    "DistributedGradientTape", "DistributedOptimizer",
+    "PushPullError",
+]

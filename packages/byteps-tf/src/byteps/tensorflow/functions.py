@@ -1,0 +1,110 @@
+"""Broadcast variables and picklable objects from one rank to all.
+
+Example, before training::
+
+    bps.broadcast_variables(model.variables, root_rank=0)
+    bps.broadcast_variables(optimizer.variables, root_rank=0)
+    epoch = bps.broadcast_object(epoch, root_rank=0, name="epoch")
+
+Every rank makes the same calls in the same order with the same variables
+(same shapes and dtypes); the variables of one call travel as one group,
+pipelined.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, Iterable, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from byteps.common import api
+from byteps.tensorflow.graph_ops import run_group
+from byteps.tensorflow.ops import _check_root, check_process_set, rank
+from byteps.tensorflow.reduction import Reduce
+from byteps.tensorflow.tensors import widen
+
+__all__ = ["broadcast_variables", "broadcast_global_variables", "broadcast_object"]
+
+
+def broadcast_variables(variables: Iterable[Any], root_rank: int, process_set: Any = None,
+                        inplace: bool = False) -> Optional[tf.Operation]:
+    """Assign the root's values to ``variables`` on every rank.
+
+    Takes ``tf.Variable`` and Keras variables (``model.variables``,
+    ``optimizer.variables``). Returns the grouped assign op in graph mode,
+    None eagerly. Variable *i* of a call travels as ``broadcast_variables.<i>``;
+    bool and 8/16-bit integers as int32, uint32 as int64.
+    """
+    check_process_set(process_set)
+    _check_root(root_rank)
+    variables = list(variables)
+    if not variables:
+        return tf.group()
+    values = []
+    for variable in variables:
+        value = tf.convert_to_tensor(variable)
+        values.append(tf.cast(value, widen(value.dtype)) if widen(value.dtype) != value.dtype else value)
+    contribute = rank() == root_rank
+    specs = [Reduce(f"broadcast_variables.{i}", average=False, contribute=contribute) for i in range(len(values))]
+    results = run_group(specs, values)
+    assigns = [variable.assign(tf.cast(result, tf.as_dtype(variable.dtype)))
+               for variable, result in zip(variables, results)]
+    if tf.executing_eagerly():
+        return None
+    return tf.group(*[a for a in assigns if a is not None])
+
+
+def broadcast_global_variables(root_rank: int) -> tf.Operation:
+    """Broadcast ``tf.compat.v1.global_variables()`` (TF1 graphs only), as Horovod does.
+
+    TensorFlow 2 has no global variable collection: eagerly or inside
+    ``tf.function`` this is a RuntimeError saying what to use instead.
+    """
+    if tf.executing_eagerly() or tf.inside_function():
+        raise RuntimeError(
+            "broadcast_global_variables() needs a TF1 graph: TensorFlow 2 has no global variable collection "
+            "eagerly or in tf.function. Use bps.broadcast_variables(model.variables, root_rank) (and the "
+            "optimizer's variables), or with Keras the callback bps.callbacks.BroadcastGlobalVariablesCallback")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: Optional[str] = None,
+                     process_set: Any = None) -> Any:
+    """Return the root's ``obj`` on every rank (pickled; eager only).
+
+    The root gets its own ``obj`` back; the others may pass anything (None).
+    The bytes travel as int64 words in a buffer rounded up to a power of two,
+    so repeated calls reuse a few tensor names.
+    """
+    check_process_set(process_set)
+    _check_root(root_rank)
+    if not tf.executing_eagerly():
+        raise RuntimeError("broadcast_object() runs eagerly only (it pickles Python objects)")
+    worker = api.worker()
+    name = "broadcast_object" if name is None else f"broadcast_object.{name}"
+    is_root = rank() == root_rank
+    payload, failure = b"", None
+    if is_root:
+        try:
+            payload = pickle.dumps(obj)
+        except Exception as exc:  # tell the others (size -1) instead of leaving them waiting
+            failure = exc
+    nbytes = np.array([(-1 if failure else len(payload)) if is_root else 0], dtype=np.int64)
+    worker.push_pull(nbytes, f"{name}.size", average=False)
+    size = int(nbytes[0])
+    if size < 0:
+        if failure is not None:
+            raise failure
+        raise ValueError(f"broadcast_object: rank {root_rank} could not pickle its object (see its error)")
+    capacity = 8
+    while capacity < size:
+        capacity *= 2
+    words = np.zeros(capacity // 8, dtype=np.int64)
+    if is_root:
+        words.view(np.uint8)[:size] = np.frombuffer(payload, dtype=np.uint8)
+    worker.push_pull(words, f"{name}.{capacity}", average=False)
+    if is_root:
+        return obj
+    return pickle.loads(words.view(np.uint8)[:size].tobytes())

@@ -1,0 +1,84 @@
+"""Run a group of reductions eagerly, or as one ``tf.py_function`` inside a graph.
+
+Inside ``tf.function`` (or a TF1 graph) a group becomes one ``EagerPyFunc``
+op whose body is :func:`byteps.tensorflow.reduction.execute`: the group is
+still pipelined inside byteps, and TensorFlow sees one op per group, not per
+tensor. Dtypes are checked while tracing, so an unsupported dtype is a
+ValueError at the call site.
+
+Ordering: byteps gives tensors ids in order of first use and every rank must
+issue the same ops, so the ops of one graph run in the order they were
+created (each depends on the previous one). ``tf.function`` already orders
+stateful ops this way; the explicit dependency also covers TF1 graphs.
+
+A custom TensorFlow op would avoid the Python call per group; it is not
+built, so that the package never links TensorFlow's C++ ABI (see
+docs/tensorflow.md). ``py_function`` cannot be compiled by XLA: functions
+using byteps need ``jit_compile=False``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import List, Sequence
+
+import tensorflow as tf
+
+from byteps.tensorflow.reduction import Gather, Reduce, Spec, execute
+from byteps.tensorflow.tensors import byteps_dtype
+
+__all__ = ["run_group"]
+
+_last_op: weakref.WeakKeyDictionary[object, tf.Operation] = weakref.WeakKeyDictionary()
+
+
+def _static_shapes(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]) -> List[tf.TensorShape]:
+    shapes, position = [], 0
+    for spec in specs:
+        if isinstance(spec, Reduce):
+            shapes.append(inputs[position].shape)
+        else:
+            for tensor in inputs[position:position + spec.parts]:
+                shapes.append(tf.TensorShape([None]).concatenate(tensor.shape[1:]) if tensor.shape.rank
+                              else tf.TensorShape(None))
+            shapes.append(tf.TensorShape([None]))  # the row counts, one per rank
+        position += spec.inputs
+    return shapes
+
+
+def _output_dtypes(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]) -> List[tf.DType]:
+    dtypes, position = [], 0
+    for spec in specs:
+        dtypes.extend(tensor.dtype for tensor in inputs[position:position + spec.inputs])
+        if isinstance(spec, Gather):
+            dtypes.append(tf.int64)
+        position += spec.inputs
+    return dtypes
+
+
+def run_group(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+    """Outputs of every spec, flattened in order; eager or graph, whichever is current."""
+    inputs = [tf.convert_to_tensor(tensor) for tensor in inputs]
+    if not specs:
+        return []
+    if tf.executing_eagerly():
+        return execute(specs, inputs)
+    position = 0
+    for spec in specs:  # at trace time: the error points at the user's call
+        for tensor in inputs[position:position + spec.inputs]:
+            byteps_dtype(tensor.dtype, f"push_pull({spec.name!r})")
+        position += spec.inputs
+    specs = list(specs)
+
+    def body(*eager_inputs: tf.Tensor) -> List[tf.Tensor]:
+        return execute(specs, eager_inputs)
+
+    graph = tf.compat.v1.get_default_graph()
+    previous = _last_op.get(graph)
+    with tf.control_dependencies([previous] if previous is not None else []):
+        outputs = tf.py_function(body, inputs, _output_dtypes(specs, inputs), name="BytePSPushPull")
+    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    _last_op[graph] = outputs[0].op
+    for output, shape in zip(outputs, _static_shapes(specs, inputs)):
+        output.set_shape(shape)
+    return outputs

@@ -1,0 +1,94 @@
+"""byteps for Keras 3 (TensorFlow backend): a drop-in for ``horovod.tensorflow.keras``.
+
+Change ``import horovod.tensorflow.keras as hvd`` (or ``horovod.keras``) to
+``import byteps.tensorflow.keras as hvd`` (or ``byteps.keras``)::
+
+    import keras
+    import byteps.tensorflow.keras as bps
+
+    bps.init()
+    model.compile(optimizer=bps.DistributedOptimizer(keras.optimizers.SGD(0.01 * bps.size())),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.fit(x, y, callbacks=[bps.callbacks.BroadcastGlobalVariablesCallback(0),
+                               bps.callbacks.MetricAverageCallback()],
+              verbose=1 if bps.rank() == 0 else 0)
+
+    $ bpslaunch --workers 2 --servers 1 -- python train.py
+"""
+
+try:
+    import keras
+except ImportError as exc:
+    raise ImportError("byteps.tensorflow.keras needs Keras 3: pip install 'keras>=3'") from exc
+
+from byteps.tensorflow import _version
+
+if _version(getattr(keras, "__version__", "0.0")) < (3, 0):
+    raise ImportError(f"byteps.tensorflow.keras needs Keras 3, but keras {getattr(keras, '__version__', '?')} "
+                      "is installed (tf_keras / Keras 2 is not supported): pip install --upgrade 'keras>=3'")
+if keras.backend.backend() != "tensorflow":
+    raise ImportError(f"byteps.tensorflow.keras needs Keras's TensorFlow backend, this process uses "
+                      f"{keras.backend.backend()!r}: set KERAS_BACKEND=tensorflow")
+
+from typing import Any, Optional  # noqa: E402
+
+import tensorflow as tf  # noqa: E402
+
+from byteps.common import PushPullError  # noqa: E402
+from byteps.tensorflow import functions as _functions  # noqa: E402
+from byteps.tensorflow import ops as _ops  # noqa: E402
+from byteps.tensorflow.compression import Compression, Compressor  # noqa: E402
+from byteps.tensorflow.keras import callbacks  # noqa: E402
+from byteps.tensorflow.keras.model_io import load_model  # noqa: E402
+from byteps.tensorflow.keras.optimizer import DistributedOptimizer  # noqa: E402
+from byteps.tensorflow.ops import (  # noqa: E402
+    Average,
+    Sum,
+    barrier,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "barrier",
+    "DistributedOptimizer", "broadcast_global_variables", "push_pull", "allreduce", "broadcast", "allgather",
+    "load_model", "callbacks", "Compression", "Compressor", "Average", "Sum", "PushPullError",
+]
+
+
+def push_pull(value: Any, average: bool = True, name: Optional[str] = None,
+              compression: Any = Compression.none) -> tf.Tensor:
+    """Average (or sum) a tensor-like value over all workers (BytePS's name)."""
+    return _ops.push_pull(tf.convert_to_tensor(value), average=average, name=name, compression=compression)
+
+
+def allreduce(value: Any, name: Optional[str] = None, average: Optional[bool] = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, op: Optional[int] = None,
+              compression: Any = Compression.none) -> tf.Tensor:
+    """Horovod's Keras allreduce: average (default) or sum a tensor-like value over all workers."""
+    return _ops.allreduce(tf.convert_to_tensor(value), average=average, compression=compression, op=op,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor, name=name)
+
+
+def broadcast(value: Any, root_rank: int, name: Optional[str] = None) -> tf.Tensor:
+    """The root's value on every rank."""
+    return _ops.broadcast(tf.convert_to_tensor(value), root_rank, name=name)
+
+
+def allgather(value: Any, name: Optional[str] = None) -> tf.Tensor:
+    """Every rank's value concatenated along the first dimension, in rank order."""
+    return _ops.allgather(tf.convert_to_tensor(value), name=name)
+
+
+def broadcast_global_variables(root_rank: int) -> Any:
+    """Horovod's Keras ``broadcast_global_variables``: TF1 graphs only (see the TF version).
+
+    With Keras 3 use ``callbacks.BroadcastGlobalVariablesCallback(root_rank)``
+    or ``byteps.tensorflow.broadcast_variables(model.variables, root_rank)``.
+    """
+    return _functions.broadcast_global_variables(root_rank)

@@ -1,0 +1,184 @@
+"""Horovod's Keras callbacks: broadcast at the start, average metrics, warm up and schedule the learning rate.
+
+Example::
+
+    callbacks = [
+        bps.callbacks.BroadcastGlobalVariablesCallback(0),
+        bps.callbacks.MetricAverageCallback(),          # before callbacks that read the metrics
+        bps.callbacks.LearningRateWarmupCallback(initial_lr=0.1 * bps.size(), warmup_epochs=3),
+    ]
+    model.fit(x, y, callbacks=callbacks, verbose=1 if bps.rank() == 0 else 0)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Union
+
+import keras
+import numpy as np
+
+from byteps.common import api
+from byteps.tensorflow.functions import broadcast_variables
+from byteps.tensorflow.ops import size
+
+__all__ = [
+    "BroadcastGlobalVariablesCallback", "MetricAverageCallback",
+    "LearningRateScheduleCallback", "LearningRateWarmupCallback",
+]
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Give every rank the root's model and optimizer variables when training starts.
+
+    If the model is built when ``fit`` starts (it has variables), the
+    optimizer is built for its trainable variables right then (Keras's
+    TensorFlow backend would otherwise build it while tracing the first
+    step) and both are broadcast before the first step, so the first
+    gradients already come from equal weights. Otherwise (a subclassed model
+    not called yet) the broadcast happens after the first batch, as in
+    Horovod. Only once per callback object.
+    """
+
+    def __init__(self, root_rank: int, device: str = "") -> None:
+        super().__init__()
+        self.root_rank = root_rank
+        self.broadcast_done = False
+
+    def _broadcast(self) -> None:
+        model = self.model
+        broadcast_variables(model.variables, root_rank=self.root_rank)
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None:
+            broadcast_variables(optimizer.variables, root_rank=self.root_rank)
+        self.broadcast_done = True
+
+    def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        if self.broadcast_done or not self.model.built or not self.model.variables:
+            return
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(self.model.trainable_variables)
+        self._broadcast()
+
+    def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        if not self.broadcast_done:
+            self._broadcast()
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Average the epoch's metrics (``logs``) over all workers at the end of each epoch.
+
+    Every numeric entry of ``logs`` is averaged in one push_pull (sorted by
+    name, so every rank sends them in the same order). Put it before
+    callbacks that read the metrics (ModelCheckpoint, EarlyStopping, ...).
+    """
+
+    def __init__(self, device: str = "") -> None:
+        super().__init__()
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        if logs is None or size() == 1:
+            return
+        names = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))
+        if not names:
+            return
+        values = np.array([float(logs[k]) for k in names], dtype=np.float64)
+        api.worker().push_pull(values, f"MetricAverageCallback.{len(names)}", average=True)
+        logs.update({k: float(v) for k, v in zip(names, values)})
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Set the learning rate to ``initial_lr * multiplier(epoch)`` for epochs in [start_epoch, end_epoch).
+
+    ``multiplier`` is a number or a function of the (fractional, unless
+    ``staircase``) epoch; with ``staircase`` the rate changes at the first
+    batch of each epoch, otherwise at every batch (``steps_per_epoch`` is
+    then taken from ``fit`` when not given). ``momentum_correction`` scales
+    the momentum buffers of momentum SGD by new_lr / old_lr when the rate
+    changes (Goyal et al.), which is what Horovod's temporary momentum change
+    does for plain momentum. The rate is logged as ``logs["lr"]``.
+    """
+
+    def __init__(self, initial_lr: float, multiplier: Union[float, Callable[[float], float]], start_epoch: int = 0,
+                 end_epoch: Optional[int] = None, staircase: bool = True, momentum_correction: bool = True,
+                 steps_per_epoch: Optional[int] = None) -> None:
+        super().__init__()
+        self.initial_lr = initial_lr
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch: Optional[int] = None
+        if not callable(multiplier):
+            self.staircase = True
+            constant = float(multiplier)
+            self.multiplier: Callable[[float], float] = lambda epoch: constant
+        else:
+            self.multiplier = multiplier
+
+    def _adjust_learning_rate(self, epoch: float) -> None:
+        optimizer = self.model.optimizer
+        old_lr = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+        new_lr = self.initial_lr * self.multiplier(epoch)
+        optimizer.learning_rate = new_lr  # a TypeError from Keras if the optimizer has a schedule
+        momentums = getattr(optimizer, "momentums", None)
+        if self.momentum_correction and momentums and getattr(optimizer, "momentum", 0) and old_lr > 0 \
+                and new_lr != old_lr:
+            for buffer in momentums:
+                buffer.assign(buffer * (new_lr / old_lr))
+
+    def _in_range(self) -> bool:
+        epoch = self.current_epoch if self.current_epoch is not None else 0
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        if self.initial_lr is None:
+            self.initial_lr = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+        if not self.staircase and not self.steps_per_epoch:
+            steps = (self.params or {}).get("steps")
+            if not steps:
+                raise ValueError(f"{type(self).__name__} could not tell the steps per epoch: pass steps_per_epoch")
+            self.steps_per_epoch = steps
+
+    def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        self.current_epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        if not self._in_range():
+            return
+        if self.staircase:
+            if batch == 0:
+                self._adjust_learning_rate(self.current_epoch)
+        else:
+            self._adjust_learning_rate(self.current_epoch + float(batch) / self.steps_per_epoch)
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        if logs is not None:
+            logs["lr"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Ramp the learning rate from ``initial_lr / size()`` to ``initial_lr`` over ``warmup_epochs`` (Goyal et al.).
+
+    ``initial_lr`` is the rate after warmup (usually the single-worker rate
+    times ``size()``). The rate grows every batch; with ``verbose`` the end
+    of the warmup is printed.
+    """
+
+    def __init__(self, initial_lr: float, warmup_epochs: int = 5, momentum_correction: bool = True,
+                 steps_per_epoch: Optional[int] = None, verbose: int = 0) -> None:
+        def multiplier(epoch: float) -> float:
+            # Shifted by one batch so that each epoch ends on a round value, as in Horovod.
+            epoch += 1.0 / self.steps_per_epoch
+            return 1.0 / size() * (epoch * (size() - 1) / warmup_epochs + 1)
+
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
+                         momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch)
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose > 0:
+            lr = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {lr:g}.", flush=True)

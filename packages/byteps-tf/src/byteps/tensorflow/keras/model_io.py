@@ -1,0 +1,49 @@
+"""load_model: a saved Keras model whose optimizer comes back as a DistributedOptimizer.
+
+Example::
+
+    model = bps.load_model("checkpoint.keras")     # optimizer state restored, gradients averaged
+
+Every Keras optimizer class in ``keras.optimizers`` (and each class in
+``custom_optimizers``) is replaced, while loading, by a stand-in whose
+``from_config`` builds the optimizer and wraps it with
+:func:`~byteps.tensorflow.keras.DistributedOptimizer`; ``custom_objects``
+entries take precedence, as in Horovod.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, Optional
+
+import keras
+
+from byteps.tensorflow.compression import Compression
+from byteps.tensorflow.keras.optimizer import DistributedOptimizer
+
+__all__ = ["load_model"]
+
+
+def _builtin_optimizers() -> Iterable[type]:
+    for value in vars(keras.optimizers).values():
+        if isinstance(value, type) and issubclass(value, keras.optimizers.Optimizer) \
+                and value not in (keras.optimizers.Optimizer, keras.optimizers.LossScaleOptimizer):
+            yield value
+
+
+def _loader(base: type, compression: Any) -> type:
+    """A stand-in class for ``base`` whose from_config returns a distributed ``base``."""
+
+    def from_config(cls: type, config: Dict[str, Any], custom_objects: Optional[Dict[str, Any]] = None) -> Any:
+        return DistributedOptimizer(base.from_config(config, custom_objects=custom_objects), compression=compression)
+
+    return type(base.__name__, (base,), {"from_config": classmethod(from_config), "__module__": base.__module__})
+
+
+def load_model(filepath: Any, custom_optimizers: Optional[Iterable[type]] = None,
+               custom_objects: Optional[Dict[str, Any]] = None, compression: Any = Compression.none) -> Any:
+    """``keras.models.load_model`` with the optimizer wrapped in a DistributedOptimizer (Horovod's signature)."""
+    objects: Dict[str, Any] = {}
+    for cls in [*_builtin_optimizers(), *(custom_optimizers or [])]:
+        objects[keras.saving.get_registered_name(cls)] = _loader(cls, compression)
+    objects.update(custom_objects or {})
+    return keras.models.load_model(filepath, custom_objects=objects)

@@ -1,0 +1,151 @@
+"""DistributedOptimizer for Keras 3 optimizers (TensorFlow backend).
+
+Example::
+
+    opt = bps.DistributedOptimizer(keras.optimizers.Adam(0.001 * bps.size()))
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    model.fit(x, y, callbacks=[bps.callbacks.BroadcastGlobalVariablesCallback(0)])
+
+The result is a new optimizer of a subclass of the given one's class (built
+from its config, as Horovod does), so ``isinstance`` checks, learning-rate
+setters and schedules keep working. It averages the gradients in
+``apply()``, which ``apply_gradients()``, ``minimize()`` and ``model.fit``
+all go through, before clipping, loss-scale unscaling and the update.
+
+Saving: the subclass reports the original class and module, so a model
+saved with it loads as the plain optimizer anywhere, and as a distributed
+one through :func:`byteps.tensorflow.keras.load_model`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import keras
+import tensorflow as tf
+
+from byteps.tensorflow.compression import Compression
+from byteps.tensorflow.gradients import GradientReducer
+from byteps.tensorflow.ops import Average, check_process_set
+
+__all__ = ["DistributedOptimizer", "distributed_class"]
+
+_classes: Dict[type, type] = {}
+
+
+class _DistributedOptimizer:
+    """Mixin put in front of a Keras optimizer class; see :func:`DistributedOptimizer`."""
+
+    _byteps_reducer: GradientReducer
+    _byteps_passes: int
+    _byteps_average_passes: bool
+
+    def _byteps_configure(self, reducer: GradientReducer, backward_passes_per_step: int,
+                          average_aggregated_gradients: bool) -> None:
+        # object.__setattr__: plain bookkeeping, kept out of Keras' attribute tracking.
+        object.__setattr__(self, "_byteps_reducer", reducer)
+        object.__setattr__(self, "_byteps_passes", backward_passes_per_step)
+        object.__setattr__(self, "_byteps_average_passes", average_aggregated_gradients)
+        object.__setattr__(self, "_byteps_accumulators", {})
+        object.__setattr__(self, "_byteps_pass_counter", None)
+
+    def build(self, variables: List[Any]) -> None:
+        super().build(variables)
+        if self._byteps_passes > 1:
+            # Local accumulators for backward_passes_per_step, created with the
+            # optimizer's own variables (so they are saved and broadcast too).
+            accumulators = {id(v): self.add_variable_from_reference(v, name="byteps_accumulator") for v in variables}
+            object.__setattr__(self, "_byteps_accumulators", accumulators)
+            counter = self.add_variable(shape=(), dtype="int64", initializer="zeros", name="byteps_backward_passes")
+            object.__setattr__(self, "_byteps_pass_counter", counter)
+
+    def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+        """Average ``grads`` over all workers (every ``backward_passes_per_step`` calls), then apply them."""
+        grads = list(grads)
+        if trainable_variables is not None:
+            trainable_variables = list(trainable_variables)
+            if not self.built:
+                self.build(trainable_variables)
+        if self._byteps_passes == 1:
+            return super().apply(self._byteps_reducer.reduce(grads), trainable_variables)
+        variables = trainable_variables if trainable_variables is not None else self._trainable_variables
+        return self._byteps_accumulate(grads, variables, trainable_variables)
+
+    def _byteps_accumulate(self, grads: List[Any], variables: List[Any], given: Optional[List[Any]]) -> None:
+        """Add this pass's gradients locally; every N-th pass reduce the sums and apply them.
+
+        Passes in between do not touch the model or ``iterations``, so
+        learning-rate schedules count updates, not passes.
+        """
+        missing = [v.path for v in variables if id(v) not in self._byteps_accumulators]
+        if missing:
+            raise ValueError(f"DistributedOptimizer was built without these variables: {missing}")
+        accumulators = [self._byteps_accumulators[id(v)] for v in variables]
+        present = [g is not None for g in grads]
+        for gradient, accumulator in zip(grads, accumulators):
+            if gradient is not None:
+                accumulator.assign_add(tf.convert_to_tensor(gradient))  # IndexedSlices are densified here
+        counter = self._byteps_pass_counter
+        counter.assign_add(1)
+        passes = self._byteps_passes
+
+        def update() -> tf.Tensor:
+            sums = [tf.convert_to_tensor(a) if p else None for a, p in zip(accumulators, present)]
+            if self._byteps_average_passes:
+                sums = [s / tf.cast(passes, s.dtype) if s is not None else None for s in sums]
+            super(_DistributedOptimizer, self).apply(self._byteps_reducer.reduce(sums), given)
+            for accumulator in accumulators:
+                accumulator.assign(tf.zeros_like(accumulator))
+            counter.assign(0)
+            return tf.constant(True)
+
+        tf.cond(tf.convert_to_tensor(counter) >= passes, update, lambda: tf.constant(False))
+
+
+def distributed_class(base: type) -> type:
+    """The distributed subclass of a Keras optimizer class (one per class), named and placed like it."""
+    cls = _classes.get(base)
+    if cls is None:
+        cls = _classes[base] = type(base.__name__, (_DistributedOptimizer, base),
+                                    {"__module__": base.__module__, "__qualname__": base.__qualname__})
+    return cls
+
+
+def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[str] = None,
+                         device_dense: str = "", device_sparse: str = "", compression: Any = Compression.none,
+                         sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0, op: int = Average,
+                         backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
+                         num_groups: int = 0, groups: Any = None, process_set: Any = None,
+                         scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
+    """A copy of ``optimizer`` (from its config) whose updates use gradients averaged over all workers.
+
+    Horovod's signature. ``backward_passes_per_step=N`` sums N passes'
+    gradients locally and communicates and updates every N-th pass (divided
+    by N if ``average_aggregated_gradients``). ``compression``,
+    ``sparse_as_dense``, ``op`` and ``gradient_predivide_factor`` are as in
+    :func:`byteps.tensorflow.DistributedGradientTape`; ``name`` names the
+    byteps tensors (default: the optimizer's name). Device and group
+    arguments and ``scale_local_gradients`` are accepted and ignored.
+
+    Wrap the optimizer before it is built (before ``fit`` or the first
+    ``apply``): its state is not copied. ``jit_compile`` must stay False
+    (XLA cannot compile byteps' ``tf.py_function``).
+    """
+    check_process_set(process_set)
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("this optimizer is already a DistributedOptimizer; wrap the original optimizer once")
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a Keras optimizer, got {type(optimizer).__name__}")
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise NotImplementedError("wrap the inner optimizer, then build the LossScaleOptimizer around the result")
+    if optimizer.built:
+        raise ValueError("the optimizer is already built and its state would be lost: wrap it before training, "
+                         "or load a saved model with byteps.tensorflow.keras.load_model")
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
+            or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step!r}")
+    reducer = GradientReducer(f"DistributedOptimizer.{name or optimizer.name}", compression, sparse_as_dense, op,
+                              gradient_predivide_factor)
+    wrapped = distributed_class(type(optimizer)).from_config(optimizer.get_config())
+    wrapped._byteps_configure(reducer, backward_passes_per_step, average_aggregated_gradients)
+    return wrapped

@@ -1,0 +1,321 @@
+"""push_pull, allreduce, broadcast and allgather of TensorFlow tensors, eager or in tf.function.
+
+Example (``bpslaunch -np 2 -- python train.py``)::
+
+    import tensorflow as tf
+    import byteps.tensorflow as bps
+
+    bps.init()
+    x = tf.fill([3], float(bps.rank()))
+    bps.push_pull(x, name="x")                      # the average over ranks
+    bps.allreduce(x, op=bps.Sum, name="x.sum")       # Horovod's name and signature
+
+    @tf.function
+    def step(x):
+        return bps.allreduce(x, name="in.graph")     # works inside tf.function too
+
+Rules every rank follows, as in Horovod and BytePS:
+
+* All ranks issue the same ops with the same names, shapes and dtypes in the
+  same order. The servers refuse a rank whose tensor differs from the others'
+  under one name, and every rank's op then fails (``PushPullError``) naming
+  both descriptions. A name may be used again with another shape or dtype.
+* ``name=None``: eagerly, ``"<op>.noname.<n>"`` from a per-process counter per
+  op (the same on every rank that issues its unnamed ops in the same order);
+  inside ``tf.function``, ``"<op>.<graph name of the tensor>"``, which is fixed
+  by the traced code, so it does not depend on how often a rank retraced.
+* Averages divide by the number of worker processes; integer tensors use
+  floor division (``-3 // 2 == -2``), as byteps-common does.
+* ``tf.IndexedSlices`` are reduced by gathering every rank's values and
+  indices (``allgather``), as Horovod does; averaging divides the values.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any, Dict, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from byteps.common import api
+from byteps.tensorflow.compression import Compression
+from byteps.tensorflow.graph_ops import run_group
+from byteps.tensorflow.reduction import Gather, Reduce, forget_names
+from byteps.tensorflow.tensors import byteps_dtype, widen
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "barrier", "join",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product", "global_process_set",
+    "push_pull", "allreduce", "broadcast", "allgather", "average_of", "resolve_name", "check_process_set",
+]
+
+# Reduction ops with Horovod's values; byteps reduces by Average and Sum only.
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+
+
+class _GlobalProcessSet:
+    """Horovod's ``global_process_set``: all workers, the only process set byteps has."""
+
+    def __repr__(self) -> str:
+        return "global_process_set"
+
+
+global_process_set = _GlobalProcessSet()
+
+_counters_lock = threading.Lock()
+_noname_counters: Dict[str, itertools.count] = {}
+
+
+def init() -> None:
+    """Join the job that ``bpslaunch`` describes in the environment. Idempotent."""
+    api.init()
+
+
+def shutdown() -> None:
+    """Leave the job (also runs at exit)."""
+    api.shutdown()
+    forget_names()
+
+
+def is_initialized() -> bool:
+    return api.is_initialized()
+
+
+def size() -> int:
+    """Number of worker processes in the job."""
+    return api.size()
+
+
+def rank() -> int:
+    """This process's rank, 0 .. size()-1."""
+    return api.rank()
+
+
+def local_size() -> int:
+    """Number of worker processes on this machine."""
+    return api.local_size()
+
+
+def local_rank() -> int:
+    """This process's rank among the worker processes of its machine."""
+    return api.local_rank()
+
+
+def barrier() -> None:
+    """Block until every worker process has called barrier() (eager only)."""
+    api.barrier()
+
+
+def join() -> int:
+    """Wait until every rank has called join(); returns the rank whose call started last.
+
+    As in byteps-torch: ranks that joined do not serve the others' reductions
+    with zeros, so every rank must issue the same ops before joining.
+    """
+    import time
+
+    entered = np.zeros(size(), dtype=np.float64)
+    entered[rank()] = time.time()
+    api.worker().push_pull(entered, "byteps.join", average=False)
+    return int(np.argmax(entered))
+
+
+def check_process_set(process_set: Any) -> None:
+    if process_set is not None and process_set is not global_process_set:
+        raise ValueError("byteps has no process sets: pass process_set=global_process_set (or nothing)")
+
+
+def average_of(op: Optional[int], average: Optional[bool], default: bool = True) -> bool:
+    """Horovod's rule: ``op`` supersedes ``average``; Adasum and the rest are not supported."""
+    if op is None:
+        return default if average is None else bool(average)
+    if average is not None:
+        raise ValueError("the op parameter supersedes average: pass only one of them")
+    if op == Average:
+        return True
+    if op == Sum:
+        return False
+    raise NotImplementedError(
+        f"op={_OP_NAMES.get(op, op)} is not supported by byteps, whose servers sum: use op=Average or op=Sum")
+
+
+def resolve_name(family: str, name: Optional[str], tensor: Any) -> str:
+    """The user's name, or a default that is the same on every rank (see the module doc)."""
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{family}: a name must be a non-empty string, got {name!r}")
+        return name
+    graph_name = None if tf.executing_eagerly() else getattr(tensor, "name", None)
+    if graph_name:
+        return f"{family}.{graph_name}"
+    with _counters_lock:
+        counter = _noname_counters.setdefault(family, itertools.count())
+        return f"{family}.noname.{next(counter)}"
+
+
+try:  # whether a GradientTape could record an op now; internal, hence the safe fallback
+    from tensorflow.python.eager.record import could_possibly_record as _tape_may_record
+except ImportError:  # pragma: no cover - depends on TensorFlow's internals
+    def _tape_may_record() -> bool:
+        return True
+
+
+def _reduce_one(tensor: tf.Tensor, spec: Reduce) -> tf.Tensor:
+    return run_group([spec], [tensor])[0]
+
+
+def _differentiable(tensor: tf.Tensor, spec: Reduce, gradient: Reduce,
+                    gradient_root: Optional[int] = None) -> tf.Tensor:
+    """Reduce ``tensor``; its gradient is ``gradient`` applied to the upstream gradient.
+
+    With ``gradient_root``, ranks other than that one get a zero gradient
+    (Horovod's gradient of a broadcast).
+    """
+    if not tensor.dtype.is_floating or (tf.executing_eagerly() and not _tape_may_record()):
+        # Nothing can differentiate it: skip tf.custom_gradient, which costs
+        # more than a small push_pull eagerly.
+        return _reduce_one(tensor, spec)
+
+    @tf.custom_gradient
+    def forward(x: tf.Tensor):
+        def backward(upstream: Any) -> tf.Tensor:
+            reduced = _reduce_one(tf.convert_to_tensor(upstream), gradient)
+            if gradient_root is not None and rank() != gradient_root:
+                return tf.zeros_like(reduced)
+            return reduced
+
+        return _reduce_one(x, spec), backward
+
+    return forward(tensor)
+
+
+def _allreduce(family: str, tensor: Any, average: bool, name: Optional[str], compression: Any,
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Any:
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_slices(family, tensor, average, name, prescale_factor, postscale_factor)
+    tensor = tf.convert_to_tensor(tensor)
+    name = resolve_name(family, name, tensor)
+    what = f"{family}({name!r})"
+    scaled = prescale_factor != 1.0 or postscale_factor != 1.0
+    if scaled and not tensor.dtype.is_floating:
+        raise ValueError(f"{what}: prescale_factor/postscale_factor need a floating-point tensor, "
+                         f"got {tensor.dtype.name}")
+    byteps_dtype(tensor.dtype, what)
+    sent = tensor * tf.cast(prescale_factor, tensor.dtype) if prescale_factor != 1.0 else tensor
+    sent, ctx = compression.compress(sent)
+    byteps_dtype(sent.dtype, what)
+    reduced = _differentiable(sent, Reduce(name, average), Reduce(name + ".grad", average))
+    reduced = compression.decompress(reduced, ctx)
+    if postscale_factor != 1.0:
+        reduced = reduced * tf.cast(postscale_factor, reduced.dtype)
+    return reduced
+
+
+def _allreduce_slices(family: str, slices: tf.IndexedSlices, average: bool, name: Optional[str],
+                      prescale_factor: float, postscale_factor: float) -> tf.IndexedSlices:
+    """Horovod's reduction of IndexedSlices: gather all ranks' values and indices (duplicates add up)."""
+    name = resolve_name(family, name, slices.values)
+    floating = slices.values.dtype.is_floating
+    if (prescale_factor != 1.0 or postscale_factor != 1.0) and not floating:
+        raise ValueError(f"{family}({name!r}): prescale_factor/postscale_factor need floating-point values, "
+                         f"got {slices.values.dtype.name}")
+    values, indices, _ = run_group([Gather(name, parts=2)], [slices.values, slices.indices])
+    scale = prescale_factor * postscale_factor / (size() if average and floating else 1)
+    if average and not floating:
+        values = values // tf.cast(size(), values.dtype)
+    if scale != 1.0:
+        values = values * tf.cast(scale, values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def push_pull(tensor: Any, average: bool = True, name: Optional[str] = None, compression: Any = Compression.none,
+              op: Optional[int] = None, *, scope: str = "", device_dense: str = "", device_sparse: str = "") -> Any:
+    """Average (or sum) ``tensor`` over all workers; differentiable (BytePS's name).
+
+    ``op`` (Average/Sum), when given, supersedes ``average``. ``scope``
+    prefixes the name (BytePS); the device arguments are accepted and ignored.
+
+    >>> bps.push_pull(tf.ones(3), average=False, name="ones")   # [2., 2., 2.] with 2 workers
+    """
+    if scope and name is not None:
+        name = f"{scope}.{name}"
+    return _allreduce("push_pull", tensor, average_of(op, None if op is not None else average), name, compression)
+
+
+def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "", device_sparse: str = "",
+              compression: Any = Compression.none, op: Optional[int] = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, name: Optional[str] = None, process_set: Any = None,
+              ignore_name_scope: bool = False) -> Any:
+    """Horovod's allreduce: average (default) or sum over all workers; differentiable.
+
+    ``prescale_factor`` multiplies the input before the reduction,
+    ``postscale_factor`` the result after it (floating-point tensors only).
+    A ``tf.IndexedSlices`` gives a ``tf.IndexedSlices`` holding every rank's
+    values and indices.
+    """
+    check_process_set(process_set)
+    return _allreduce("allreduce", tensor, average_of(op, average), name, compression, prescale_factor,
+                      postscale_factor)
+
+
+def _check_root(root_rank: Any) -> None:
+    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < size():
+        raise ValueError(f"broadcast: root_rank must be a rank in 0..{size() - 1}, got {root_rank!r}")
+
+
+def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_name_scope: bool = False,
+              process_set: Any = None) -> tf.Tensor:
+    """The root's ``tensor`` on every rank; differentiable (Horovod's gradient: the summed
+    gradient on the root, zeros elsewhere).
+
+    BytePS's broadcast: the root pushes its tensor, every other rank zeros.
+    bool and 8/16-bit integers travel as int32, uint32 as int64 (exact).
+    """
+    check_process_set(process_set)
+    _check_root(root_rank)
+    tensor = tf.convert_to_tensor(tensor)
+    name = resolve_name("broadcast", name, tensor)
+    sent = tensor
+    if widen(tensor.dtype) != tensor.dtype:
+        sent = tf.cast(tensor, widen(tensor.dtype))
+    byteps_dtype(sent.dtype, f"broadcast({name!r})")
+    contribute = rank() == root_rank
+    result = _differentiable(sent, Reduce(name, average=False, contribute=contribute),
+                             Reduce(name + ".grad", average=False), gradient_root=int(root_rank))
+    return result if result.dtype == tensor.dtype else tf.cast(result, tensor.dtype)
+
+
+def allgather(tensor: Any, name: Optional[str] = None, ignore_name_scope: bool = False,
+              process_set: Any = None) -> tf.Tensor:
+    """Concatenate every rank's ``tensor`` along the first dimension, in rank order.
+
+    The first dimension may differ between ranks; the others must not.
+    Built on push_pull (byteps servers only sum): row counts first, then a
+    zero buffer with each rank's rows in its place, so it moves
+    ``size()`` times the bytes of an allreduce. Differentiable (the gradient
+    of each rank's rows is the sum over ranks).
+    """
+    check_process_set(process_set)
+    tensor = tf.convert_to_tensor(tensor)
+    if tensor.shape.rank == 0:
+        raise ValueError("allgather: the tensor needs at least one dimension")
+    name = resolve_name("allgather", name, tensor)
+    spec = Gather(name)
+    if not tensor.dtype.is_floating:
+        return run_group([spec], [tensor])[0]
+
+    @tf.custom_gradient
+    def forward(x: tf.Tensor):
+        gathered, counts = run_group([spec], [x])
+
+        def backward(upstream: Any) -> tf.Tensor:
+            summed = _reduce_one(tf.convert_to_tensor(upstream), Reduce(name + ".grad", average=False))
+            offset = tf.reduce_sum(counts[:rank()])
+            return summed[offset:offset + tf.shape(x, out_type=tf.int64)[0]]
+
+        return gathered, backward
+
+    return forward(tensor)

@@ -1,0 +1,95 @@
+"""DistributedOptimizer for TensorFlow: Keras optimizers and TF1 ``tf.compat.v1.train.Optimizer``.
+
+Example::
+
+    opt = bps.DistributedOptimizer(keras.optimizers.SGD(0.01 * bps.size()))
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+
+    opt = bps.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    opt.minimize(loss_fn, var_list=variables)        # eager or in a TF1 graph
+
+A Keras optimizer is handed to :func:`byteps.tensorflow.keras.DistributedOptimizer`
+(which averages in ``apply``); a TF1 optimizer is wrapped so that
+``compute_gradients`` averages, as in Horovod.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, List, Optional, Tuple
+
+import tensorflow as tf
+
+from byteps.tensorflow.compression import Compression
+from byteps.tensorflow.gradients import GradientReducer
+from byteps.tensorflow.ops import Average, check_process_set
+
+__all__ = ["DistributedOptimizer"]
+
+
+class _DistributedV1Optimizer(tf.compat.v1.train.Optimizer):
+    """A TF1 optimizer whose compute_gradients() averages over all workers; the rest is delegated."""
+
+    def __init__(self, optimizer: tf.compat.v1.train.Optimizer, name: Optional[str], use_locking: bool,
+                 reducer: GradientReducer) -> None:
+        self._optimizer = optimizer
+        self._reducer = reducer
+        super().__init__(name=name or f"Distributed{type(optimizer).__name__}", use_locking=use_locking)
+
+    def compute_gradients(self, *args: Any, **kwargs: Any) -> List[Tuple[Any, Any]]:
+        pairs = self._optimizer.compute_gradients(*args, **kwargs)
+        if not pairs:
+            return pairs
+        gradients = self._reducer.reduce([gradient for gradient, _ in pairs])
+        return [(gradient, variable) for gradient, (_, variable) in zip(gradients, pairs)]
+
+    def apply_gradients(self, *args: Any, **kwargs: Any) -> Any:
+        return self._optimizer.apply_gradients(*args, **kwargs)
+
+    def get_slot(self, *args: Any, **kwargs: Any) -> Any:
+        return self._optimizer.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args: Any, **kwargs: Any) -> Any:
+        return self._optimizer.get_slot_names(*args, **kwargs)
+
+    def variables(self, *args: Any, **kwargs: Any) -> Any:
+        return self._optimizer.variables(*args, **kwargs)
+
+
+def _is_keras_optimizer(optimizer: Any) -> bool:
+    keras = sys.modules.get("keras")
+    return keras is not None and isinstance(optimizer, keras.optimizers.Optimizer)
+
+
+def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking: bool = False,
+                         device_dense: str = "", device_sparse: str = "", compression: Any = Compression.none,
+                         sparse_as_dense: bool = False, backward_passes_per_step: int = 1, op: int = Average,
+                         gradient_predivide_factor: float = 1.0, average_aggregated_gradients: bool = False,
+                         num_groups: int = 0, groups: Any = None, process_set: Any = None,
+                         scale_local_gradients: bool = True) -> Any:
+    """Wrap ``optimizer`` so that its updates use gradients averaged over all workers (Horovod's signature).
+
+    Keras 3 optimizers support every argument (see
+    :func:`byteps.tensorflow.keras.DistributedOptimizer`); TF1 optimizers
+    support ``backward_passes_per_step=1`` only. Device, group and
+    ``scale_local_gradients`` arguments are accepted and ignored.
+    """
+    check_process_set(process_set)
+    if _is_keras_optimizer(optimizer):
+        from byteps.tensorflow.keras.optimizer import DistributedOptimizer as keras_distributed_optimizer
+
+        return keras_distributed_optimizer(
+            optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+            gradient_predivide_factor=gradient_predivide_factor, op=op,
+            backward_passes_per_step=backward_passes_per_step,
+            average_aggregated_gradients=average_aggregated_gradients)
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        if backward_passes_per_step != 1:
+            raise NotImplementedError(
+                "backward_passes_per_step > 1 needs a Keras optimizer (or accumulate gradients yourself before "
+                "DistributedGradientTape); TF1 optimizers are wrapped with backward_passes_per_step=1 only")
+        reducer = GradientReducer(f"DistributedOptimizer.{name or type(optimizer).__name__}", compression,
+                                  sparse_as_dense, op, gradient_predivide_factor)
+        return _DistributedV1Optimizer(optimizer, name, use_locking, reducer)
+    raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer or a tf.compat.v1.train.Optimizer, "
+                    f"got {type(optimizer).__module__}.{type(optimizer).__name__}")

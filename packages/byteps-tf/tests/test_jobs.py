@@ -1,0 +1,48 @@
+"""Multi-worker jobs through the real bpslaunch (scheduler, servers, workers over TCP on 127.0.0.1).
+
+Each job runs one worker script that checks many things on every rank
+(TensorFlow's import dominates a job's cost, so checks are combined):
+
+* scripts/ops_checks.py under both layouts: push_pull/allreduce of every
+  dtype eagerly and in tf.function, default names, compression, gradients
+  of the ops, broadcasts, broadcast_variables, allgather,
+  DistributedGradientTape (dense and IndexedSlices), the TF1 optimizer, and
+  errors, including ranks that disagree on a shape or dtype;
+* scripts/keras_checks.py with two servers: equivalence of 2 workers on half
+  batches with 1 process on whole batches, Keras model.fit with every
+  callback, load_model, the Keras API.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from tf_jobs import JOB_LAYOUTS, SCRIPTS, assert_all_ok, rank_lines, report, run_job
+
+
+@pytest.mark.parametrize("layout", JOB_LAYOUTS)
+def test_ops_under_bpslaunch(layout):
+    result = run_job(JOB_LAYOUTS[layout], f"{SCRIPTS}/ops_checks.py")
+    assert_all_ok(result, checks=13)
+    local_size = 2 if layout == "one-machine-np2" else 1
+    for rank in range(2):
+        lines = rank_lines(result.stdout, rank)
+        info = [line for line in lines if line.startswith("INFO")]
+        assert info == [f"INFO rank={rank} size=2 local_rank={rank % local_size} local_size={local_size}"], info
+        eager = next(line for line in lines if line.startswith("MISMATCH eager"))
+        assert "shape 4, 16 bytes of float32" in eager and "shape 2x2, 16 bytes of float32" in eager, eager
+        graph = next(line for line in lines if line.startswith("MISMATCH tf.function"))
+        assert "PushPullError" in graph and "of int32" in graph and "of float32" in graph, graph
+
+
+def test_keras_under_bpslaunch(tmp_path):
+    layout = JOB_LAYOUTS["two-machines-two-servers"]
+    result = run_job(layout, f"{SCRIPTS}/keras_checks.py", env={"BYTEPS_TEST_TMP": str(tmp_path)})
+    assert_all_ok(result, checks=7)
+    for rank in range(2):
+        reports = [line for line in rank_lines(result.stdout, rank) if line.startswith("equivalence")]
+        assert len(reports) == 3, report(result)
+        for line in reports:
+            difference = float(re.search(r"reference (\S+)$", line).group(1))
+            assert difference < 1e-5, line
