@@ -19,6 +19,11 @@ ROOT = pathlib.Path(__file__).parent
 PACKAGES = sorted(p.name for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").is_file())
 # Pinned: any other torch spec pulls several GB of CUDA wheels.
 TORCH = "torch==2.13.0"
+# Pinned like torch: the TensorFlow the tf adapter is tested with (CPU build, ~35 s to install).
+TENSORFLOW = "tensorflow-cpu==2.21.0"
+# MXNet 1.9 needs numpy < 1.24 on Python 3.11; anything installed after it may
+# upgrade numpy and break `import mxnet`, so its session installs all in one pip call.
+MXNET = ("mxnet==1.9.1", "numpy==1.23.5", "scikit-learn<1.4", "scipy<1.12")
 FRAMEWORK_MODULES = ["torch", "tensorflow", "mxnet"]
 
 nox.options.sessions = [
@@ -29,13 +34,19 @@ nox.options.sessions = [
     "tests-server",
     "tests-launcher",
     "tests-torch",
+    "tests-tf",
+    "tests-mxnet",
     "server-only",
 ]
 nox.options.error_on_missing_interpreters = True
 
 
+# Distributions whose modules are not named after them (first: the one holding _C).
+MODULES = {"byteps-tf": ("tensorflow", "keras")}
+
+
 def _module_name(package: str) -> str:
-    return package.split("-", 1)[1]
+    return MODULES.get(package, (package.split("-", 1)[1],))[0]
 
 
 def _wheel_inputs(base: pathlib.Path):
@@ -103,7 +114,8 @@ def wheels(session: nox.Session) -> None:
             session.error(f"{package}: wheel lacks its compiled extension byteps/{module}/_C*.so")
         if "byteps/__init__.py" in names:
             session.error(f"{package}: wheel ships byteps/__init__.py, which breaks the namespace")
-        foreign = [n for n in names if not n.startswith((f"byteps/{module}/", package.replace("-", "_")))]
+        own = tuple(f"byteps/{m}/" for m in MODULES.get(package, (module,)))
+        foreign = [n for n in names if not n.startswith((*own, package.replace("-", "_")))]
         if foreign:
             session.error(f"{package}: wheel holds files outside byteps/{module}: {foreign}")
         session.log(f"{package}: {len(names)} files, extension present, namespace clean")
@@ -140,6 +152,22 @@ def tests_torch(session: nox.Session) -> None:
     # local wheel and nothing later can float it.
     session.install(TORCH)
     _tests(session, "byteps-torch", "scikit-learn")
+
+
+@nox.session(name="tests-tf")
+def tests_tf(session: nox.Session) -> None:
+    # TensorFlow first, in a pip call of its own, as for torch: it brings
+    # Keras 3 and a numpy it supports, and nothing later can float it.
+    session.install(TENSORFLOW)
+    _tests(session, "byteps-tf", "scikit-learn")
+
+
+@nox.session(name="tests-mxnet")
+def tests_mxnet(session: nox.Session) -> None:
+    # One pip call: the byteps wheels, mxnet, numpy pinned and the test tools together.
+    _install(session, "byteps-mxnet", extra=(*MXNET, "pytest"))
+    session.run("python", "-c", "import mxnet, numpy; print('mxnet', mxnet.__version__, 'numpy', numpy.__version__)")
+    session.run("python", "-m", "pytest", "-q", str(ROOT / "packages" / "byteps-mxnet" / "tests"), *session.posargs)
 
 
 @nox.session(name="server-only")
@@ -186,3 +214,25 @@ def bench(session: nox.Session) -> None:
     session.run("python", synthetic)
     for layout in (["-np", "2"], ["--workers", "2", "--servers", "2"]):
         session.run("bpslaunch", *layout, "--", "python", synthetic)
+
+
+@nox.session(name="bench-cluster")
+def bench_cluster(session: nox.Session) -> None:
+    """The cluster benchmark (as root): byteps vs gloo vs MXNet on simulated hosts with capped NICs.
+
+    Not in the default run (about an hour). Writes docs/performance.md's
+    cluster section and docs/img/cluster_benchmark.{png,json}; arguments after
+    `--` go to benchmarks/cluster/run_cluster_bench.py (e.g. `-- --workers 4`).
+    MXNet 1.9.1 runs in a venv of its own that the rig creates (.nox/_cluster_mxnet).
+    """
+    session.install(TORCH)
+    _install(session, "byteps-torch", "byteps-server", extra=("matplotlib",))
+    session.run("python", str(ROOT / "benchmarks" / "cluster" / "run_cluster_bench.py"), *session.posargs)
+
+
+@nox.session
+def soak(session: nox.Session) -> None:
+    """2,000 rounds of a 200-tensor model: memory and descriptors must stay flat (minutes; not in the default run)."""
+    _install(session, "byteps-server", extra=("pytest",))
+    test = ROOT / "packages" / "byteps-server" / "tests" / "test_soak.py"
+    session.run("python", "-m", "pytest", "-q", "-s", str(test), env={"BYTEPS_SOAK": "1"})

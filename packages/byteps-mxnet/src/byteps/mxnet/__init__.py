@@ -1,0 +1,99 @@
+"""byteps for MXNet: push_pull on NDArrays through MXNet's engine, and Horovod's drop-in names.
+
+BytePS's own MXNet API (``byteps_push_pull``, ``byteps_declare_tensor``,
+``DistributedTrainer``) and Horovod's (``allreduce``, ``broadcast``,
+``DistributedOptimizer``, ``broadcast_parameters``)::
+
+    import mxnet as mx
+    import byteps.mxnet as bps
+
+    bps.init()
+    net = mx.gluon.nn.Dense(10, in_units=64)
+    net.initialize()
+    trainer = bps.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    # ... autograd.record(), loss.backward(), trainer.step(batch_size) as with gluon.Trainer
+
+    $ bpslaunch -np 2 -- python train.py
+
+Every op is asynchronous like an MXNet operator: it returns at once and
+later MXNet operations on its result wait for it. The compiled part
+(``byteps.mxnet._C``) reads NDArrays through DLPack and queues ops through
+MXNet's C API, looked up at import: it does not link libmxnet.
+"""
+
+try:
+    import mxnet
+except (ImportError, AttributeError) as exc:  # AttributeError: mxnet 1.x under numpy >= 1.24 (np.bool)
+    import numpy
+
+    raise ImportError(
+        f"byteps.mxnet needs MXNet, which cannot be imported ({type(exc).__name__}: {exc}). MXNet 1.x needs "
+        f"numpy < 1.24 (numpy {numpy.__version__} is installed): pip install 'mxnet>=1.6,<2' 'numpy<1.24'"
+    ) from exc
+
+from byteps.common.interface import require_interface
+
+INTERFACE_VERSION = (1, 0)
+
+#: MXNet versions with everything used here (MXEnginePushSyncND, NDArray DLPack export, gluon 1.x).
+SUPPORTED_MXNET = ((1, 6), (2, 0))
+
+
+def _mxnet_version(text: str) -> tuple:
+    parts = []
+    for piece in text.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+if not SUPPORTED_MXNET[0] <= _mxnet_version(mxnet.__version__) < SUPPORTED_MXNET[1]:
+    raise ImportError(
+        f"byteps-mxnet supports mxnet >= 1.6 and < 2.0, but mxnet {mxnet.__version__} is installed: "
+        "pip install 'mxnet>=1.6,<2' 'numpy<1.24'")
+
+require_interface("byteps-common", "byteps.common", (1, 0), requirer="byteps-mxnet")
+
+from byteps.mxnet.engine import bind_mxnet  # noqa: E402
+
+bind_mxnet()
+
+from byteps.common import PushPullError  # noqa: E402
+from byteps.mxnet.compression import Compression, Compressor  # noqa: E402
+from byteps.mxnet.functions import broadcast_parameters  # noqa: E402
+from byteps.mxnet.ops import (  # noqa: E402
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    allreduce,
+    allreduce_,
+    broadcast,
+    broadcast_,
+    byteps_declare_tensor,
+    byteps_push_pull,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
+from byteps.mxnet.optimizer import DistributedOptimizer  # noqa: E402
+from byteps.mxnet.trainer import DistributedTrainer  # noqa: E402
+
+__all__ = [
+    "INTERFACE_VERSION",
+    # process
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+    # BytePS names
+    "byteps_declare_tensor", "byteps_push_pull", "DistributedTrainer",
+    # Horovod names
+    "allreduce", "allreduce_", "broadcast", "broadcast_", "broadcast_parameters", "DistributedOptimizer",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "Compression", "Compressor",
+    "PushPullError",
+]

@@ -1,0 +1,106 @@
+"""DistributedOptimizer: an MXNet optimizer whose updates use gradients averaged over all ranks.
+
+For the Module API and for gluon Trainers built with ``kvstore=None``: each
+``update(index, weight, grad, state)`` first push_pulls ``grad`` in place
+(name ``"Gradient.<index>"``, priority ``-index``, as in BytePS), then runs
+the wrapped optimizer's update. Both are engine ops, so the update waits for
+the average without blocking Python. With gluon, prefer
+:class:`~byteps.mxnet.DistributedTrainer`, which also broadcasts the
+parameters.
+
+Example::
+
+    opt = bps.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.01 * bps.size()))
+    trainer = mx.gluon.Trainer(net.collect_params(), opt, kvstore=None)
+    module.init_optimizer(kvstore=None, optimizer=opt)
+
+Attributes are read from and written to the wrapped optimizer, so a
+Trainer setting ``rescale_grad`` or ``param_dict`` on the wrapper reaches it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mxnet as mx
+
+from byteps.mxnet.ops import allreduce_
+
+__all__ = ["DistributedOptimizer"]
+
+#: Attributes that live on the wrapper itself; everything else is the wrapped optimizer's.
+_OWN = ("_optimizer", "_predivide")
+
+
+class DistributedOptimizer(mx.optimizer.Optimizer):
+    """Wraps ``optimizer`` (Horovod's and BytePS's ``DistributedOptimizer``).
+
+    ``gradient_predivide_factor`` (Horovod) divides gradients by the factor
+    before the sum and multiplies the average by it after, for numerical
+    range; the result is the same average. ``num_groups`` is accepted for
+    Horovod compatibility and ignored.
+    """
+
+    def __init__(self, optimizer: mx.optimizer.Optimizer, gradient_predivide_factor: float = 1.0,
+                 num_groups: int = 0) -> None:
+        # No super().__init__: this object holds no optimizer state of its own.
+        if not isinstance(optimizer, mx.optimizer.Optimizer):
+            raise TypeError(f"DistributedOptimizer wraps an mxnet Optimizer, got {type(optimizer).__name__}")
+        if gradient_predivide_factor <= 0:
+            raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+        object.__setattr__(self, "_optimizer", optimizer)
+        object.__setattr__(self, "_predivide", float(gradient_predivide_factor))
+
+    def __getattr__(self, item: str) -> Any:
+        if item in _OWN:  # not set yet (unpickling): no recursion through the wrapped optimizer
+            raise AttributeError(item)
+        return getattr(self._optimizer, item)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._optimizer, name, value)
+
+    def __getstate__(self) -> dict:
+        return {"optimizer": self._optimizer, "predivide": self._predivide}
+
+    def __setstate__(self, state: dict) -> None:
+        object.__setattr__(self, "_optimizer", state["optimizer"])
+        object.__setattr__(self, "_predivide", state["predivide"])
+
+    @property
+    def learning_rate(self) -> float:
+        return self._optimizer.learning_rate
+
+    def create_state(self, index: Any, weight: mx.nd.NDArray) -> Any:
+        return self._optimizer.create_state(index, weight)
+
+    def create_state_multi_precision(self, index: Any, weight: mx.nd.NDArray) -> Any:
+        return self._optimizer.create_state_multi_precision(index, weight)
+
+    def _push_pull(self, index: Any, grad: Any) -> None:
+        if isinstance(index, (tuple, list)):  # MXNet's aggregated updates pass lists
+            for i, g in zip(index, grad):
+                self._push_pull(i, g)
+            return
+        priority = -index if isinstance(index, int) else 0
+        allreduce_(grad, average=True, name=f"Gradient.{index}", priority=priority,
+                   prescale_factor=1.0 / self._predivide, postscale_factor=self._predivide)
+
+    def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
+        self._push_pull(index, grad)
+        self._optimizer.update(index, weight, grad, state)
+
+    def update_multi_precision(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
+        self._push_pull(index, grad)
+        self._optimizer.update_multi_precision(index, weight, grad, state)
+
+    def set_learning_rate(self, lr: float) -> None:
+        self._optimizer.set_learning_rate(lr)
+
+    def set_lr_mult(self, args_lr_mult: dict) -> None:
+        self._optimizer.set_lr_mult(args_lr_mult)
+
+    def set_wd_mult(self, args_wd_mult: dict) -> None:
+        self._optimizer.set_wd_mult(args_wd_mult)

@@ -1,0 +1,151 @@
+"""DistributedTrainer: a gluon Trainer whose steps use gradients averaged over all ranks.
+
+BytePS's ``DistributedTrainer`` with Horovod's keywords. It broadcasts the
+root's parameters when it is built (a parameter awaiting deferred
+initialisation right after that, in the first forward pass), so the first
+gradients already come from the root's weights, and again in the first
+``step()`` (or ``allreduce_grads()``), as BytePS and Horovod do, which also
+covers weights changed in between (e.g. a checkpoint loaded on the root).
+Every step push_pulls each gradient in place before the update:
+gradient *i* (parameters in the order of their names) under
+``"<prefix>Gradient.<name>"`` with engine priority ``-i``, as in BytePS.
+Parameters come in the order of their names whatever order they are passed
+in, so ranks agree on names and ids. Everything is queued on MXNet's
+engine; ``step()`` returns without waiting for the network.
+
+Example (``bpslaunch -np 2 -- python train.py``)::
+
+    trainer = bps.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    with mx.autograd.record():
+        loss = loss_fn(net(x), y)
+    loss.backward()
+    trainer.step(batch_size)           # this worker's batch size, as with one process
+
+Gradients are *averaged* over the ranks in the push_pull, so after
+``allreduce_grads()`` (e.g. for clipping) they have the scale of one
+worker's, and ``step(batch_size)`` takes the per-worker batch size.
+Horovod and BytePS sum and divide the learning-rate scale by the number of
+ranks instead; the update is the same.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Dict, List, Optional
+
+import mxnet as mx
+from mxnet.gluon.parameter import Parameter, ParameterDict
+
+from byteps.mxnet.compression import Compression
+from byteps.mxnet.functions import broadcast_after_init, parameter_name
+from byteps.mxnet.ops import allreduce_, broadcast_, byteps_declare_tensor, size
+from byteps.mxnet.optimizer import DistributedOptimizer
+
+__all__ = ["DistributedTrainer"]
+
+#: BytePS's compression_params keys for its server-side compressors, which byteps does not have.
+_SERVER_COMPRESSION_KEYS = ("compressor", "ef", "momentum", "scaling", "k", "seed", "partition", "type")
+
+
+def _compression_of(compression: Any, compression_params: Optional[Dict[str, Any]]) -> Any:
+    """The compressor from Horovod's ``compression`` or BytePS's ``compression_params``."""
+    params = dict(compression_params or {})
+    unsupported = sorted(k for k in params if k in _SERVER_COMPRESSION_KEYS and params[k] is not None)
+    if unsupported:
+        raise NotImplementedError(
+            f"compression_params {unsupported}: byteps has no server-side gradient compression (onebit, topk, "
+            "randomk, dithering, 2bit); use compression_params={'fp16': True} or compression=Compression.fp16")
+    unknown = sorted(k for k in params if k not in _SERVER_COMPRESSION_KEYS and k != "fp16")
+    if unknown:
+        raise ValueError(f"unknown compression_params {unknown}; byteps understands {{'fp16': True}}")
+    from_params = Compression.fp16 if params.get("fp16") else None
+    if compression is None or compression is Compression.none:
+        return from_params or Compression.none
+    if from_params is not None and from_params is not compression:
+        raise ValueError("pass either compression or compression_params={'fp16': True}, not both")
+    return compression
+
+
+def _sorted_parameters(params: Any) -> List[Parameter]:
+    if isinstance(params, (dict, ParameterDict)):
+        return [params[key] for key in sorted(params.keys())]
+    if isinstance(params, (list, tuple)):
+        return sorted(params, key=lambda p: p.name if isinstance(p, Parameter) else "")
+    raise ValueError(f"DistributedTrainer: params must be a ParameterDict, dict or list of Parameters, "
+                     f"got {type(params).__name__}")
+
+
+class DistributedTrainer(mx.gluon.Trainer):
+    """A gluon ``Trainer`` (without kvstore) that averages gradients over all ranks through byteps.
+
+    ``optimizer`` and ``optimizer_params`` as for ``gluon.Trainer``;
+    ``root_rank`` is the rank whose parameters everybody starts from.
+    Compression: BytePS's ``compression_params={'fp16': True}`` or Horovod's
+    ``compression=Compression.fp16``. Horovod's ``gradient_predivide_factor``
+    and ``prefix`` (name prefix, for several trainers in one job) are
+    accepted; ``num_groups`` is accepted and ignored.
+    """
+
+    def __init__(self, params: Any, optimizer: Any, optimizer_params: Optional[Dict[str, Any]] = None,
+                 root_rank: int = 0, compression_params: Optional[Dict[str, Any]] = None, *,
+                 compression: Any = None, gradient_predivide_factor: float = 1.0, prefix: Optional[str] = None,
+                 num_groups: int = 0) -> None:
+        if isinstance(optimizer, DistributedOptimizer):
+            optimizer = optimizer._optimizer
+            warnings.warn("DistributedTrainer does not take a DistributedOptimizer: its optimizer was unwrapped",
+                          stacklevel=2)
+        if isinstance(root_rank, bool) or not isinstance(root_rank, int) or not 0 <= root_rank < size():
+            raise ValueError(f"DistributedTrainer: root_rank must be a rank in 0..{size() - 1}, got {root_rank!r}")
+        if gradient_predivide_factor <= 0:
+            raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+        if prefix is not None and not isinstance(prefix, str):
+            raise ValueError(f"prefix must be a string, got {prefix!r}")
+        self._compression = _compression_of(compression, compression_params)
+        super().__init__(_sorted_parameters(params), optimizer, optimizer_params=optimizer_params, kvstore=None)
+        self.root_rank = root_rank
+        self._predivide = float(gradient_predivide_factor)
+        self._prefix = prefix or ""
+        for param in self._params:
+            if param._stype != "default" or param._grad_stype != "default":
+                raise ValueError(f"DistributedTrainer: parameter {param.name} is sparse; byteps reduces dense arrays")
+            if len(param.list_ctx()) > 1:
+                raise ValueError(f"DistributedTrainer: parameter {param.name} lives on {len(param.list_ctx())} "
+                                 "contexts; byteps runs one device per worker process (launch one per device)")
+        # Ids in a fixed order, whatever order the gradients become ready in.
+        for param in self._params:
+            byteps_declare_tensor(self._parameter_name(param))
+            if param.grad_req != "null":
+                byteps_declare_tensor(self._gradient_name(param))
+        for param in self._params:
+            if param._deferred_init:
+                broadcast_after_init(param, root_rank, self._parameter_name(param))
+            elif param._data is not None:
+                broadcast_(param.list_data()[0], root_rank, name=self._parameter_name(param))
+
+    def _parameter_name(self, param: Parameter) -> str:
+        return parameter_name(param.name, self._prefix)
+
+    def _gradient_name(self, param: Parameter) -> str:
+        return f"{self._prefix}Gradient.{param.name}"
+
+    def _init_params(self) -> None:
+        """Broadcast the root's parameters; those still awaiting deferred initialisation wait for a later step."""
+        deferred = []
+        for param in self._params_to_init:
+            if param._deferred_init:
+                deferred.append(param)
+                continue
+            arrays = param._check_and_get(param._data, list)
+            broadcast_(arrays[0], self.root_rank, name=self._parameter_name(param))
+        self._params_to_init = deferred
+
+    def _allreduce_grads(self) -> None:
+        for index, param in enumerate(self._params):
+            if param.grad_req == "null":
+                continue
+            grad = param.list_grad()[0]
+            sent, ctx = self._compression.compress(grad)
+            allreduce_(sent, average=True, name=self._gradient_name(param), priority=-index,
+                       prescale_factor=1.0 / self._predivide, postscale_factor=self._predivide)
+            if sent is not grad:
+                self._compression.decompress(sent, ctx).copyto(grad)
