@@ -1,6 +1,7 @@
 """Scheduler rendezvous with real sockets: nodes in threads, the scheduler in a thread."""
 
 import threading
+import time
 
 import pytest
 import zmq
@@ -84,8 +85,12 @@ def test_duplicate_rank_is_refused_with_both_nodes_named(scheduler_factory):
     context = zmq.Context()
     first = SchedulerClient(context, "127.0.0.1", scheduler.listener.port, timeout_s=5)
     first.connection.send(Command.REGISTER, -1, payload=b'{"role":"worker","pid":1}')
+    deadline = time.monotonic() + 10
+    while 0 not in scheduler.workers:  # the first must have its rank before the second asks
+        assert time.monotonic() < deadline, "the first registration never arrived"
+        time.sleep(0.01)
     second = SchedulerClient(context, "127.0.0.1", scheduler.listener.port, timeout_s=5)
-    with pytest.raises(RemoteError, match="duplicates rank 0 already taken by worker 0 local rank 0"):
+    with pytest.raises(RemoteError, match=r"duplicates rank 0 already taken by worker 0 local rank 0 \(pid 1\)"):
         second.register(NodeInfo("worker", pid=2))
     books, errors = run_nodes(scheduler.listener.port, [NodeInfo("server", "127.0.0.1", 7000)],
                               lambda c, i: None)
