@@ -20,6 +20,14 @@ from byteps.transport.frames import PROTOCOL_VERSION, decode_header
 
 
 @pytest.fixture
+def context():
+    """A context whose sockets are all closed at teardown, even when a test failed half-way."""
+    ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+@pytest.fixture
 def scheduler_factory():
     started = []
 
@@ -31,8 +39,12 @@ def scheduler_factory():
         return scheduler
 
     yield start
-    for _, thread in started:
+    for scheduler, thread in started:
         thread.join(timeout=10)
+        scheduler.stop()  # a failed test may have left it waiting for nodes
+        thread.join(timeout=5)
+        assert not thread.is_alive(), "a scheduler thread did not stop"
+        scheduler.context.destroy(linger=0)
 
 
 def run_nodes(port, infos, after_register=None):
@@ -80,9 +92,8 @@ def test_two_machines_of_two_and_two_servers(scheduler_factory):
     assert [b.rank for b in books[2:]] == [3, 2, 1, 0]  # rank = worker_id * local_size + local_rank
 
 
-def test_duplicate_rank_is_refused_with_both_nodes_named(scheduler_factory):
+def test_duplicate_rank_is_refused_with_both_nodes_named(scheduler_factory, context):
     scheduler = scheduler_factory(1, 1)
-    context = zmq.Context()
     first = SchedulerClient(context, "127.0.0.1", scheduler.listener.port, timeout_s=5)
     first.connection.send(Command.REGISTER, -1, payload=b'{"role":"worker","pid":1}')
     deadline = time.monotonic() + 10
@@ -98,14 +109,10 @@ def test_duplicate_rank_is_refused_with_both_nodes_named(scheduler_factory):
     assert first.connection.recv().header.command == Command.ADDRESS_BOOK
     first.rank = 0
     first.finalize()
-    first.close()
-    second.close()
-    context.term()
 
 
-def test_bad_worker_id_and_unknown_role_are_refused(scheduler_factory):
+def test_bad_worker_id_and_unknown_role_are_refused(scheduler_factory, context):
     scheduler = scheduler_factory(2, 1)
-    context = zmq.Context()
     client = SchedulerClient(context, "127.0.0.1", scheduler.listener.port, timeout_s=5)
     with pytest.raises(RemoteError, match="DMLC_WORKER_ID=5 is outside 0..1"):
         client.register(NodeInfo("worker", worker_id=5))
@@ -114,16 +121,13 @@ def test_bad_worker_id_and_unknown_role_are_refused(scheduler_factory):
     client.connection.send(Command.REGISTER, -1, payload=b"{not json")
     with pytest.raises(RemoteError, match="malformed control payload"):
         client.recv()
-    client.close()
-    context.term()
     books, errors = run_nodes(scheduler.listener.port, [NodeInfo("server", "127.0.0.1", 1)] +
                               [NodeInfo("worker", worker_id=w) for w in (0, 1)], finish)
     assert errors == []
 
 
-def test_peer_of_other_protocol_version_is_refused_clearly(scheduler_factory):
+def test_peer_of_other_protocol_version_is_refused_clearly(scheduler_factory, context):
     scheduler = scheduler_factory(1, 1)
-    context = zmq.Context()
     raw = context.socket(zmq.DEALER)
     raw.connect(scheduler.address)
     raw.send_multipart([_C.encode(int(Command.REGISTER), -1, 0, 0, 0, version=PROTOCOL_VERSION + 1)])
@@ -133,17 +137,12 @@ def test_peer_of_other_protocol_version_is_refused_clearly(scheduler_factory):
     assert header.command == Command.ERROR
     assert f"peer speaks byteps wire protocol v{PROTOCOL_VERSION + 1}" in text.decode()
     assert f"this process speaks v{PROTOCOL_VERSION}" in text.decode()
-    raw.close(0)
-    context.term()
     books, errors = run_nodes(scheduler.listener.port,
                               [NodeInfo("server", "127.0.0.1", 1), NodeInfo("worker")], finish)
     assert errors == []  # the scheduler carried on
 
 
-def test_unreachable_scheduler_times_out_naming_the_address():
-    context = zmq.Context()
+def test_unreachable_scheduler_times_out_naming_the_address(context):
     client = SchedulerClient(context, "127.0.0.1", 1, timeout_s=0.5)
     with pytest.raises(RendezvousTimeout, match=r"scheduler at tcp://127.0.0.1:1 .* within 0.5 s"):
         client.register(NodeInfo("worker"))
-    client.close()
-    context.term()

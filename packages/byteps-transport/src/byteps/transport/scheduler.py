@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from typing import Dict, List, Optional, Set
 
@@ -70,6 +71,7 @@ class Scheduler:
         self.book_sent = False
         self.barriers: Dict[int, Set[bytes]] = {BARRIER_WORKERS: set(), BARRIER_ALL: set()}
         self.finalized: Set[int] = set()
+        self._stop = threading.Event()
 
     @property
     def address(self) -> str:
@@ -85,7 +87,7 @@ class Scheduler:
                  self.address, self.options.num_servers, self.options.num_worker_machines)
         last_status = time.monotonic()
         try:
-            while not self._job_over():
+            while not self._job_over() and not self._stop.is_set():
                 if self.listener.socket.poll(500):
                     self._handle_one()
                 elif not self.book_sent and time.monotonic() - last_status > _STATUS_INTERVAL_S:
@@ -94,6 +96,10 @@ class Scheduler:
                 self._check_heartbeats()
         finally:
             self.listener.close()
+
+    def stop(self) -> None:
+        """Ask ``run()`` (in another thread) to return within a second; for embedding and tests."""
+        self._stop.set()
 
     def _nodes(self) -> List[_Registered]:
         return self.servers + list(self.workers.values())
