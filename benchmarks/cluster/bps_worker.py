@@ -1,0 +1,67 @@
+"""One byteps worker of the cluster benchmark: push_pull a workload's gradients, time each round.
+
+Started by the rig on its host with the role environment (DMLC_ROLE=worker,
+DMLC_WORKER_ID, DMLC_PS_ROOT_URI, ..., DMLC_INTERFACE=eth0). Each round
+starts at a barrier, push_pulls every gradient of the workload at once
+(averaged, as training does) and ends when the last one is back. The first
+round is checked against the exact average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from timing import now, role_env, write_result
+from workloads import gradient_shapes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", required=True)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", required=True, help="result JSON of this worker")
+    parser.add_argument("--trace", help="write per-partition timestamps here (stage_probe)")
+    args = parser.parse_args()
+    if args.trace:
+        import stage_probe
+
+        stage_probe.install(args.trace)
+    import byteps.common as bps
+    from byteps.common.api import worker  # byteps.common.worker is also the submodule's name
+
+    role = role_env()
+    bps.init()
+    assert bps.rank() == role["rank"] and bps.size() == role["size"], (bps.rank(), bps.size(), role)
+    grads = [(name, np.full(shape, role["rank"] + 1, dtype=np.float32)) for name, shape in
+             gradient_shapes(args.workload)]
+    expected = np.float32(sum(range(1, role["size"] + 1))) / np.float32(role["size"])
+
+    def one_round():
+        bps.barrier()
+        wall, start = time.time(), now()
+        handles = [bps.push_pull_async(array, name=name, average=True) for name, array in grads]
+        for handle in handles:
+            bps.synchronize(handle)
+        return now() - start, wall
+
+    times, starts = [], []
+    for i in range(args.warmup + args.repeats):
+        elapsed, started = one_round()
+        if i >= args.warmup:
+            times.append(elapsed)
+            starts.append(started)
+        if i == 0:
+            for name, array in grads:  # the average of rank+1 over ranks, exact in float32 here
+                if not np.allclose(array, expected, rtol=1e-6):
+                    raise SystemExit(f"push_pull({name!r}) gave {array.ravel()[:4]}, expected {expected}")
+    write_result(args.out, {"rank": role["rank"], "times": times, "starts": starts,
+                            "bytes_sent": worker().bytes_sent, "bytes_received": worker().bytes_received})
+    print(f"rank {role['rank']}: {args.workload} rounds " + " ".join(f"{t:.3f}" for t in times), flush=True)
+    bps.shutdown()
+
+
+if __name__ == "__main__":
+    main()
