@@ -70,3 +70,37 @@ def test_single_worker_needs_no_scheduler_unless_forced():
 
 def test_empty_values_count_as_unset():
     assert Config.from_env({"DMLC_ROLE": "", "BYTEPS_PARTITION_BYTES": "  "}).partition_bytes == 4096000
+
+
+def test_scheduling_fusion_assignment_and_placement_knobs():
+    cfg = Config.from_env({
+        "BYTEPS_SCHEDULING_CREDIT": "0", "BYTEPS_PIPELINE": "0", "BYTEPS_FUSION_THRESHOLD": "8192",
+        "BYTEPS_FUSION_MAX_TENSOR_BYTES": "1024", "BYTEPS_KEY_HASH_FN": "SDBM", "BYTEPS_SERVER_ASSIGNMENT": "hash",
+        "BYTEPS_NUMA_ON": "0", "BYTEPS_VISIBLE_CPU_CORES": "1,4-5,7-11,12:20-25", "BYTEPS_CPU_BLACKLIST": "0, 3-4",
+        "BYTEPS_MULTITHREADED_CPU": "0", "BYTEPS_NUMA_DEFAULT_QUOTA": "6", "BYTEPS_PCIE_SWITCH_SIZE": "4",
+        "BYTEPS_JOB_ID": "job.7_a",
+    })
+    assert (cfg.scheduling_credit, cfg.pipeline, cfg.fusion_threshold, cfg.fusion_max_tensor_bytes) == (0, False, 8192, 1024)
+    assert (cfg.key_hash_fn, cfg.server_assignment) == ("sdbm", "hash")
+    assert cfg.visible_cpu_cores == ((1, 4, 5, 7, 8, 9, 10, 11, 12), (20, 21, 22, 23, 24, 25))
+    assert cfg.cpu_blacklist == (0, 3, 4) and not cfg.numa_on and not cfg.multithreaded_cpu
+    assert (cfg.numa_default_quota, cfg.pcie_switch_size, cfg.job_id) == (6, 4, "job.7_a")
+    defaults = Config.from_env({})
+    assert (defaults.scheduling_credit, defaults.pipeline, defaults.key_hash_fn) == (4, True, "djb2")
+    assert defaults.visible_cpu_cores is None and defaults.cpu_blacklist == () and defaults.job_id is None
+
+
+@pytest.mark.parametrize("env,variable,fragment", [
+    ({"BYTEPS_KEY_HASH_FN": "md5"}, "BYTEPS_KEY_HASH_FN", "expected one of djb2, sdbm, built_in"),
+    ({"BYTEPS_SERVER_ASSIGNMENT": "random"}, "BYTEPS_SERVER_ASSIGNMENT", "expected one of balanced, hash"),
+    ({"BYTEPS_SCHEDULING_CREDIT": "-1"}, "BYTEPS_SCHEDULING_CREDIT", "must be >= 0"),
+    ({"BYTEPS_VISIBLE_CPU_CORES": "1,a"}, "BYTEPS_VISIBLE_CPU_CORES", "expected CPU ids"),
+    ({"BYTEPS_VISIBLE_CPU_CORES": "1-3::4"}, "BYTEPS_VISIBLE_CPU_CORES", "section 1"),
+    ({"BYTEPS_CPU_BLACKLIST": "5-2"}, "BYTEPS_CPU_BLACKLIST", "bad CPU range"),
+    ({"BYTEPS_NUMA_DEFAULT_QUOTA": "0"}, "BYTEPS_NUMA_DEFAULT_QUOTA", "must be >= 1"),
+    ({"BYTEPS_JOB_ID": "a/b"}, "BYTEPS_JOB_ID", "letters, digits"),
+])
+def test_bad_knobs_name_the_variable(env, variable, fragment):
+    with pytest.raises(ConfigError) as info:
+        Config.from_env(env)
+    assert info.value.variable == variable and fragment in str(info.value)

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Mapping, Optional, TypeVar
+import re
+from typing import Callable, Mapping, Optional, Tuple, TypeVar
 
-__all__ = ["Config", "ConfigError", "ROLES", "LOG_LEVELS"]
+__all__ = ["Config", "ConfigError", "ROLES", "LOG_LEVELS", "KEY_HASH_FNS", "SERVER_ASSIGNMENTS", "parse_cpu_list"]
 
 ROLES = ("worker", "server", "scheduler")
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
@@ -31,6 +32,12 @@ DEFAULT_RENDEZVOUS_TIMEOUT_S = 120
 DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 10.0
 DEFAULT_STALL_CHECK_S = 60.0
+DEFAULT_SCHEDULING_CREDIT = 4
+DEFAULT_FUSION_THRESHOLD = 4096000
+DEFAULT_FUSION_MAX_TENSOR_BYTES = 65536
+DEFAULT_PCIE_SWITCH_SIZE = 8
+KEY_HASH_FNS = ("djb2", "sdbm", "built_in")
+SERVER_ASSIGNMENTS = ("balanced", "hash")
 
 T = TypeVar("T")
 
@@ -117,6 +124,41 @@ def _text(variable: str, raw: str) -> str:
     return raw.strip()
 
 
+def parse_cpu_list(variable: str, raw: str) -> Tuple[int, ...]:
+    """Parse a Linux CPU list such as ``1,4-5,7-11`` into sorted, distinct CPU ids."""
+    cpus = set()
+    for item in raw.strip().split(","):
+        item = item.strip()
+        if not item:
+            continue
+        low, dash, high = item.partition("-")
+        try:
+            first = int(low, 10)
+            last = int(high, 10) if dash else first
+        except ValueError:
+            raise ConfigError(variable, f"expected CPU ids like 1,4-5,7-11, got {raw!r}") from None
+        if first < 0 or last < first:
+            raise ConfigError(variable, f"bad CPU range {item!r} in {raw!r}")
+        cpus.update(range(first, last + 1))
+    return tuple(sorted(cpus))
+
+
+def _job_id(variable: str, raw: str) -> str:
+    value = raw.strip()
+    if not re.fullmatch(r"[A-Za-z0-9_.]{1,40}", value):
+        raise ConfigError(variable, f"expected 1-40 letters, digits, '_' or '.', got {raw!r}")
+    return value
+
+
+def _cpu_sections(variable: str, raw: str) -> Tuple[Tuple[int, ...], ...]:
+    """BYTEPS_VISIBLE_CPU_CORES: one CPU list per local worker, separated by colons."""
+    sections = tuple(parse_cpu_list(variable, section) for section in raw.strip().split(":"))
+    for index, section in enumerate(sections):
+        if not section:
+            raise ConfigError(variable, f"section {index} of {raw!r} names no CPU")
+    return sections
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Settings of one byteps process, read from its environment."""
@@ -143,6 +185,23 @@ class Config:
     job_secret: Optional[str] = dataclasses.field(default=None, repr=False)
     log_level: str = "WARNING"
     ps_verbose: int = 0
+    # Scheduling and fusion (docs/configuration.md)
+    scheduling_credit: int = DEFAULT_SCHEDULING_CREDIT  # partitions in flight per worker; 0 = unbounded
+    pipeline: bool = True  # False: push every partition, then pull (a measurement switch)
+    fusion_threshold: int = DEFAULT_FUSION_THRESHOLD  # bytes of one fused buffer; 0 = no fusion
+    fusion_max_tensor_bytes: int = DEFAULT_FUSION_MAX_TENSOR_BYTES  # larger tensors are never fused
+    # Key to server assignment
+    key_hash_fn: str = "djb2"
+    server_assignment: str = "balanced"
+    # Placement on the machine
+    numa_on: bool = True
+    visible_cpu_cores: Optional[Tuple[Tuple[int, ...], ...]] = None
+    cpu_blacklist: Tuple[int, ...] = ()
+    multithreaded_cpu: bool = True
+    numa_default_quota: Optional[int] = None
+    pcie_switch_size: int = DEFAULT_PCIE_SWITCH_SIZE
+    # Names this job's shared-memory segments and local sockets (bpslaunch sets it; else the scheduler picks one)
+    job_id: Optional[str] = None
 
     @property
     def is_distributed(self) -> bool:
@@ -240,4 +299,19 @@ class Config:
             job_secret=env.get("BYTEPS_JOB_SECRET", _text, None),
             log_level=env.get("BYTEPS_LOG_LEVEL", _choice(LOG_LEVELS, str.upper), "WARNING"),
             ps_verbose=env.get("PS_VERBOSE", _int(0, 2), 0),
+            scheduling_credit=env.get("BYTEPS_SCHEDULING_CREDIT", _int(0), DEFAULT_SCHEDULING_CREDIT),
+            pipeline=env.get("BYTEPS_PIPELINE", _parse_bool, True),
+            fusion_threshold=env.get("BYTEPS_FUSION_THRESHOLD", _int(0), DEFAULT_FUSION_THRESHOLD),
+            fusion_max_tensor_bytes=env.get(
+                "BYTEPS_FUSION_MAX_TENSOR_BYTES", _int(1), DEFAULT_FUSION_MAX_TENSOR_BYTES),
+            key_hash_fn=env.get("BYTEPS_KEY_HASH_FN", _choice(KEY_HASH_FNS, str.lower), "djb2"),
+            server_assignment=env.get(
+                "BYTEPS_SERVER_ASSIGNMENT", _choice(SERVER_ASSIGNMENTS, str.lower), "balanced"),
+            numa_on=env.get("BYTEPS_NUMA_ON", _parse_bool, True),
+            visible_cpu_cores=env.get("BYTEPS_VISIBLE_CPU_CORES", _cpu_sections, None),
+            cpu_blacklist=env.get("BYTEPS_CPU_BLACKLIST", parse_cpu_list, ()),
+            multithreaded_cpu=env.get("BYTEPS_MULTITHREADED_CPU", _parse_bool, True),
+            numa_default_quota=env.get("BYTEPS_NUMA_DEFAULT_QUOTA", _int(1), None),
+            pcie_switch_size=env.get("BYTEPS_PCIE_SWITCH_SIZE", _int(1), DEFAULT_PCIE_SWITCH_SIZE),
+            job_id=env.get("BYTEPS_JOB_ID", _job_id, None),
         )
