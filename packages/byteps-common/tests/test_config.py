@@ -80,7 +80,8 @@ def test_scheduling_fusion_assignment_and_placement_knobs():
         "BYTEPS_MULTITHREADED_CPU": "0", "BYTEPS_NUMA_DEFAULT_QUOTA": "6", "BYTEPS_PCIE_SWITCH_SIZE": "4",
         "BYTEPS_JOB_ID": "job.7_a",
     })
-    assert (cfg.scheduling_credit, cfg.pipeline, cfg.fusion_threshold, cfg.fusion_max_tensor_bytes) == (0, False, 8192, 1024)
+    assert (cfg.scheduling_credit, cfg.pipeline) == (0, False)
+    assert (cfg.fusion_threshold, cfg.fusion_max_tensor_bytes) == (8192, 1024)
     assert (cfg.key_hash_fn, cfg.server_assignment) == ("sdbm", "hash")
     assert cfg.visible_cpu_cores == ((1, 4, 5, 7, 8, 9, 10, 11, 12), (20, 21, 22, 23, 24, 25))
     assert cfg.cpu_blacklist == (0, 3, 4) and not cfg.numa_on and not cfg.multithreaded_cpu
