@@ -42,7 +42,10 @@ def test_every_variable_is_read():
     ({"DMLC_NUM_WORKER": "2", "DMLC_WORKER_ID": "0"}, "DMLC_PS_ROOT_URI", "scheduler's IP address"),
     ({"DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "h", "DMLC_NUM_SERVER": "1"}, "DMLC_PS_ROOT_PORT", "not set"),
     ({"DMLC_ROLE": "server", **DISTRIBUTED, "DMLC_PS_ROOT_PORT": "70000"}, "DMLC_PS_ROOT_PORT", "must be <= 65535"),
-    ({"DMLC_ROLE": "scheduler", **DISTRIBUTED, "DMLC_NUM_SERVER": "0"}, "DMLC_NUM_SERVER", "must be >= 1"),
+    ({"DMLC_ROLE": "scheduler", **DISTRIBUTED, "DMLC_NUM_SERVER": "0", "DMLC_NUM_WORKER": "2"},
+     "DMLC_NUM_SERVER", "must be >= 1"),
+    ({"DMLC_ROLE": "server", **DISTRIBUTED, "DMLC_NUM_SERVER": "0"}, "DMLC_NUM_SERVER", "must be >= 1"),
+    ({"BYTEPS_FORCE_DISTRIBUTED": "1", **DISTRIBUTED, "DMLC_NUM_SERVER": "0"}, "DMLC_NUM_SERVER", "must be >= 1"),
     ({"BYTEPS_LOCAL_SIZE": "2", "BYTEPS_LOCAL_RANK": "2"}, "BYTEPS_LOCAL_RANK", "must be < BYTEPS_LOCAL_SIZE=2"),
     ({"BYTEPS_FORCE_DISTRIBUTED": "maybe"}, "BYTEPS_FORCE_DISTRIBUTED", "expected 0 or 1"),
     ({"BYTEPS_PARTITION_BYTES": "-5"}, "BYTEPS_PARTITION_BYTES", "must be >= 1"),
@@ -66,6 +69,11 @@ def test_single_worker_needs_no_scheduler_unless_forced():
     with pytest.raises(ConfigError, match="DMLC_PS_ROOT_URI"):
         Config.from_env({"BYTEPS_FORCE_DISTRIBUTED": "1"})
     assert Config.from_env({"BYTEPS_FORCE_DISTRIBUTED": "1", **DISTRIBUTED}).is_distributed
+
+
+def test_one_worker_machine_needs_no_server():
+    cfg = Config.from_env({**DISTRIBUTED, "DMLC_NUM_SERVER": "0", "BYTEPS_LOCAL_SIZE": "2"})
+    assert cfg.is_distributed and cfg.num_server == 0
 
 
 def test_empty_values_count_as_unset():

@@ -57,13 +57,14 @@ def test_two_workers_default_to_two_servers(job):
     assert "still running 0.5 s after all workers finished; terminating" in err
 
 
-def test_local_processes_default_to_one_server(job):
+def test_local_processes_of_one_machine_need_no_server(job):
     args = ["-np", "2", "--grace-period", "0.5", "--", *PRINT_ENV]
     rc, out, err = job.run(args, launcher=with_fake_server(QUICK_SERVER))
     assert rc == 0, err
     envs = env_lines(out)
-    assert sorted(envs) == ["[scheduler]", "[server 0]", "[worker 0]", "[worker 1]"]
-    assert {env["DMLC_NUM_SERVER"] for env in envs.values()} == {"1"}
+    assert sorted(envs) == ["[scheduler]", "[worker 0]", "[worker 1]"]
+    assert {env["DMLC_NUM_SERVER"] for env in envs.values()} == {"0"}
+    assert len({env["BYTEPS_JOB_ID"] for env in envs.values()}) == 1
     workers = [envs["[worker 0]"], envs["[worker 1]"]]
     assert [(w["DMLC_WORKER_ID"], w["BYTEPS_LOCAL_RANK"], w["BYTEPS_LOCAL_SIZE"]) for w in workers] == [
         ("0", "0", "2"), ("0", "1", "2"),

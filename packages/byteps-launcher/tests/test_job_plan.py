@@ -52,9 +52,13 @@ def test_two_workers_get_scheduler_and_two_servers():
     assert [p.env["DMLC_WORKER_ID"] for p in job.workers] == ["0", "1"]
 
 
-def test_local_processes_get_one_server_and_global_ranks():
-    job = plan(local_size=3)
-    assert [p.role for p in job.processes].count("server") == 1
+def test_local_processes_of_one_machine_need_no_server_and_get_global_ranks():
+    job = plan(local_size=3)  # local aggregation sums in shared memory
+    assert [p.role for p in job.processes] == ["scheduler", "worker", "worker", "worker"]
+    assert {p.env["DMLC_NUM_SERVER"] for p in job.processes} == {"0"}
+    job_ids = {p.env["BYTEPS_JOB_ID"] for p in job.processes}
+    assert len(job_ids) == 1 and job_ids != {""}  # one id per job names its shared memory
+    assert [p.role for p in plan(local_size=3, num_server=1).processes].count("server") == 1
     job = plan(num_worker=2, local_size=2)
     workers = job.workers
     assert [(p.rank, p.local_rank, p.env["DMLC_WORKER_ID"]) for p in workers] == [

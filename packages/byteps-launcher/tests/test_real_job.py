@@ -61,3 +61,31 @@ def test_a_failing_worker_ends_a_real_job_within_seconds(job):
     while job_processes(job.piddir) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert job_processes(job.piddir) == []
+
+
+KILLED_MID_ROUND = r"""
+import glob, os, signal, time
+import numpy as np
+import byteps.common as bps
+bps.init()
+job_id = os.environ["BYTEPS_JOB_ID"]
+if bps.local_rank() == 1:
+    time.sleep(60)  # never pushes: local rank 0's segment stays named while it waits
+handle = bps.push_pull_async(np.ones(100_000, np.float32), name="x")
+deadline = time.monotonic() + 20
+while not glob.glob(f"/dev/shm/byteps-{job_id}-*") and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("segments:", sorted(os.path.basename(p) for p in glob.glob(f"/dev/shm/byteps-{job_id}-*")), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_shared_memory_of_a_killed_job_is_removed(job):
+    job_id = f"killed{os.getpid()}"
+    rc, out, err = job.run(["-np", "2", "--", PY, "-c", KILLED_MID_ROUND],
+                           env=job.env(BYTEPS_JOB_ID=job_id), timeout=60)
+    assert rc == 128 + 9, err
+    assert f"segments: ['byteps-{job_id}-m0-t0']" in out, out + err
+    assert f"removed leftover shared memory /dev/shm/byteps-{job_id}-m0-t0" in err
+    assert not list(Path("/dev/shm").glob(f"byteps-{job_id}-*"))
+    assert job_processes(job.piddir) == []

@@ -21,7 +21,7 @@ SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
 def test_ops_under_bpslaunch(layout):
     result = run_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "ops_checks.py"))
-    assert_all_ok(result, checks=9)
+    assert_all_ok(result, checks=10)
     local_size = 2 if layout == "one-machine-np2" else 1
     for rank in range(2):
         info = [line for line in rank_lines(result.stdout, rank) if line.startswith("INFO")]

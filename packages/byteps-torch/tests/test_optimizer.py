@@ -19,6 +19,7 @@ CHECKS = [
     "errors",                           # duplicate / missing names, Adasum, zero_grad while pending
     "wrapper_shares_state",             # subclass of the wrapped class, shared state, hooks once, schedulers
     "rewrapping_moves_hooks",           # a second wrapper of the same parameters takes their hooks over
+    "fusion_matches_unfused",           # small gradients fused (1 or several buckets) = each sent alone
 ]
 
 

@@ -174,6 +174,42 @@ def errors():
     assert_equal(y, torch.full((3,), float(bps.size())), "push_pull after refused ones")
 
 
+def grouped_push_pull():
+    """push_pull_group_async: every dtype, small (fused) and large (alone), in place, sum and average, fp16."""
+    r = bps.rank()
+    for rounds, average in ((2, True), (1, False)):
+        for round_ in range(rounds):
+            specs = [((3 + i % 5,), DTYPES[i % len(DTYPES)]) for i in range(40)] + [((20000,), torch.float32)]
+            tensors = [value(shape, dtype, r) for shape, dtype in specs]
+            names = [f"group.{'avg' if average else 'sum'}.{i}" for i in range(len(tensors))]
+            handles = bps.push_pull_group_async(tensors, average=average, names=names)
+            for i, (handle, tensor, (shape, dtype)) in enumerate(zip(handles, tensors, specs)):
+                assert bps.synchronize(handle) is tensor
+                assert_equal(tensor, expected(shape, dtype, average), f"grouped {names[i]} round {round_}")
+    x = [torch.full((5,), float(r + 1)) for _ in range(3)]
+    handles = bps.push_pull_group_async(x, op=bps.Sum, names=["group.fp16.0", "group.fp16.1", "group.fp16.2"],
+                                        compression=bps.Compression.fp16)
+    total = float(bps.size() * (bps.size() + 1) // 2)
+    for handle, tensor in zip(handles, x):
+        assert bps.synchronize(handle) is tensor
+        assert_equal(tensor, torch.full((5,), total), "grouped fp16, in place")
+
+    def first():   # the last rank has not pushed yet: the group is certainly in flight
+        handles = bps.push_pull_group_async([torch.ones(2), torch.ones(3)], names=["group.busy.0", "group.busy.1"])
+        expect_error(ValueError, "still in flight", lambda: bps.push_pull_group_async(
+            [torch.ones(2)], names=["group.busy.0"]))
+        for handle in handles:
+            bps.synchronize(handle)
+
+    def last():
+        for handle in bps.push_pull_group_async([torch.ones(2), torch.ones(3)], names=["group.busy.0", "group.busy.1"]):
+            bps.synchronize(handle)
+
+    staggered(first, last)
+    expect_error(ValueError, "2 tensors but 1 names", lambda: bps.push_pull_group_async(
+        [torch.ones(2), torch.ones(2)], names=["group.len"]))
+
+
 def process_info():
     assert bps.is_initialized()
     assert 0 <= bps.local_rank() < bps.local_size() <= bps.size()
@@ -202,6 +238,7 @@ def main():
     run("compression and scaling", compression_and_scaling)
     run("default names", default_names)
     run("errors", errors)
+    run("grouped push_pull (fusion)", grouped_push_pull)
     run("telemetry and join", telemetry_and_join)
     bps.shutdown()
     print(f"ALL OK {checks}", flush=True)

@@ -7,13 +7,16 @@ with plain SGD on the averaged gradients.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import warnings
 
 import torch
 from check_runner import assert_close, check, expect_error
 
 import byteps.torch as bps
+from byteps.common import api
 
 LR = 0.1
 
@@ -300,6 +303,59 @@ def check_rewrapping_moves_hooks() -> None:
     assert_parameters(model, expected, "step of the second wrapper")
 
 
+@contextlib.contextmanager
+def fusion_threshold(threshold: int):
+    """Run with another BYTEPS_FUSION_THRESHOLD, as if the job had been started with it."""
+    worker = api.worker()
+    saved = worker.config
+    worker.config = dataclasses.replace(saved, fusion_threshold=threshold)
+    try:
+        yield
+    finally:
+        worker.config = saved
+
+
+class Wide(torch.nn.Module):
+    """Many small parameters (fused) around one weight above BYTEPS_FUSION_MAX_TENSOR_BYTES (alone)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(8, 32)
+        self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(32) for _ in range(6))
+        self.mid = torch.nn.Linear(32, 600)     # 76.8 KB weight: never fused
+        self.out = torch.nn.Linear(600, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for norm in self.norms:
+            h = torch.tanh(norm(h))
+        return self.out(torch.relu(self.mid(h)))
+
+
+def check_fusion_matches_unfused() -> None:
+    results, buckets = {}, {}
+    for threshold in (0, 4096000, 600):   # off, one bucket, several buckets
+        torch.manual_seed(13)
+        model = Wide()
+        with fusion_threshold(threshold):
+            optimizer = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9),
+                                                 named_parameters=named(model, f"fusion{threshold}"))
+            for step in range(4):
+                optimizer.zero_grad()
+                x = torch.randn(6, 8, generator=torch.Generator().manual_seed(100 * bps.rank() + step))
+                (model(x) ** 2).mean().backward()
+                optimizer.step()
+        results[threshold] = {name: p.detach().clone() for name, p in model.named_parameters()}
+        buckets[threshold] = {b.name for plan in optimizer._plans.values() for b in plan.values()}
+    if bps.size() > 1:
+        assert not buckets[0], buckets[0]
+        assert len(buckets[4096000]) == 1 and len(buckets[600]) > 2, buckets
+    for threshold in (4096000, 600):
+        for name, value in results[0].items():
+            difference = float((results[threshold][name] - value).abs().max())
+            assert difference < 1e-6, f"threshold {threshold}: {name} differs by {difference}"
+
+
 def main() -> None:
     bps.init()
     torch.set_num_threads(1)
@@ -313,6 +369,7 @@ def main() -> None:
     check("errors", check_errors)
     check("wrapper_shares_state", check_wrapper_shares_state)
     check("rewrapping_moves_hooks", check_rewrapping_moves_hooks)
+    check("fusion_matches_unfused", check_fusion_matches_unfused)
     bps.shutdown()
 
 

@@ -17,18 +17,20 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import operator
 import threading
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from byteps.common.config import Config
 from byteps.common.dtypes import DType
+from byteps.common.fusion import push_pull_group_async as _push_pull_group_async
 from byteps.common.handle import Handle
 from byteps.common.logging_setup import configure_logging
 from byteps.common.worker import Worker
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "declare", "push_pull", "push_pull_async", "poll", "synchronize", "barrier", "worker",
+    "declare", "push_pull", "push_pull_async", "push_pull_group_async", "poll", "synchronize", "barrier", "worker",
 ]
 
 _lock = threading.Lock()
@@ -89,8 +91,29 @@ def local_size() -> int:
     return worker().local_size
 
 
-def declare(name: str) -> int:
-    return worker().declare(name)
+def declare(name: str, nbytes: Optional[int] = None, itemsize: Optional[int] = None) -> int:
+    """Give ``name`` the next tensor id (idempotent); returns the id.
+
+    Every worker must declare the same names in the same order. Declaring
+    the size too (``nbytes`` of ``itemsize``-byte elements, as its push_pulls
+    will send it) lets the worker place the tensor's partitions on the least
+    loaded servers (BYTEPS_SERVER_ASSIGNMENT=balanced), since then every
+    worker sees the same sizes in the same order; a tensor declared without
+    one is placed by hashing its keys. A push_pull of another size under
+    this name is then an error.
+    """
+    if nbytes is None and itemsize is None:
+        return worker().declare(name)
+    if nbytes is None or itemsize is None:
+        raise ValueError(f"declare({name!r}): give both nbytes and itemsize, or neither")
+    try:
+        size_, item = operator.index(nbytes), operator.index(itemsize)
+    except TypeError:
+        size_, item = -1, 0
+    if size_ < 0 or item < 1 or size_ % item:
+        raise ValueError(f"declare({name!r}): nbytes={nbytes!r} must be a whole number of "
+                         f"itemsize={itemsize!r}-byte elements")
+    return worker().declare(name, nbytes=size_, itemsize=item)
 
 
 def barrier() -> None:
@@ -104,6 +127,24 @@ def push_pull_async(tensor: Any, name: str, average: bool = True, output: Any = 
     handle_id = next(_handle_ids)
     _handles[handle_id] = handle
     return handle_id
+
+
+def push_pull_group_async(tensors: Sequence[Any], names: Sequence[str], average: bool = True,
+                          outputs: Optional[Sequence[Any]] = None,
+                          dtypes: Optional[Sequence[Union[str, DType, None]]] = None) -> List[int]:
+    """Start push_pulls of many tensors, small ones fused into shared buffers; one handle per tensor.
+
+    Every rank must pass the same names, sizes and dtypes in the same
+    order (see :mod:`byteps.common.fusion`); BYTEPS_FUSION_THRESHOLD and
+    BYTEPS_FUSION_MAX_TENSOR_BYTES decide the buckets::
+
+        handles = bps.push_pull_group_async(grads, names=[f"g{i}" for i in range(len(grads))])
+        results = [bps.synchronize(h) for h in handles]
+    """
+    handles = _push_pull_group_async(worker(), tensors, names, average, outputs, dtypes)
+    ids = [next(_handle_ids) for _ in handles]
+    _handles.update(zip(ids, handles))
+    return ids
 
 
 def _handle(handle_id: int) -> Handle:

@@ -1,12 +1,16 @@
-"""The worker's communication thread: pushes partitions, pulls their sums.
+"""The worker's communication thread: local aggregation, then the servers.
 
-One thread owns every server connection of a worker process (ZeroMQ
-sockets belong to one thread). API calls hand it :class:`PushPullTask`s
-through a queue and wake it through a pipe. For each partition it sends a
-PUSH (the partition's bytes, read in place by ZeroMQ) and right behind it a
-PULL, so the pushes of later partitions overlap the pulls of earlier ones.
-Each PULL_RESPONSE is received straight into the output tensor, averaged
-there, and the task's handle completes when its last partition has arrived.
+One thread owns every socket of a worker process (ZeroMQ sockets belong to
+one thread): the servers' connections (:mod:`byteps.common.server_exchange`),
+the other local ranks' (:mod:`byteps.common.local_aggregation`) and, after
+rendezvous, the scheduler's. API calls hand it :class:`PushPullTask`s
+through a queue and wake it through a pipe.
+
+Partitions move through their stages independently: with one process per
+machine each goes straight to the servers; with several, each is summed on
+the machine by its local root, pushed and pulled by that root, and copied
+out by every local rank. A task's handle completes when its last partition
+is in the output.
 """
 
 from __future__ import annotations
@@ -16,26 +20,27 @@ import logging
 import os
 import queue
 import threading
-from typing import Dict, List, Optional, Set, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import zmq
 
-from byteps.common import kernels
 from byteps.common.buffers import TensorView
 from byteps.common.handle import Handle
+from byteps.common.local_aggregation import LocalGroup
 from byteps.common.partition import Partition, PartitionPlan
-from byteps.transport import Command, Connection, FrameError, NodeFailure, SchedulerClient, TransportError
-from byteps.transport.frames import FLAG_AVERAGE, command_name, json_payload
+from byteps.common.server_exchange import PartitionWork, ServerExchange
+from byteps.transport import Command, NodeFailure, SchedulerClient, TransportError
+from byteps.transport.frames import command_name
 from byteps.transport.rendezvous import BARRIER_WORKERS
 
-__all__ = ["PushPullTask", "BarrierRequest", "CommLoop"]
+__all__ = ["PushPullTask", "BarrierRequest", "CommLoop", "CommOptions"]
 
 log = logging.getLogger("byteps.common.comm_loop")
 
 
 @dataclasses.dataclass
 class PushPullTask:
-    """One push_pull of one tensor, on its way through the servers."""
+    """One push_pull of one tensor, on its way through the machine and the servers."""
 
     name: str
     round: int
@@ -44,7 +49,8 @@ class PushPullTask:
     plan: PartitionPlan
     average_over: int  # 0 for a sum, else the number of workers to divide by
     handle: Handle
-    remaining: int = 0
+    remaining: int = 0  # partitions not yet in the output
+    network_partitions: int = 0  # partitions this process pushes
 
 
 @dataclasses.dataclass
@@ -59,6 +65,20 @@ class BarrierRequest:
         self.done.set()
 
 
+@dataclasses.dataclass(frozen=True)
+class CommOptions:
+    """What the comm thread needs to know about the job (from Config and the address book)."""
+
+    rank: int
+    max_payload_bytes: int
+    credit_bytes: int = 0  # 0: unbounded
+    pipeline: bool = True
+    job_id: str = ""
+    machine: int = 0  # DMLC_WORKER_ID
+    local_rank: int = 0
+    local_size: int = 1
+
+
 class CommLoop(threading.Thread):
     """Background thread that moves one worker's partitions and keeps its heartbeat.
 
@@ -68,24 +88,34 @@ class CommLoop(threading.Thread):
     in flight and every later one.
     """
 
-    def __init__(self, context: zmq.Context, servers: List[Tuple[str, int]], rank: int,
-                 max_payload_bytes: int, scheduler: Optional[SchedulerClient] = None) -> None:
+    def __init__(self, context: zmq.Context, servers: List[Tuple[str, int]], options: CommOptions,
+                 scheduler: Optional[SchedulerClient] = None) -> None:
         super().__init__(name="byteps-comm", daemon=True)
-        self.rank = rank
-        self.connections = [Connection(context, host, port, max_payload_bytes) for host, port in servers]
+        self.options = options
+        self.rank = options.rank
+        self.exchange: Optional[ServerExchange] = None
+        if servers:
+            self.exchange = ServerExchange(context, servers, options.rank, options.max_payload_bytes,
+                                           options.credit_bytes, options.pipeline, self._fail_key)
+        self.local: Optional[LocalGroup] = None
+        if options.local_size > 1:
+            self.local = LocalGroup(context, options.job_id, options.machine, options.local_rank,
+                                    options.local_size, self._reduced, self._partition_done, self._fail_task)
         self.scheduler = scheduler
         self._barriers: List[BarrierRequest] = []  # sent, waiting for BARRIER_RELEASE
         self._tasks: queue.SimpleQueue[Union[PushPullTask, BarrierRequest, None]] = queue.SimpleQueue()
         self._wake_read, self._wake_write = os.pipe()
-        self._in_flight: Dict[Tuple[int, int], Tuple[PushPullTask, Partition]] = {}
-        self._initialized_keys: Set[int] = set()
-        self._abandoned: Set[Tuple[int, int]] = set()  # (key, round) of failed tasks still answered
+        self._active: Dict[int, PushPullTask] = {}  # id(task) -> task, started and not finished
         self._fatal: Optional[BaseException] = None
         self._stopping = False
         # Set while a wake-up byte is in the pipe and the thread has not yet
         # drained the queue: further submits need not write another (each
         # write costs a system call and a thread switch).
         self._wake_pending = False
+
+    @property
+    def connections(self):
+        return self.exchange.connections if self.exchange else []
 
     # --- called from API threads -------------------------------------------------
     def submit(self, task: PushPullTask) -> None:
@@ -116,18 +146,20 @@ class CommLoop(threading.Thread):
         self._tasks.put(None)
         os.write(self._wake_write, b"s")
         self.join()
-        for connection in self.connections:
-            connection.close()
+        if self.exchange is not None:
+            self.exchange.close()
+        if self.local is not None:
+            self.local.close()
         os.close(self._wake_read)
         os.close(self._wake_write)
 
     @property
     def bytes_sent(self) -> int:
-        return sum(c.counters.bytes_sent for c in self.connections)
+        return self.exchange.bytes_sent if self.exchange else 0
 
     @property
     def bytes_received(self) -> int:
-        return sum(c.counters.bytes_received for c in self.connections)
+        return self.exchange.bytes_received if self.exchange else 0
 
     # --- the thread ---------------------------------------------------------------
     def run(self) -> None:
@@ -140,6 +172,9 @@ class CommLoop(threading.Thread):
         scheduler_socket = self.scheduler.connection.socket if self.scheduler else None
         if scheduler_socket is not None:
             poller.register(scheduler_socket, zmq.POLLIN)
+        inbox = self.local.inbox if self.local else None
+        if inbox is not None:
+            poller.register(inbox, zmq.POLLIN)
         try:
             while not self._stopping:
                 wait_s = self.scheduler.pulse() if self.scheduler else None
@@ -150,8 +185,10 @@ class CommLoop(threading.Thread):
                         self._start_queued_tasks()
                     elif target is scheduler_socket:
                         self._receive_from_scheduler()
+                    elif target is inbox:
+                        self.local.receive()
                     else:
-                        self._receive(by_socket[target])
+                        self.exchange.receive(by_socket[target])
         except NodeFailure as exc:
             log.error("%s", exc)
             self._fail_all(exc)
@@ -188,84 +225,67 @@ class CommLoop(threading.Thread):
         if task.remaining == 0:
             task.handle.set_done()
             return
-        dtype = int(task.source.dtype)
+        self._active[id(task)] = task
+        if self.local is not None:
+            if self.exchange is not None:
+                task.network_partitions = sum(
+                    self.local.root_of(task.plan.tensor_id, part) == self.options.local_rank
+                    for part in task.plan.partitions)
+            self.local.start(task)
+            return
+        task.network_partitions = task.remaining
         for part in task.plan.partitions:
-            connection = self.connections[part.server]
-            if part.key not in self._initialized_keys:
-                description = {
-                    "name": task.name, "partition": part.index, "shape": list(task.source.shape),
-                    "tensor_nbytes": task.plan.nbytes, "nbytes": part.nbytes, "dtype": dtype,
-                }
-                connection.send(Command.INIT_KEY, self.rank, part.key, payload=json_payload(description))
-                self._initialized_keys.add(part.key)
-            self._in_flight[(part.key, task.round)] = (task, part)
-            payload = task.source.data[part.offset:part.offset + part.nbytes]
-            connection.send(Command.PUSH, self.rank, part.key, task.round, payload=payload, dtype=dtype,
-                            flags=FLAG_AVERAGE if task.average_over else 0)
-            connection.send(Command.PULL, self.rank, part.key, task.round, dtype=dtype)
+            window = slice(part.offset, part.offset + part.nbytes)
+            self.exchange.submit(PartitionWork(task, part, task.source.data[window], task.output.data[window],
+                                               task.average_over, self._pushed_and_pulled))
 
-    def _destination(self, header):
-        """Where a sum is received straight into: the output slice, unless it must be averaged.
-
-        An averaged sum is instead divided while being copied out of
-        ZeroMQ's buffer (scale_into): one pass over the bytes, not two.
-        """
-        if header.command != Command.PULL_RESPONSE:
-            return None
-        entry = self._in_flight.get((header.key, header.round))
-        if entry is None or entry[1].nbytes != header.payload_bytes or entry[0].average_over > 1:
-            return None
-        task, part = entry
-        return task.output.data[part.offset:part.offset + part.nbytes]
-
-    def _receive(self, connection: Connection) -> None:
-        try:
-            message = connection.recv(self._destination)
-        except FrameError as exc:
-            raise TransportError(f"malformed message from server {connection.address}: {exc}") from exc
-        header = message.header
-        if header.command == Command.ERROR and (header.key, header.round) in self._abandoned:
-            return  # a further complaint about a push_pull that has already failed
-        if header.command == Command.ERROR:
-            text = bytes(message.payload.buffer).decode(errors="replace") if message.payload else ""
-            self._fail_key(header.key, TransportError(f"server {connection.address}: {text}"))
+    # --- stage transitions -----------------------------------------------------------
+    def _reduced(self, task: PushPullTask, part: Partition, slot) -> None:
+        """Local root: the machine's sum of ``part`` is in ``slot``; the servers sum the machines."""
+        if self.exchange is None:
+            self.local.finish(task, part)
             return
-        if (header.key, header.round) in self._abandoned:
-            self._abandoned.discard((header.key, header.round))
-            return
-        entry = self._in_flight.pop((header.key, header.round), None)
-        averaged = entry is not None and entry[0].average_over > 1
-        if (header.command != Command.PULL_RESPONSE or entry is None or header.payload_bytes != entry[1].nbytes
-                or (message.payload is not None) != averaged):
-            raise TransportError(
-                f"unexpected {command_name(header.command)} for key {header.key} round {header.round} "
-                f"({header.payload_bytes} bytes) from server {connection.address}")
-        task, part = entry
-        if averaged:
-            chunk = task.output.data[part.offset:part.offset + part.nbytes]
-            kernels.scale_into(chunk, message.payload.buffer, task.output.dtype, task.average_over)
+        self.exchange.submit(PartitionWork(task, part, slot, slot, 1, self._pulled_for_machine))
+
+    def _pulled_for_machine(self, work: PartitionWork) -> None:
+        self.local.finish(work.task, work.part)
+
+    def _pushed_and_pulled(self, work: PartitionWork) -> None:
+        self._partition_done(work.task, work.part)
+
+    def _partition_done(self, task: PushPullTask, part: Partition) -> None:
         task.remaining -= 1
         if task.remaining == 0:
+            self._active.pop(id(task), None)
             task.handle.set_done()
 
-    def _fail_key(self, key: int, error: BaseException) -> None:
-        failed = {id(task): task for (k, _), (task, _) in self._in_flight.items() if k == key or key == 0}
+    # --- failures -------------------------------------------------------------------
+    def _fail_key(self, key: int, round_: int, error: BaseException) -> None:
+        """A server refused ``key``: fail the tasks that use it (all, for key 0)."""
+        failed = [t for t in self._active.values()
+                  if key == 0 or any(p.key == key for p in t.plan.partitions)]
         if not failed:
             raise error
-        for task in failed.values():
-            self._fail_task(task, error)
+        for task in failed:
+            self._fail_task(task, error, True)
 
-    def _fail_task(self, task: PushPullTask, error: BaseException) -> None:
-        for part in task.plan.partitions:
-            if self._in_flight.pop((part.key, task.round), None) is not None:
-                self._abandoned.add((part.key, task.round))
+    def _fail_task(self, task: PushPullTask, error: BaseException, tell_peers: bool = True) -> None:
+        if self._active.pop(id(task), None) is None:
+            return  # finished or failed already
+        task.remaining = -1  # nothing more completes it
+        if self.exchange is not None:
+            self.exchange.abandon(task)
+        if self.local is not None:
+            self.local.abandon(task)
+            if tell_peers:
+                self.local.tell_peers(task, error)
         task.handle.set_error(error)
 
     def _fail_all(self, error: BaseException) -> None:
         if self._fatal is None:
             self._fatal = error
-        for task, _ in list(self._in_flight.values()):
-            self._fail_task(task, error)
+        for task in list(self._active.values()):
+            self._fail_task(task, error, False)
         for barrier in self._barriers:
             barrier.fail(error)
         self._barriers.clear()

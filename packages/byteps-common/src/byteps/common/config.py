@@ -208,8 +208,9 @@ class Config:
         """Whether this job needs the scheduler and servers.
 
         As in BytePS, a single worker process needs neither unless
-        BYTEPS_FORCE_DISTRIBUTED is set. Until local aggregation lands,
-        several local processes on one machine also reduce through servers.
+        BYTEPS_FORCE_DISTRIBUTED is set. Several local processes need the
+        scheduler (to find each other); with one worker machine they sum in
+        shared memory and need servers only when forced.
         """
         return self.force_distributed or self.num_worker * self.local_size > 1
 
@@ -262,7 +263,9 @@ class Config:
             root_uri = env.get("DMLC_PS_ROOT_URI", _text, None)
             root_port = env.get("DMLC_PS_ROOT_PORT", _int(1, 65535), None)
             num_server = env.get("DMLC_NUM_SERVER", _int(0), 0)
-        if distributed and num_server < 1:
+        # One worker machine sums in shared memory and needs no server, unless forced through them.
+        needs_servers = role == "server" or force_distributed or num_worker > 1
+        if distributed and needs_servers and num_server < 1:
             raise ConfigError("DMLC_NUM_SERVER", f"must be >= 1 {why}, got {num_server}")
 
         heartbeat_interval = env.get("PS_HEARTBEAT_INTERVAL", _parse_seconds, DEFAULT_HEARTBEAT_INTERVAL_S)

@@ -4,19 +4,24 @@ As in BytePS, a tensor larger than BYTEPS_PARTITION_BYTES is split into
 partitions of at most that size (rounded down to whole elements); each is a
 key of its own on the wire, so partitions of one tensor are summed by
 different servers in parallel and their transfers pipeline. The key is
-``tensor_id << 16 | partition_index``; partitions go round-robin over the
-servers starting from the tensor's id, which spreads consecutive tensors.
+``tensor_id << 16 | partition_index``. Which server sums a partition is the
+caller's choice (``servers``, see :mod:`byteps.common.server_assignment`);
+without one, partitions go round-robin over the servers starting from the
+tensor's id, which spreads consecutive tensors.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Tuple
+from typing import Callable, Optional, Tuple
 
-__all__ = ["Partition", "PartitionPlan", "MAX_PARTITIONS"]
+__all__ = ["Partition", "PartitionPlan", "MAX_PARTITIONS", "ServerChoice"]
 
 PARTITION_INDEX_BITS = 16
 MAX_PARTITIONS = 1 << PARTITION_INDEX_BITS
+
+#: Picks the server of one partition from its key and size, called in partition order.
+ServerChoice = Callable[[int, int], int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,10 +41,18 @@ class PartitionPlan:
 
     @classmethod
     def build(cls, tensor_id: int, nbytes: int, itemsize: int, partition_bytes: int,
-              num_servers: int) -> PartitionPlan:
-        """Split ``nbytes`` of ``itemsize``-byte elements; ValueError if too many partitions."""
+              num_servers: int, servers: Optional[ServerChoice] = None) -> PartitionPlan:
+        """Split ``nbytes`` of ``itemsize``-byte elements; ValueError if too many partitions.
+
+        ``servers(key, nbytes)`` places each partition, in index order (the
+        largest partitions first: only the last one can be smaller); it must
+        return an index below ``num_servers``. Default: round-robin from the
+        tensor's id.
+        """
         if num_servers < 1:
             raise ValueError("a partition plan needs at least one server")
+        if itemsize < 1:
+            raise ValueError(f"tensor {tensor_id}: element size must be at least 1 byte, got {itemsize}")
         step = max(itemsize, partition_bytes - partition_bytes % itemsize)
         count = -(-nbytes // step)
         if count > MAX_PARTITIONS:
@@ -48,14 +61,15 @@ class PartitionPlan:
                 f"BYTEPS_PARTITION_BYTES={partition_bytes}; at most {MAX_PARTITIONS} are possible, "
                 "raise BYTEPS_PARTITION_BYTES"
             )
-        parts = tuple(
-            Partition(
-                key=(tensor_id << PARTITION_INDEX_BITS) | index,
-                index=index,
-                offset=index * step,
-                nbytes=min(step, nbytes - index * step),
-                server=(tensor_id + index) % num_servers,
-            )
-            for index in range(count)
-        )
-        return cls(tensor_id=tensor_id, nbytes=nbytes, partitions=parts)
+        if servers is None:
+            def servers(key: int, size: int) -> int:
+                return (tensor_id + (key & (MAX_PARTITIONS - 1))) % num_servers
+        parts = []
+        for index in range(count):
+            key = (tensor_id << PARTITION_INDEX_BITS) | index
+            size = min(step, nbytes - index * step)
+            server = servers(key, size)
+            if not 0 <= server < num_servers:
+                raise ValueError(f"key {key} was placed on server {server}, but there are {num_servers}")
+            parts.append(Partition(key=key, index=index, offset=index * step, nbytes=size, server=server))
+        return cls(tensor_id=tensor_id, nbytes=nbytes, partitions=tuple(parts))

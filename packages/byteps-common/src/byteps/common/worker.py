@@ -29,12 +29,12 @@ import numpy as np
 import zmq
 
 from byteps.common.buffers import as_tensor_view
-from byteps.common.comm_loop import CommLoop, PushPullTask
+from byteps.common.comm_loop import CommLoop, CommOptions, PushPullTask
 from byteps.common.config import Config
 from byteps.common.dtypes import DType
 from byteps.common.handle import Handle
-from byteps.common.partition import PartitionPlan
-from byteps.transport import NodeInfo, SchedulerClient, authenticate
+from byteps.common.server_assignment import ServerAssigner
+from byteps.transport import NodeInfo, SchedulerClient, TransportError, authenticate
 from byteps.transport.addressing import resolve_host
 
 __all__ = ["Worker"]
@@ -61,6 +61,8 @@ class Worker:
         self._context: Optional[zmq.Context] = None
         self._scheduler: Optional[SchedulerClient] = None
         self._comm: Optional[CommLoop] = None
+        self._assigner: Optional[ServerAssigner] = None
+        self.job_id: Optional[str] = config.job_id
         self.rank = config.rank
         self.size = config.size
         if config.is_distributed:
@@ -88,19 +90,39 @@ class Worker:
             NodeInfo(role="worker", host=host, worker_id=cfg.worker_id,
                      local_rank=cfg.local_rank, local_size=cfg.local_size))
         self.rank, self.size = book.rank, book.num_workers
-        max_payload = max(cfg.partition_bytes, 1 << 20)
+        self.job_id = cfg.job_id or book.job_id
+        if cfg.local_size > 1 and not self.job_id:
+            raise TransportError("the scheduler sent no job id (an older byteps-transport?): "
+                                 "set BYTEPS_JOB_ID to the same value on every process of the job")
+        options = CommOptions(
+            rank=self.rank, max_payload_bytes=max(cfg.partition_bytes, 1 << 20),
+            credit_bytes=cfg.scheduling_credit * cfg.partition_bytes, pipeline=cfg.pipeline,
+            job_id=self.job_id, machine=cfg.worker_id, local_rank=cfg.local_rank, local_size=cfg.local_size)
         # From here on the comm thread owns the scheduler connection (heartbeats, barriers).
-        self._comm = CommLoop(self._context, list(book.servers), self.rank, max_payload, self._scheduler)
+        self._comm = CommLoop(self._context, list(book.servers), options, self._scheduler)
         if cfg.secret is not None:
             for connection in self._comm.connections:
                 authenticate(connection, cfg.secret, self.rank, cfg.rendezvous_timeout_s)
+        self._assigner = ServerAssigner(max(1, len(book.servers)), cfg.partition_bytes,
+                                        cfg.server_assignment, cfg.key_hash_fn)
         self._comm.start()
-        log.info("worker rank %d of %d connected to %d server(s)", self.rank, self.size, len(book.servers))
+        log.info("worker rank %d of %d connected to %d server(s), %d local process(es)",
+                 self.rank, self.size, len(book.servers), cfg.local_size)
 
-    def declare(self, name: str) -> int:
-        """Give ``name`` the next tensor id (idempotent); returns the id."""
+    def declare(self, name: str, nbytes: Optional[int] = None, itemsize: Optional[int] = None) -> int:
+        """Give ``name`` the next tensor id (idempotent); returns the id.
+
+        With its size (``nbytes`` of ``itemsize``-byte elements) the tensor's
+        partitions are placed on the servers now, byte-balanced in declaration
+        order (see :mod:`byteps.common.server_assignment`); without, they are
+        placed by key hash at the first push_pull.
+        """
         with self._lock:
-            return self._declare_locked(name)
+            is_new = name not in self._tensor_ids
+            tensor_id = self._declare_locked(name)
+            if nbytes is not None and self._assigner is not None:
+                self._assigner.plan(tensor_id, nbytes, itemsize or 1, balanced=is_new)
+            return tensor_id
 
     def _declare_locked(self, name: str) -> int:
         if not isinstance(name, str) or not name:
@@ -132,7 +154,11 @@ class Worker:
                 raise ValueError(
                     f"push_pull({name!r}): a push_pull of this name is still in flight; "
                     "wait for its handle before submitting it again")
+            is_new = name not in self._tensor_ids
             tensor_id = self._declare_locked(name)
+            plan = None
+            if self._assigner is not None:  # raises if the size changed: before the round is counted
+                plan = self._assigner.plan(tensor_id, source.nbytes, source.dtype.itemsize, balanced=is_new)
             round_ = self._rounds[name]
             self._rounds[name] = round_ + 1
             self._in_flight.add(name)
@@ -142,9 +168,6 @@ class Worker:
                 np.copyto(target.data, source.data)
             handle.set_done()
             return handle
-        num_servers = len(self._comm.connections)
-        plan = PartitionPlan.build(tensor_id, source.nbytes, source.dtype.itemsize,
-                                   self.config.partition_bytes, num_servers)
         task = PushPullTask(name=name, round=round_, source=source, output=target, plan=plan,
                             average_over=self.size if average else 0, handle=handle)
         self._comm.submit(task)

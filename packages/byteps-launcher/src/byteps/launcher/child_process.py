@@ -3,8 +3,8 @@
 Each child gets its own session and process group (so one ``killpg``
 reaches it and everything it started), pipes for stdout and stderr (relayed
 with a prefix), and, in ``preexec_fn`` between fork and exec, a
-parent-death signal: if bpslaunch dies, even by SIGKILL, the kernel sends
-the child that signal.
+parent-death signal (if bpslaunch dies, even by SIGKILL, the kernel sends
+the child that signal) and, when the spec has ``cpus``, its CPU affinity.
 
 Example::
 
@@ -23,6 +23,7 @@ import time
 from typing import Optional
 
 from byteps.launcher import _C
+from byteps.launcher.cpu_placement import pin_in_child
 from byteps.launcher.job_plan import ProcessSpec
 
 __all__ = ["ChildProcess", "describe_exit", "exit_status", "DEATH_SIGNAL"]
@@ -95,8 +96,10 @@ class ChildProcess:
         """
         parent = os.getpid()
 
-        def set_death_signal() -> None:
+        def before_exec() -> None:
             _C.set_parent_death_signal(int(death_signal), parent)
+            if spec.cpus:
+                pin_in_child(spec.cpus)
 
         proc = subprocess.Popen(
             list(spec.argv),
@@ -105,7 +108,7 @@ class ChildProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=set_death_signal,
+            preexec_fn=before_exec,
             close_fds=True,
         )
         return cls(spec=spec, proc=proc, started_at=time.monotonic())

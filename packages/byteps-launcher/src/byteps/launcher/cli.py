@@ -26,6 +26,7 @@ from typing import List, Optional, Sequence
 
 from byteps.common.config import ConfigError
 from byteps.common.interface import distribution_version
+from byteps.launcher.cpu_placement import place_workers
 from byteps.launcher.embedded_mode import EmbeddedOptions, embedded_plan, stale_variables
 from byteps.launcher.job_plan import JobPlan, UsageError
 from byteps.launcher.output import Console
@@ -126,6 +127,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     console = Console()
     try:
         plan = _plan(args, command, console)
+        verbose = plan.processes[0].config().log_level in VERBOSE_LEVELS
+        if verbose:
+            console.note(plan.describe())
+        plan = place_workers(plan, report=console.note if verbose else None)  # BYTEPS_NUMA_ON & co.
     except ConfigError as exc:
         console.note(f"configuration error: {exc}")
         return USAGE_ERROR
@@ -136,7 +141,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         return 130
 
-    if plan.processes[0].config().log_level in VERBOSE_LEVELS:
-        console.note(plan.describe())
     outcome = Supervisor(plan, grace_period=args.grace_period, console=console).run()
     return outcome.exit_code

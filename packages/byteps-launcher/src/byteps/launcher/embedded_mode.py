@@ -57,12 +57,16 @@ class EmbeddedOptions:
         return self.force_distributed or self.num_worker * self.local_size > 1
 
     def servers(self) -> int:
-        """K: as given, else W servers for W > 1 workers, one for a forced or multi-process job."""
+        """K: as given, else W servers for W > 1 workers, one for a forced job.
+
+        One worker machine with several processes sums in shared memory
+        (local aggregation) and needs no server.
+        """
         if self.num_server is not None:
             return self.num_server
         if self.num_worker > 1:
             return self.num_worker
-        return 1 if self.distributed() else 0
+        return 1 if self.force_distributed else 0
 
     def check(self) -> None:
         """Raise UsageError for sizes no job can have."""
@@ -72,8 +76,8 @@ class EmbeddedOptions:
             raise UsageError(f"--workers must be >= 1, got {self.num_worker}")
         if self.num_server is not None and self.num_server < 0:
             raise UsageError(f"--servers must be >= 0, got {self.num_server}")
-        if self.distributed() and self.servers() < 1:
-            raise UsageError("a distributed job needs --servers >= 1")
+        if (self.force_distributed or self.num_worker > 1) and self.servers() < 1:
+            raise UsageError("a job with several worker machines (or --force-distributed) needs --servers >= 1")
         if not self.distributed() and self.servers() > 0:
             raise UsageError(
                 "--servers needs a distributed job (--workers > 1, -np > 1 or --force-distributed); "
@@ -137,6 +141,8 @@ def embedded_plan(
         shared["BYTEPS_FORCE_DISTRIBUTED"] = "1"
     # One secret per job, so that no other process on this machine can join it.
     shared["BYTEPS_JOB_SECRET"] = base_env.get("BYTEPS_JOB_SECRET", "").strip() or secrets.token_hex(32)
+    # Names the job's shared memory and local sockets, so two jobs on one machine never collide.
+    shared["BYTEPS_JOB_ID"] = base_env.get("BYTEPS_JOB_ID", "").strip() or secrets.token_hex(6)
 
     def spec(role: str, argv: Tuple[str, ...], extra: Mapping[str, str], **rank) -> ProcessSpec:
         env = child_environment(base_env, {**shared, "DMLC_ROLE": role, **extra})

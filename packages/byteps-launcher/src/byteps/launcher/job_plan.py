@@ -38,7 +38,9 @@ class ProcessSpec:
 
     ``rank`` is the server index for a server (None when unknown, as in role
     mode, where the scheduler assigns it) and the global worker rank
-    (``worker_id * local_size + local_rank``) for a worker.
+    (``worker_id * local_size + local_rank``) for a worker. ``cpus``: the
+    logical CPUs the child is pinned to before it starts (None: not pinned;
+    set by :func:`byteps.launcher.cpu_placement.place_workers`).
     """
 
     role: str
@@ -46,6 +48,7 @@ class ProcessSpec:
     env: Mapping[str, str]
     rank: Optional[int] = None
     local_rank: Optional[int] = None
+    cpus: Optional[Tuple[int, ...]] = None
 
     @property
     def is_worker(self) -> bool:

@@ -36,6 +36,7 @@ import socket
 import time
 from typing import Callable, List, Optional
 
+from byteps.common.shared_segment import sweep
 from byteps.launcher.child_process import ChildProcess, describe_exit, exit_status
 from byteps.launcher.job_plan import JobPlan
 from byteps.launcher.output import Console, OutputRelay
@@ -123,7 +124,15 @@ class Supervisor:
                 if restore_signals is not None:
                     restore_signals()
                 self._selector.close()
+                self._remove_shared_memory()
         return JobOutcome(exit_code=self._exit_code or 0, reason=self._reason)
+
+    def _remove_shared_memory(self) -> None:
+        """Remove the shared-memory names a killed worker may have left (every process is gone now)."""
+        job_ids = {p.env.get("BYTEPS_JOB_ID", "").strip() for p in self.plan.processes} - {""}
+        for job_id in job_ids:
+            for name in sweep(job_id):
+                self.console.note(f"removed leftover shared memory /dev/shm/{name}")
 
     def _start_all(self) -> None:
         inherit_stdin = len(self.plan.processes) == 1

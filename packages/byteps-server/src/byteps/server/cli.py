@@ -26,7 +26,8 @@ def _run_scheduler(config: Config) -> None:
     host = socket.gethostbyname(config.root_uri)
     watch = config.heartbeat_timeout_s if config.heartbeat_interval_s > 0 else 0.0
     options = SchedulerOptions(host=host, port=config.root_port, num_worker_machines=config.num_worker,
-                               num_servers=config.num_server, heartbeat_timeout_s=watch, secret=config.secret)
+                               num_servers=config.num_server, heartbeat_timeout_s=watch, secret=config.secret,
+                               job_id=config.job_id or "")
     Scheduler(options).run()
 
 

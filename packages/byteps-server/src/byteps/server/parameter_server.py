@@ -33,6 +33,8 @@ from byteps.transport.frames import FLAG_AVERAGE, command_name, parse_json_paylo
 __all__ = ["ParameterServer"]
 
 log = logging.getLogger("byteps.server")
+#: One line per PUSH in arrival order at PS_VERBOSE=2, as ps-lite logged its messages.
+wire_log = logging.getLogger("byteps.transport.server_pushes")
 _STALL_POLL_S = 1.0
 
 
@@ -109,13 +111,16 @@ class ParameterServer:
                                          config.heartbeat_timeout_s, config.secret)
         book = self.scheduler.register(NodeInfo(role="server", host=host, port=self.listener.port))
         self.rank = book.rank
-        self.num_workers = book.num_workers
+        # Local aggregation: one process per worker machine pushes each key.
+        self.num_workers = book.num_worker_machines
+        self.local_size = book.local_size
         self.engine = create_engine(config.server_engine_threads, self.num_workers)
         self.gate = Gate(config.secret, self.rank, log)
         self.keys: Dict[int, KeyState] = {}
-        self.stall_inspector = StallInspector(config.stall_check_s, config.stall_shutdown_s, self.num_workers)
+        self.stall_inspector = StallInspector(config.stall_check_s, config.stall_shutdown_s, self.num_workers,
+                                              "worker ranks" if self.local_size == 1 else "worker machines")
         self.running = True
-        log.info("server %d at %s sums for %d workers on %d threads", self.rank,
+        log.info("server %d at %s sums for %d worker machines on %d threads", self.rank,
                  self.listener.address, self.num_workers, config.server_engine_threads)
 
     def run(self) -> None:
@@ -135,7 +140,7 @@ class ParameterServer:
 
     def _inspect_stalls(self) -> None:
         partial = [PartialRound(key, state.spec.name, self.engine.completed_round(key) + 1, state.round_started,
-                                {state.declared_by[identity] for identity in state.pushed})
+                                {state.declared_by[identity] // self.local_size for identity in state.pushed})
                    for key, state in self.keys.items() if state.pushed]
         fatal = self.stall_inspector.inspect(partial)
         if not fatal:
@@ -220,7 +225,13 @@ class ParameterServer:
         if state.pushed and header.flags != state.round_flags:
             self._refuse_round(header.key, state, message, header.flags)
         payload = message.payload.buffer if message.payload is not None else b""
+        if wire_log.isEnabledFor(logging.DEBUG):
+            wire_log.debug("PUSH key %d round %d from worker %d (%s)", header.key, header.round, header.sender,
+                           state.spec.name)
         complete = self.engine.push(header.key, header.round, payload)
+        # The ack frees the worker's scheduling credit; it depends on nothing
+        # but this push, so no worker's credit waits on another worker.
+        self.listener.send(Command.PUSH_ACK, self.rank, header.key, header.round, identity=message.identity)
         if not state.pushed:
             state.round_started, state.round_flags = time.monotonic(), header.flags
         state.pushed.add(message.identity)

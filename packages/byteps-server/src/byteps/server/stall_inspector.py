@@ -39,17 +39,19 @@ class Stall:
     missing: Tuple[int, ...]
     pushed: Tuple[int, ...]
     keys: Tuple[int, ...]
+    unit: str = "worker ranks"
 
     def describe(self) -> str:
-        return (f"tensor {self.name!r} round {self.round} stalled for {self.seconds:.0f} s: worker ranks "
-                f"{list(self.missing)} have not pushed it (ranks {list(self.pushed)} have); "
+        return (f"tensor {self.name!r} round {self.round} stalled for {self.seconds:.0f} s: {self.unit} "
+                f"{list(self.missing)} have not pushed it ({self.unit.split()[-1]} {list(self.pushed)} have); "
                 "every worker must push_pull the same tensors")
 
 
 class StallInspector:
     """Finds rounds that wait too long for some workers."""
 
-    def __init__(self, check_s: float, shutdown_s: float, num_workers: int) -> None:
+    def __init__(self, check_s: float, shutdown_s: float, num_workers: int, unit: str = "worker ranks") -> None:
+        self.unit = unit  # what the numbers in a report are: worker ranks, or machines under local aggregation
         self.check_s = check_s
         self.shutdown_s = shutdown_s
         self.num_workers = num_workers
@@ -70,7 +72,7 @@ class StallInspector:
             seconds = now - min(p.started for p in parts)
             pushed = set.intersection(*(p.pushed_ranks for p in parts))
             stall = Stall(name, round_, seconds, tuple(sorted(set(range(self.num_workers)) - pushed)),
-                          tuple(sorted(pushed)), tuple(sorted(p.key for p in parts)))
+                          tuple(sorted(pushed)), tuple(sorted(p.key for p in parts)), self.unit)
             if self.check_s > 0 and seconds >= self.check_s and (name, round_) not in self._reported:
                 self._reported.add((name, round_))
                 log.warning("stall inspector: %s", stall.describe())

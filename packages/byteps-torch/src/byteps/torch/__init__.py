@@ -51,6 +51,7 @@ from byteps.common import PushPullError  # noqa: E402
 from byteps.torch import parallel  # noqa: E402
 from byteps.torch.compression import Compression, Compressor  # noqa: E402
 from byteps.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters  # noqa: E402
+from byteps.torch.group_ops import push_pull_group_async  # noqa: E402
 from byteps.torch.horovod_ops import (  # noqa: E402
     allreduce,
     allreduce_,
@@ -95,7 +96,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "barrier", "join",
     # BytePS names
     "declare", "push_pull", "push_pull_async", "push_pull_inplace", "push_pull_async_inplace",
-    "poll", "synchronize", "handle_done_callback", "get_pushpull_speed",
+    "push_pull_group_async", "poll", "synchronize", "handle_done_callback", "get_pushpull_speed",
     # Horovod names
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",

@@ -105,9 +105,37 @@ def local_rank() -> int:
     return api.local_rank()
 
 
-def declare(name: str) -> int:
-    """Declare a tensor name ahead of its first push_pull (fixes its id); returns the id."""
-    return api.declare(name)
+def declare(name: str, tensor: Optional[torch.Tensor] = None, compression: Any = Compression.none) -> int:
+    """Declare a tensor name ahead of its first push_pull (fixes its id); returns the id.
+
+    With ``tensor`` (and the ``compression`` its push_pulls will use) the
+    size it is sent with is declared too, so its partitions can go to the
+    least loaded servers (BYTEPS_SERVER_ASSIGNMENT=balanced); every rank must
+    then declare the same names and sizes in the same order, and the name's
+    first push_pull must send that size. Without a tensor, or with a
+    compressor whose output size byteps cannot know ahead, the partitions
+    are placed by hashing their keys.
+    """
+    size = wire_size(tensor, compression) if tensor is not None else None
+    if size is None:
+        return api.declare(name)
+    return api.declare(name, nbytes=size[0], itemsize=size[1])
+
+
+def wire_size(tensor: torch.Tensor, compression: Any = Compression.none) -> Optional[Tuple[int, int]]:
+    """(bytes, element size) a push_pull of ``tensor`` sends through ``compression``; None if unknown.
+
+    Known for the built-in compressors only: a user's compressor may send
+    any size (top-k, quantization), and a declared size the push_pull then
+    does not match would be an error.
+    """
+    if compression is Compression.none or isinstance(compression, Compression.none):
+        itemsize = tensor.element_size()
+    elif compression is Compression.fp16 or isinstance(compression, Compression.fp16):
+        itemsize = 2 if tensor.dtype.is_floating_point else tensor.element_size()
+    else:
+        return None
+    return tensor.numel() * itemsize, itemsize
 
 
 def barrier() -> None:

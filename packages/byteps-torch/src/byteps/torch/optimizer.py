@@ -6,6 +6,15 @@ asynchronous push_pull of it, so communication of late layers overlaps the
 backward pass of early ones. ``step()`` (or an explicit ``synchronize()``)
 waits for all of them and leaves the averaged gradients in ``p.grad``.
 
+Small gradients (biases, norms: at most BYTEPS_FUSION_MAX_TENSOR_BYTES) are
+fused, as torch DDP buckets them: byteps-common's planner packs them, in
+parameter order, into buckets of at most BYTEPS_FUSION_THRESHOLD bytes, and
+a bucket is push_pulled as one buffer once its last gradient is ready, so
+hundreds of tiny gradients cost a few messages. The buckets depend only on
+the parameters (order, sizes, dtypes, which require grad), never on timing,
+so every rank builds the same ones. BYTEPS_FUSION_THRESHOLD=0 sends every
+gradient alone.
+
 Example (run under ``bpslaunch -np 2 -- python train.py``)::
 
     import byteps.torch as bps
@@ -40,8 +49,12 @@ from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Se
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from byteps.common import api
+from byteps.common.fusion import plan_fusion
 from byteps.torch.compression import Compression
+from byteps.torch.group_ops import push_pull_group_async
 from byteps.torch.ops import Adasum, Average, Sum, declare, push_pull_async_inplace, size, synchronize
+from byteps.torch.tensors import byteps_dtype
 
 __all__ = ["DistributedOptimizer"]
 
@@ -63,6 +76,25 @@ class _PendingGradient(NamedTuple):
     postscale: float
 
 
+class _Bucket:
+    """Small gradients push_pulled as one fused buffer once all of them are ready (DDP-style).
+
+    Which gradients share a bucket is decided by byteps-common's fusion
+    planner from the parameter order, sizes and dtypes, the same on every
+    rank; ``name`` is the fused buffer's push_pull name.
+    """
+
+    def __init__(self, name: str, members: List[torch.Tensor]) -> None:
+        self.name = name
+        self.members = members
+        self.ready: Set[torch.Tensor] = set()
+        self.started = False
+
+    def reset(self) -> None:
+        self.ready.clear()
+        self.started = False
+
+
 class _DistributedOptimizer:
     """Mixed in front of the wrapped optimizer's class; see :func:`DistributedOptimizer`."""
 
@@ -78,9 +110,10 @@ class _DistributedOptimizer:
             for p in group["params"]:
                 self._parameter_names[p] = names[id(p)]
         # The set of push_pulls in a step must be the same on every rank, and
-        # ids come from declaration order: declare them all now, in order.
-        for name in self._parameter_names.values():
-            declare(GRADIENT_PREFIX + name)
+        # ids come from declaration order: declare them all now, in order,
+        # with the size each will send (so the servers' load can be balanced).
+        for p, name in self._parameter_names.items():
+            declare(GRADIENT_PREFIX + name, p, compression)
         self._passes_left: Dict[torch.Tensor, int] = {p: backward_passes_per_step for p in self._parameter_names}
         self._touched: Set[torch.Tensor] = set()      # gradient accumulated since the last synchronize
         self._pending: Dict[torch.Tensor, _PendingGradient] = {}
@@ -88,6 +121,10 @@ class _DistributedOptimizer:
         self._synchronized = False
         self._should_synchronize = True
         self._communicate = size() > 1   # one worker: nothing to average (as Horovod)
+        config = api.worker().config
+        self._fusion_limits = (config.fusion_threshold, config.fusion_max_tensor_bytes)
+        self._plans: Dict[Tuple[int, ...], Dict[torch.Tensor, _Bucket]] = {}
+        self._plan: Optional[Dict[torch.Tensor, _Bucket]] = None   # this step's buckets, once known
         if self._communicate:
             self._register_hooks()
 
@@ -106,7 +143,7 @@ class _DistributedOptimizer:
                 self._hooked.add(p)
 
     def _gradient_ready(self, p: torch.Tensor) -> None:
-        if p in self._pending:
+        if p in self._pending or self._passes_left[p] == 0:
             raise RuntimeError(
                 f"the gradient of {self._parameter_names[p]!r} was computed more than backward_passes_per_step="
                 f"{self.backward_passes_per_step} times before step(); raise backward_passes_per_step to "
@@ -115,9 +152,58 @@ class _DistributedOptimizer:
         self._synchronized = False
         self._passes_left[p] -= 1
         if self._passes_left[p] == 0:
-            self._start_push_pull(p)
+            bucket = self._current_plan().get(p)
+            if bucket is None:
+                self._start_push_pull(p)
+            else:
+                bucket.ready.add(p)
+                if len(bucket.ready) == len(bucket.members):
+                    self._start_bucket(bucket)
 
-    def _start_push_pull(self, p: torch.Tensor) -> None:
+    def _current_plan(self) -> Dict[torch.Tensor, _Bucket]:
+        """This step's buckets: over the parameters hooked and requiring grad when the step's first gradient came.
+
+        Ranks freeze and unfreeze parameters alike, so every rank plans the
+        same buckets; a rank that does not gets a mismatch error from the
+        servers (bucket names encode their members), not a wrong sum.
+        """
+        if self._plan is None:
+            active = [p for p in self._parameter_names if p in self._hooked and p.requires_grad]
+            key = tuple(id(p) for p in active)
+            if key not in self._plans:
+                self._plans[key] = self._plan_buckets(active)
+            self._plan = self._plans[key]
+        return self._plan
+
+    def _plan_buckets(self, active: List[torch.Tensor]) -> Dict[torch.Tensor, _Bucket]:
+        threshold, max_tensor_bytes = self._fusion_limits
+        if threshold == 0:
+            return {}
+        items, params = [], []
+        for p in active:
+            layout = self._wire_layout(p)
+            if layout is not None:
+                items.append((GRADIENT_PREFIX + self._parameter_names[p], *layout))
+                params.append(p)
+        plan: Dict[torch.Tensor, _Bucket] = {}
+        for group in plan_fusion(items, threshold, max_tensor_bytes):
+            if group.fused:
+                # Ids come from declaration order: declare the buckets now, in plan order, on every rank alike.
+                api.declare(group.name, nbytes=group.nbytes, itemsize=group.dtype.itemsize)
+                bucket = _Bucket(group.name, [params[i] for i in group.members])
+                plan.update((p, bucket) for p in bucket.members)
+        return plan
+
+    def _wire_layout(self, p: torch.Tensor) -> Optional[Tuple[int, Any]]:
+        """(bytes, byteps dtype) of what ``p``'s gradient is sent as; None when the compressor does not say."""
+        try:
+            sent, _ = self._compression.compress(torch.empty(p.shape, dtype=p.dtype, device="meta"))
+            return sent.numel() * sent.element_size(), byteps_dtype(sent.dtype, "gradient")
+        except Exception:  # a compressor that cannot run on meta tensors: its gradients go alone
+            return None
+
+    def _prepare(self, p: torch.Tensor) -> Tuple[torch.Tensor, Any, bool, float]:
+        """``p``'s gradient as it is sent: (contiguous buffer, compressor context, average, postscale)."""
         if p.grad is None:
             # Not computed here, but maybe on another rank (unused branch,
             # requires_grad switched): every rank must submit the same names.
@@ -132,8 +218,20 @@ class _DistributedOptimizer:
         compressed, ctx = self._compression.compress(grad)
         # Non-contiguous gradients (channels_last) go through a contiguous copy.
         buffer = compressed if compressed.is_contiguous() else compressed.contiguous()
+        return buffer, ctx, average, postscale
+
+    def _start_push_pull(self, p: torch.Tensor) -> None:
+        buffer, ctx, average, postscale = self._prepare(p)
         handle = push_pull_async_inplace(buffer, average=average, name=GRADIENT_PREFIX + self._parameter_names[p])
         self._pending[p] = _PendingGradient(handle, ctx, postscale)
+
+    def _start_bucket(self, bucket: _Bucket) -> None:
+        prepared = [self._prepare(p) for p in bucket.members]
+        handles = push_pull_group_async([item[0] for item in prepared], average=prepared[0][2],
+                                        names=[GRADIENT_PREFIX + self._parameter_names[p] for p in bucket.members])
+        bucket.started = True
+        for p, (_, ctx, _, postscale), handle in zip(bucket.members, prepared, handles):
+            self._pending[p] = _PendingGradient(handle, ctx, postscale)
 
     def synchronize(self) -> None:
         """Wait for every gradient's push_pull and write the averages into ``p.grad``.
@@ -146,9 +244,14 @@ class _DistributedOptimizer:
             return
         if self._synchronized and not self._pending:
             return
+        plan = self._current_plan()
         for p in self._parameter_names:
-            if p not in self._pending and (p.requires_grad or p in self._touched):
-                self._start_push_pull(p)
+            if p not in self._pending and (p.requires_grad or p in self._touched or p in plan):
+                bucket = plan.get(p)
+                if bucket is None:
+                    self._start_push_pull(p)
+                elif not bucket.started:
+                    self._start_bucket(bucket)   # its missing gradients go as zeros
         pending, self._pending = self._pending, {}
         try:
             for p, item in pending.items():
@@ -161,6 +264,9 @@ class _DistributedOptimizer:
             for p in self._parameter_names:
                 self._passes_left[p] = self.backward_passes_per_step
             self._touched.clear()
+            for bucket in set(plan.values()):
+                bucket.reset()
+            self._plan = None
         self._register_hooks()
         self._synchronized = True
 
@@ -242,7 +348,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     that requires grad but got no gradient (a branch unused on this rank)
     is averaged as zeros; a parameter with ``requires_grad=False`` is left
     out, so freeze and unfreeze parameters alike on every rank (a parameter
-    unfrozen later is hooked from its next step on). With one worker
+    unfrozen later is hooked from its next step on). Small gradients are
+    fused into shared buffers (see the module docstring and
+    BYTEPS_FUSION_THRESHOLD). With one worker
     nothing is communicated, as in Horovod. Wrapping the same parameters
     again moves their hooks to the new optimizer.
     """

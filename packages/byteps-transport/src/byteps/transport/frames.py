@@ -57,6 +57,9 @@ class Command(enum.IntEnum):
     PUSH = 17  # worker -> server: payload = partition bytes
     PULL = 18  # worker -> server: ask for the sum of a round
     PULL_RESPONSE = 19  # server -> worker: payload = summed partition bytes
+    PUSH_ACK = 20  # server -> worker: this push arrived (frees the worker's scheduling credit)
+    LOCAL_READY = 21  # local worker -> partition's local root: my input is in my shared-memory slot
+    LOCAL_DONE = 22  # local root -> other local workers: the partition's sum is in my slot
 
 
 def command_name(code: int) -> str:

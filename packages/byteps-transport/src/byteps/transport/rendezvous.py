@@ -61,6 +61,7 @@ class AddressBook:
     num_worker_machines: int
     local_size: int
     rank: int  # this node's rank among its role (worker rank or server rank)
+    job_id: str = ""  # the same on every node: names shared memory and local sockets
 
     @property
     def num_workers(self) -> int:
@@ -73,6 +74,7 @@ class AddressBook:
             "num_worker_machines": self.num_worker_machines,
             "local_size": self.local_size,
             "rank": self.rank,
+            "job_id": self.job_id,
         }
 
     @classmethod
@@ -82,6 +84,7 @@ class AddressBook:
             num_worker_machines=int(obj["num_worker_machines"]),
             local_size=int(obj["local_size"]),
             rank=int(obj["rank"]),
+            job_id=str(obj.get("job_id", "")),
         )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
 import threading
 import time
 from typing import Dict, List, Optional, Set
@@ -47,6 +48,7 @@ class SchedulerOptions:
     num_servers: int
     heartbeat_timeout_s: float = 10.0  # 0: do not watch the nodes' heartbeats
     secret: Optional[bytes] = dataclasses.field(default=None, repr=False)  # the job secret, if any
+    job_id: str = ""  # names the job's shared memory and local sockets; "" picks a random one
 
 
 @dataclasses.dataclass
@@ -62,6 +64,7 @@ class Scheduler:
 
     def __init__(self, options: SchedulerOptions, context: Optional[zmq.Context] = None) -> None:
         self.options = options
+        self.job_id = options.job_id or secrets.token_hex(6)
         self.context = context or zmq.Context.instance()
         self.listener = Listener(self.context, options.host, options.port, MAX_CONTROL_PAYLOAD)
         self.gate = Gate(options.secret, SCHEDULER_SENDER, log)
@@ -204,7 +207,8 @@ class Scheduler:
         self.servers.sort(key=lambda s: (s.info.host, s.info.port))
         servers = tuple((s.info.host, s.info.port) for s in self.servers)
         for role_rank, entry in list(enumerate(self.servers)) + sorted(self.workers.items()):
-            book = AddressBook(servers, self.options.num_worker_machines, self.local_size or 1, role_rank)
+            book = AddressBook(servers, self.options.num_worker_machines, self.local_size or 1, role_rank,
+                               self.job_id)
             self.listener.send(Command.ADDRESS_BOOK, SCHEDULER_SENDER,
                                payload=json_payload(book.to_json()), identity=entry.identity)
         self.book_sent = True

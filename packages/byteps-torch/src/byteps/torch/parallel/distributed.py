@@ -77,8 +77,8 @@ class DistributedDataParallel(torch.nn.Module):
         self._pending: Dict[torch.Tensor, Tuple[int, Any]] = {}   # parameter -> (handle, compressor context)
         self._callback_queued = False
         self._communicate = size() > 1
-        for name in self._names.values():
-            declare(self._prefix + "Gradient." + name)
+        for p, name in self._names.items():   # with the size sent, so the servers' load can be balanced
+            declare(self._prefix + "Gradient." + name, p, compression)
         self._hooked: Set[torch.Tensor] = set()
         tensors = [(self._prefix + name, p.data) for p, name in self._names.items()]
         broadcast_parameters(tensors + self._named_buffers() if broadcast_buffers else tensors, root_rank=0)
