@@ -63,6 +63,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--no-doc", action="store_true", help="write the results JSON only")
     p.add_argument("--render-only", action="store_true", help="redraw table and plot from --results; no rig")
     p.add_argument("--workdir", help="logs and per-process results (default: a temporary folder)")
+    p.add_argument("--byteps-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="extra environment for byteps processes, e.g. BYTEPS_SCHEDULING_CREDIT=8 (repeatable)")
     p.add_argument("--smoke", action="store_true", help="2 hosts, tiny tensor: the test suite's quick check")
     return p.parse_args(argv)
 
@@ -145,6 +147,16 @@ class Bench:
         self.results["calibration"][str(n)] = report
         self.save()
 
+    def byteps_env(self, system: str) -> Dict[str, str]:
+        """--byteps-env settings, for byteps systems only."""
+        if not system.startswith("byteps"):
+            return {}
+        pairs = [item.split("=", 1) for item in self.args.byteps_env]
+        for pair in pairs:
+            if len(pair) != 2 or not pair[0].startswith(("BYTEPS_", "PS_")):
+                raise SystemExit(f"--byteps-env expects BYTEPS_NAME=VALUE, got {'='.join(pair)!r}")
+        return dict(pairs)
+
     def measure(self, rig: ClusterRig, n: int, workload: str, system: str) -> None:
         repeats = self.args.repeats if workload == "100MB" else self.args.model_repeats
         nbytes = workload_bytes(workload)
@@ -152,7 +164,7 @@ class Bench:
         workdir = os.path.join(self.workdir, f"n{n}", workload, system)
         roles = layout(system, n, ["--workload", workload, "--warmup", str(self.args.warmup), "--repeats",
                                    str(repeats)], workdir, self.next_port(), len(rig.hosts) - 1, rig.address,
-                       mxnet_python=self.mxnet_python)
+                       mxnet_python=self.mxnet_python, extra_env=self.byteps_env(system))
         outcome = run_job(rig, roles, workdir, timeout=120 + (self.args.warmup + repeats) * unit * 4)
         record = {"n": n, "rate": rig.rate, "rate_bits": rig.rate_bits, "workload": workload, "bytes": nbytes,
                   "system": system, "seconds_total": outcome.seconds}
@@ -174,7 +186,8 @@ class Bench:
         workdir = os.path.join(self.workdir, f"n{n}", "trace")
         rounds = 4
         roles = layout("byteps", n, ["--workload", "100MB", "--warmup", "1", "--repeats", str(rounds)], workdir,
-                       self.next_port(), len(rig.hosts) - 1, rig.address, trace=True)
+                       self.next_port(), len(rig.hosts) - 1, rig.address, trace=True,
+                       extra_env=self.byteps_env("byteps"))
         outcome = run_job(rig, roles, workdir, timeout=300)
         if not outcome.ok:
             print(f"traced run failed: {outcome.error[:500]}", flush=True)

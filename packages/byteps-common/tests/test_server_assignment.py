@@ -101,8 +101,9 @@ def test_balanced_resnet50_over_4_servers_is_within_10_percent():
     print("\nResNet-50, 4 servers, busiest/mean:",
           ", ".join(f"{order} {method} {value:.3f}" for (order, method), value in figures.items()))
     assert figures["forward", "balanced"] <= 1.1 and figures["backward", "balanced"] <= 1.1
-    # What the balanced assignment is for: every other placement misses the bound here.
-    assert all(figures["backward", m] > 1.1 for m in ("round-robin",) + HASH_FNS)
+    # What the balanced assignment is for: every hash placement misses the bound here (round-robin
+    # meets it only because large tensors are cut into a multiple of the server count).
+    assert all(figures["backward", m] > 1.1 for m in HASH_FNS)
 
 
 @pytest.mark.parametrize("model", ["vgg16", "bert-base"])

@@ -52,6 +52,18 @@ def test_fused_push_pull_matches_numpy(workers, servers, threshold):
         assert buckets_of(out) == 12 if threshold == "4096000" else buckets_of(out) > 12, out
 
 
+@pytest.mark.parametrize("machines,servers", [(1, 0), (2, 1)])
+def test_fused_push_pull_with_local_aggregation(machines, servers):
+    """Two processes per machine: buckets are summed in shared memory first, like any tensor."""
+    spec = {"rounds": 3, "tensors": mixed_tensors(120)}
+    env = {"BYTEPS_FUSION_THRESHOLD": "16384", "BYTEPS_PARTITION_BYTES": "8192"}
+    result = run_job(WORKER + [json.dumps(spec)], machines, servers, local_size=2, env=env)
+    assert_ok(result)
+    size = 2 * machines
+    for rank in range(size):
+        assert f"rank {rank} of {size}: 3 rounds of 120 fused tensors OK" in result.outputs[f"worker{rank}"]
+
+
 def test_resubmitting_a_group_in_flight_is_refused_without_corrupting_it():
     spec = {"rounds": 2, "busy_check": True, "tensors": mixed_tensors(30)}
     result = run_job(WORKER + [json.dumps(spec)], 2, 1, env={"BYTEPS_FUSION_THRESHOLD": "2048"})

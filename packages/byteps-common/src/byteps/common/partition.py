@@ -1,7 +1,9 @@
 """How one tensor is cut into partitions and spread over the servers.
 
 As in BytePS, a tensor larger than BYTEPS_PARTITION_BYTES is split into
-partitions of at most that size (rounded down to whole elements); each is a
+partitions of at most that size (rounded down to whole elements); unlike
+BytePS, the count is rounded up to a multiple of the server count, with
+partitions of equal size, so every server gets the same share; each is a
 key of its own on the wire, so partitions of one tensor are summed by
 different servers in parallel and their transfers pipeline. The key is
 ``tensor_id << 16 | partition_index``. Which server sums a partition is the
@@ -61,6 +63,14 @@ class PartitionPlan:
                 f"BYTEPS_PARTITION_BYTES={partition_bytes}; at most {MAX_PARTITIONS} are possible, "
                 "raise BYTEPS_PARTITION_BYTES"
             )
+        if 1 < count and 1 < num_servers and count % num_servers:
+            # Cut into a multiple of the server count, of equal size, so that a
+            # large tensor loads every server alike (25 partitions over 4
+            # servers would give one of them 7: 12% more bytes, 12% more time).
+            elements = -(-nbytes // itemsize)
+            wanted = -(-count // num_servers) * num_servers
+            step = -(-elements // wanted) * itemsize
+            count = -(-nbytes // step)
         if servers is None:
             def servers(key: int, size: int) -> int:
                 return (tensor_id + (key & (MAX_PARTITIONS - 1))) % num_servers

@@ -74,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", dest="num_worker", type=int, default=None, metavar="W",
                         help="worker machines, i.e. DMLC_NUM_WORKER (embedded mode; default 1)")
     parser.add_argument("--servers", dest="num_server", type=int, default=None, metavar="K",
-                        help="servers (embedded mode; default W when W > 1, 1 when -np > 1 or "
-                             "--force-distributed, else 0)")
+                        help="servers (embedded mode; default W when W > 1, 1 with --force-distributed, "
+                             "else 0: one machine's processes sum in shared memory)")
     parser.add_argument("--force-distributed", action="store_true",
                         help="use the scheduler and servers even for one worker process "
                              "(BYTEPS_FORCE_DISTRIBUTED=1)")

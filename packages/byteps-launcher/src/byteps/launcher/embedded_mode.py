@@ -4,8 +4,9 @@ Used when ``DMLC_ROLE`` is unset. ``bpslaunch -np L --workers W --servers K
 COMMAND`` plans one scheduler, K servers and W "machines" of L local worker
 processes each, with a free port for the scheduler. Defaults follow BytePS:
 one worker needs neither scheduler nor servers; several workers get one
-server each. Until local aggregation exists, several local processes on one
-machine (or ``--force-distributed``) reduce through one server.
+server each. Several local processes on one machine sum in shared memory
+(local aggregation) and need the scheduler but no server;
+``--force-distributed`` adds one.
 
 Example::
 

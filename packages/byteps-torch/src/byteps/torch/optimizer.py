@@ -50,7 +50,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from byteps.common import api
-from byteps.common.fusion import plan_fusion
+from byteps.common.fusion import FusionGroup, plan_fusion
 from byteps.torch.compression import Compression
 from byteps.torch.group_ops import push_pull_group_async
 from byteps.torch.ops import Adasum, Average, Sum, declare, push_pull_async_inplace, size, synchronize
@@ -84,8 +84,9 @@ class _Bucket:
     rank; ``name`` is the fused buffer's push_pull name.
     """
 
-    def __init__(self, name: str, members: List[torch.Tensor]) -> None:
-        self.name = name
+    def __init__(self, group: FusionGroup, members: List[torch.Tensor]) -> None:
+        self.group = group
+        self.name = group.name
         self.members = members
         self.ready: Set[torch.Tensor] = set()
         self.started = False
@@ -109,11 +110,6 @@ class _DistributedOptimizer:
         for group in self.param_groups:
             for p in group["params"]:
                 self._parameter_names[p] = names[id(p)]
-        # The set of push_pulls in a step must be the same on every rank, and
-        # ids come from declaration order: declare them all now, in order,
-        # with the size each will send (so the servers' load can be balanced).
-        for p, name in self._parameter_names.items():
-            declare(GRADIENT_PREFIX + name, p, compression)
         self._passes_left: Dict[torch.Tensor, int] = {p: backward_passes_per_step for p in self._parameter_names}
         self._touched: Set[torch.Tensor] = set()      # gradient accumulated since the last synchronize
         self._pending: Dict[torch.Tensor, _PendingGradient] = {}
@@ -127,6 +123,27 @@ class _DistributedOptimizer:
         self._plan: Optional[Dict[torch.Tensor, _Bucket]] = None   # this step's buckets, once known
         if self._communicate:
             self._register_hooks()
+        self._declare(self._current_plan() if self._communicate else {})
+        self._plan = None
+
+    def _declare(self, plan: Dict[torch.Tensor, _Bucket]) -> None:
+        """Give every push_pull an id now, in parameter order, the same on every rank.
+
+        Ids come from declaration order, and the scheduler sends earlier ids
+        first: a bucket is declared just before its first member, so it goes
+        with the front layers it serves. A gradient that is sent alone is
+        declared with the size it sends (so the servers' load can be
+        balanced); a fused one without (it is normally never sent alone, and
+        its bytes are counted in its bucket's).
+        """
+        for p, name in self._parameter_names.items():
+            bucket = plan.get(p)
+            if bucket is None:
+                declare(GRADIENT_PREFIX + name, p, self._compression)
+                continue
+            if bucket.members[0] is p:
+                api.declare(bucket.name, nbytes=bucket.group.nbytes, itemsize=bucket.group.dtype.itemsize)
+            declare(GRADIENT_PREFIX + name)
 
     def _register_hooks(self) -> None:
         """Hook every parameter that requires grad and has no hook yet.
@@ -176,6 +193,7 @@ class _DistributedOptimizer:
         return self._plan
 
     def _plan_buckets(self, active: List[torch.Tensor]) -> Dict[torch.Tensor, _Bucket]:
+        """Buckets over ``active``; the first plan is declared by _declare, later ones here, in plan order."""
         threshold, max_tensor_bytes = self._fusion_limits
         if threshold == 0:
             return {}
@@ -188,9 +206,9 @@ class _DistributedOptimizer:
         plan: Dict[torch.Tensor, _Bucket] = {}
         for group in plan_fusion(items, threshold, max_tensor_bytes):
             if group.fused:
-                # Ids come from declaration order: declare the buckets now, in plan order, on every rank alike.
-                api.declare(group.name, nbytes=group.nbytes, itemsize=group.dtype.itemsize)
-                bucket = _Bucket(group.name, [params[i] for i in group.members])
+                if self._plans:   # a plan after the first (parameters frozen or unfrozen): declare its buckets now
+                    api.declare(group.name, nbytes=group.nbytes, itemsize=group.dtype.itemsize)
+                bucket = _Bucket(group, [params[i] for i in group.members])
                 plan.update((p, bucket) for p in bucket.members)
         return plan
 
