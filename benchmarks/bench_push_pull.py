@@ -24,7 +24,9 @@ import time
 import numpy as np
 import zmq
 
-PARTITION_BYTES = 4096000
+from byteps.common.config import Config
+
+PARTITION_BYTES = Config.from_env({}).partition_bytes  # the default, as users run it
 
 RECEIVER = r"""
 import sys, zmq

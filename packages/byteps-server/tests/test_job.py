@@ -63,8 +63,8 @@ def test_local_processes_on_two_machines():
 
 
 def test_default_partition_size_with_a_large_tensor():
-    # 3 partitions of the default 4096000 bytes, the last one short
-    spec = {"rounds": 2, "tensors": [{"name": "big", "dtype": "float32", "count": 2_600_000, "average": True}]}
+    # 10.4 MB: cut at the default partition size into a multiple of the 2 servers, the last one short
+    spec = {"rounds": 2, "tensors": [{"name": "big", "dtype": "float32", "count": 2_600_001, "average": True}]}
     result = run_job(WORKER + [json.dumps(spec)], 2, 2)
     assert_ok(result)
 
