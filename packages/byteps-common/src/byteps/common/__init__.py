@@ -11,9 +11,9 @@ framework adapters build on::
 
 from byteps.common.interface import require_interface
 
-INTERFACE_VERSION = (1, 0)
+INTERFACE_VERSION = (1, 1)  # 1.1: local aggregation, declare sizes, push_pull_group_async, topology
 
-require_interface("byteps-transport", "byteps.transport", (1, 0), requirer="byteps-common")
+require_interface("byteps-transport", "byteps.transport", (1, 1), requirer="byteps-common")
 
 from byteps.common.api import (  # noqa: E402
     barrier,

@@ -45,7 +45,7 @@ if _torch_version(torch.__version__) < MINIMUM_TORCH:
         f"byteps-torch needs torch >= {'.'.join(map(str, MINIMUM_TORCH))}, but torch {torch.__version__} is "
         "installed: pip install --upgrade torch")
 
-require_interface("byteps-common", "byteps.common", (1, 0), requirer="byteps-torch")
+require_interface("byteps-common", "byteps.common", (1, 1), requirer="byteps-torch")
 
 from byteps.common import PushPullError  # noqa: E402
 from byteps.torch import parallel  # noqa: E402

@@ -20,7 +20,7 @@ from byteps.transport.frames import (
 from byteps.transport.rendezvous import AddressBook, NodeInfo, SchedulerClient
 from byteps.transport.scheduler import Scheduler, SchedulerOptions
 
-INTERFACE_VERSION = (1, 0)
+INTERFACE_VERSION = (1, 1)  # 1.1: PUSH_ACK, LOCAL_READY/LOCAL_DONE, AddressBook.job_id
 
 __all__ = [
     "INTERFACE_VERSION",
