@@ -10,7 +10,7 @@ DISTRIBUTED = {"DMLC_PS_ROOT_URI": "10.0.0.1", "DMLC_PS_ROOT_PORT": "9000", "DML
 def test_defaults_are_a_single_local_worker():
     cfg = Config.from_env({})
     assert (cfg.role, cfg.num_worker, cfg.num_server, cfg.rank, cfg.size) == ("worker", 1, 0, 0, 1)
-    assert cfg.partition_bytes == 1024000 and cfg.server_engine_threads == 4
+    assert cfg.partition_bytes == 512000 and cfg.server_engine_threads == 4
     assert not cfg.is_distributed and cfg.log_level == "WARNING" and cfg.ps_verbose == 0
 
 
@@ -77,7 +77,7 @@ def test_one_worker_machine_needs_no_server():
 
 
 def test_empty_values_count_as_unset():
-    assert Config.from_env({"DMLC_ROLE": "", "BYTEPS_PARTITION_BYTES": "  "}).partition_bytes == 1024000
+    assert Config.from_env({"DMLC_ROLE": "", "BYTEPS_PARTITION_BYTES": "  "}).partition_bytes == 512000
 
 
 def test_scheduling_fusion_assignment_and_placement_knobs():

@@ -32,3 +32,10 @@ def test_empty_tensor_has_no_partitions():
 def test_too_many_partitions_names_the_variable():
     with pytest.raises(ValueError, match="raise BYTEPS_PARTITION_BYTES"):
         PartitionPlan.build(0, 4 * (MAX_PARTITIONS + 1), 4, 4, 1)
+
+
+
+def test_a_tensor_of_several_partitions_is_cut_into_a_multiple_of_the_server_count():
+    plan = PartitionPlan.build(0, 10 * 1024000, 4, 1024000, 4)  # 10 partitions: cut into 12 equal ones
+    sizes = [p.nbytes for p in plan.partitions]
+    assert len(sizes) == 12 and max(sizes) - min(sizes) <= 4 * 12 and sum(sizes) == 10 * 1024000

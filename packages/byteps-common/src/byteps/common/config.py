@@ -26,10 +26,12 @@ __all__ = ["Config", "ConfigError", "ROLES", "LOG_LEVELS", "KEY_HASH_FNS", "SERV
 
 ROLES = ("worker", "server", "scheduler")
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
-# 1 MB rather than BytePS's 4096000: a round costs about (machines x partition) / NIC bandwidth more than
-# the bound (the first partition's sum waits for every machine's copy; the last one's answer leaves last),
-# which at 500 Mbit/s is 0.26 s for 4 MB and 0.07 s for 1 MB (docs/performance.md, cluster benchmark).
-DEFAULT_PARTITION_BYTES = 1024000
+# 512 KB rather than BytePS's 4096000: with partitions in flight on both directions of a slow NIC, a round
+# ends about (partitions queued at a server) / bandwidth after the last push; measured on the 500 Mbit/s
+# cluster rig: 2.25 s (4 MB), 1.85 s (1 MB), 1.775 s (512 KB) against the bound 1.60 s. The comm thread
+# still moves 512 KB partitions at 2.5+ GB/s on loopback, more than a 10 Gbit/s NIC carries
+# (docs/performance.md, "Scheduling").
+DEFAULT_PARTITION_BYTES = 512000
 DEFAULT_SERVER_ENGINE_THREADS = 4
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 120
 DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
