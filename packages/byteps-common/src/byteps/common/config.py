@@ -22,7 +22,10 @@ import os
 import re
 from typing import Callable, Mapping, Optional, Tuple, TypeVar
 
-__all__ = ["Config", "ConfigError", "ROLES", "LOG_LEVELS", "KEY_HASH_FNS", "SERVER_ASSIGNMENTS", "parse_cpu_list"]
+__all__ = [
+    "Config", "ConfigError", "ROLES", "LOG_LEVELS", "KEY_HASH_FNS", "SERVER_ASSIGNMENTS",
+    "parse_cpu_list", "parse_cpu_sections",
+]
 
 ROLES = ("worker", "server", "scheduler")
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
@@ -132,10 +135,12 @@ def _text(variable: str, raw: str) -> str:
 def parse_cpu_list(variable: str, raw: str) -> Tuple[int, ...]:
     """Parse a Linux CPU list such as ``1,4-5,7-11`` into sorted, distinct CPU ids."""
     cpus = set()
+    if not raw.strip():
+        return ()
     for item in raw.strip().split(","):
         item = item.strip()
         if not item:
-            continue
+            raise ConfigError(variable, f"empty item in the CPU list {raw!r}")
         low, dash, high = item.partition("-")
         try:
             first = int(low, 10)
@@ -155,7 +160,7 @@ def _job_id(variable: str, raw: str) -> str:
     return value
 
 
-def _cpu_sections(variable: str, raw: str) -> Tuple[Tuple[int, ...], ...]:
+def parse_cpu_sections(variable: str, raw: str) -> Tuple[Tuple[int, ...], ...]:
     """BYTEPS_VISIBLE_CPU_CORES: one CPU list per local worker, separated by colons."""
     sections = tuple(parse_cpu_list(variable, section) for section in raw.strip().split(":"))
     for index, section in enumerate(sections):
@@ -316,7 +321,7 @@ class Config:
             server_assignment=env.get(
                 "BYTEPS_SERVER_ASSIGNMENT", _choice(SERVER_ASSIGNMENTS, str.lower), "balanced"),
             numa_on=env.get("BYTEPS_NUMA_ON", _parse_bool, True),
-            visible_cpu_cores=env.get("BYTEPS_VISIBLE_CPU_CORES", _cpu_sections, None),
+            visible_cpu_cores=env.get("BYTEPS_VISIBLE_CPU_CORES", parse_cpu_sections, None),
             cpu_blacklist=env.get("BYTEPS_CPU_BLACKLIST", parse_cpu_list, ()),
             multithreaded_cpu=env.get("BYTEPS_MULTITHREADED_CPU", _parse_bool, True),
             numa_default_quota=env.get("BYTEPS_NUMA_DEFAULT_QUOTA", _int(1), None),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
+from byteps.common import config
 from byteps.launcher import _C
 
 __all__ = ["parse_visible_cpu_cores", "parse_cpu_list", "set_cpu_affinity", "get_cpu_affinity"]
@@ -26,31 +27,18 @@ _VARIABLE = "BYTEPS_VISIBLE_CPU_CORES"
 
 
 def parse_cpu_list(text: str) -> List[int]:
-    """Parse one section, e.g. ``"1,4-5,7-11"``, into sorted unique core ids."""
-    cores = set()
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            raise ValueError(f"{_VARIABLE}: empty core list item in {text!r}")
-        low, sep, high = item.partition("-")
-        try:
-            first = int(low, 10)
-            last = int(high, 10) if sep else first
-        except ValueError:
-            raise ValueError(
-                f"{_VARIABLE}: expected a core id or a range like 4-7, got {item!r}"
-            ) from None
-        if first < 0 or last < first:
-            raise ValueError(f"{_VARIABLE}: bad core range {item!r} (ids are >= 0, low-high with low <= high)")
-        cores.update(range(first, last + 1))
-    return sorted(cores)
+    """Parse one section, e.g. ``"1,4-5,7-11"``, into sorted unique core ids (ValueError names the variable)."""
+    cores = config.parse_cpu_list(_VARIABLE, text)
+    if not cores:
+        raise ValueError(f"{_VARIABLE}: empty core list {text!r}")
+    return list(cores)
 
 
 def parse_visible_cpu_cores(text: str) -> List[List[int]]:
-    """Parse ``"1,4-5:20-25"`` into one sorted core list per local rank."""
+    """Parse ``"1,4-5:20-25"`` into one sorted core list per local rank (the parser Config uses)."""
     if not text.strip():
         raise ValueError(f"{_VARIABLE}: empty value")
-    return [parse_cpu_list(section) for section in text.split(":")]
+    return [list(section) for section in config.parse_cpu_sections(_VARIABLE, text)]
 
 
 def set_cpu_affinity(pid: int, cpus: Sequence[int]) -> None:
