@@ -36,12 +36,12 @@ def test_an_item_larger_than_the_credit_still_moves_alone():
     assert list(queue.sendable()) == ["small"]
 
 
-def test_drain_returns_everything_queued():
-    queue = CreditQueue(credit_bytes=1)
-    queue.add((0,), 1, "a")
-    queue.add((1,), 1, "b")
-    assert list(queue.sendable()) == ["a"]
-    assert queue.drain() == ["b"] and len(queue) == 0
+def test_discard_removes_only_the_unwanted_and_keeps_the_order():
+    queue = CreditQueue(credit_bytes=0)
+    for priority, item in [((2,), "b"), ((1,), "a"), ((3,), "drop"), ((4,), "c"), ((0,), "drop")]:
+        queue.add(priority, 1, item)
+    queue.discard(lambda item: item == "drop")
+    assert len(queue) == 3 and list(queue.sendable()) == ["a", "b", "c"]
 
 
 def test_negative_credit_is_refused():

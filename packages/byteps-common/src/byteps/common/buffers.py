@@ -10,13 +10,13 @@ dtypes are ValueErrors that say what to do.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Union
+from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 
 from byteps.common.dtypes import DType, dtype_of
 
-__all__ = ["TensorView", "as_tensor_view"]
+__all__ = ["TensorView", "as_tensor_view", "input_and_output_views"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,3 +81,19 @@ def as_tensor_view(obj: Any, what: str, dtype: Optional[Union[str, DType]] = Non
             )
     data = array.reshape(-1).view(np.uint8)
     return TensorView(array=array, data=data, dtype=element)
+
+
+def input_and_output_views(tensor: Any, output: Any, what: str,
+                           dtype: Optional[Union[str, DType]] = None) -> Tuple[TensorView, TensorView]:
+    """The (input, output) views of one push_pull; ``output`` None means in place.
+
+    ``what`` names the call in errors, e.g. ``push_pull('w')``. The output
+    must have the input's size and element type.
+    """
+    source = as_tensor_view(tensor, f"{what} input", dtype, writable=output is None)
+    target = source if output is None else as_tensor_view(output, f"{what} output", dtype, writable=True)
+    if target.nbytes != source.nbytes or target.dtype != source.dtype:
+        raise ValueError(
+            f"{what}: output has {target.nbytes} bytes of {target.dtype.name.lower()}, "
+            f"input has {source.nbytes} bytes of {source.dtype.name.lower()}")
+    return source, target

@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Un
 
 import numpy as np
 
-from byteps.common.buffers import TensorView, as_tensor_view
+from byteps.common.buffers import TensorView, input_and_output_views
 from byteps.common.dtypes import DType, dtype_of
 from byteps.common.handle import Handle, PushPullError
 
@@ -266,14 +266,7 @@ def _views(tensors: Sequence[Any], names: Sequence[str], outputs: Optional[Seque
     for i, tensor in enumerate(tensors):
         dtype = None if dtypes is None else dtypes[i]
         output = None if outputs is None else outputs[i]
-        what = f"push_pull_group({names[i]!r})"
-        source = as_tensor_view(tensor, what + " input", dtype, writable=output is None)
-        target = source if output is None else as_tensor_view(output, what + " output", dtype, writable=True)
-        if target.nbytes != source.nbytes or target.dtype != source.dtype:
-            raise ValueError(
-                f"{what}: output has {target.nbytes} bytes of {target.dtype.name.lower()}, "
-                f"input has {source.nbytes} bytes of {source.dtype.name.lower()}")
-        views.append((source, target))
+        views.append(input_and_output_views(tensor, output, f"push_pull_group({names[i]!r})", dtype))
     return views
 
 

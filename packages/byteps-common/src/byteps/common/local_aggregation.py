@@ -39,7 +39,7 @@ import zmq
 
 from byteps.common import kernels
 from byteps.common.dtypes import DType
-from byteps.common.partition import Partition
+from byteps.common.partition import PARTITION_INDEX_BITS, Partition
 from byteps.common.shared_segment import SharedSegment, segment_name
 from byteps.transport import Command, TransportError
 from byteps.transport.frames import (
@@ -71,7 +71,7 @@ def _slot_bytes(nbytes: int) -> int:
 class _TensorSegment:
     """One tensor's segment, cut into L slots."""
 
-    def __init__(self, segment: SharedSegment, nbytes: int, local_size: int) -> None:
+    def __init__(self, segment: SharedSegment, nbytes: int) -> None:
         self.segment = segment
         self.nbytes = nbytes
         self.stride = _slot_bytes(nbytes)
@@ -113,8 +113,9 @@ class LocalGroup:
                 peer.connect(local_endpoint(job_id, machine, rank))
                 self._peers[rank] = peer
         self._segments: Dict[int, _TensorSegment] = {}
-        # (key, round) -> ranks whose input is in their slot; may arrive before our own task
-        self._ready: Dict[Tuple[int, int], List[Tuple[int, int, int]]] = {}
+        # (key, round) -> (rank, partition bytes, dtype, flags, description or None) of each LOCAL_READY;
+        # they may arrive before this rank's own task
+        self._ready: Dict[Tuple[int, int], List[Tuple[int, int, int, int, Optional[dict]]]] = {}
         # (key, round) -> (task, part) this process waits on, as root (for READY) or not (for DONE)
         self._waiting: Dict[Tuple[int, int], Tuple[object, Partition]] = {}
 
@@ -157,7 +158,7 @@ class LocalGroup:
         if segment is None:
             name = segment_name(self.job_id, self.machine, tensor_id)
             shared = SharedSegment.open_or_create(name, self.local_size * _slot_bytes(task.plan.nbytes))
-            segment = self._segments[tensor_id] = _TensorSegment(shared, task.plan.nbytes, self.local_size)
+            segment = self._segments[tensor_id] = _TensorSegment(shared, task.plan.nbytes)
         return segment
 
     # --- messages from the other local ranks ------------------------------------------------
@@ -183,7 +184,8 @@ class LocalGroup:
                 self._copy_out(task, part, header.sender)
         elif header.command == Command.ERROR:
             text = frames[1].decode(errors="replace") if len(frames) > 1 else "(no text)"
-            self._peer_failed(header.key >> 16, header.round, TransportError(f"local rank {header.sender}: {text}"))
+            error = TransportError(f"local rank {header.sender}: {text}")
+            self._peer_failed(header.key >> PARTITION_INDEX_BITS, header.round, error)
         else:
             log.error("unexpected %s from local rank %d", command_name(header.command), header.sender)
 
@@ -196,8 +198,8 @@ class LocalGroup:
         del self._ready[entry]
         dtype = int(task.source.dtype)
         flags = FLAG_AVERAGE if task.average_over else 0
-        mine = _description(task, self.global_rank)
         for rank, nbytes, peer_dtype, peer_flags, about in ready:
+            mine = _description(task, self.global_rank) if about is not None else None  # first round only
             if about is not None and {k: about.get(k) for k in _COMPARED} != {k: mine[k] for k in _COMPARED}:
                 self._fail_task(task, ValueError(
                     f"mismatch for tensor id {task.plan.tensor_id}: worker {about.get('rank')} declares "
@@ -239,7 +241,7 @@ class LocalGroup:
     # --- failures ----------------------------------------------------------------------
     def _peer_failed(self, tensor_id: int, round_: int, error: BaseException) -> None:
         tasks = {id(task): task for (key, r), (task, _) in self._waiting.items()
-                 if key >> 16 == tensor_id and r == round_}
+                 if key >> PARTITION_INDEX_BITS == tensor_id and r == round_}
         if not tasks:
             self._failed[(tensor_id, round_)] = error
         for task in tasks.values():
@@ -251,7 +253,7 @@ class LocalGroup:
 
     def tell_peers(self, task, error: BaseException) -> None:
         """Fail this push_pull on the other local ranks too (they may be waiting on us)."""
-        key = task.plan.tensor_id << 16
+        key = task.plan.tensor_id << PARTITION_INDEX_BITS
         for rank in self._peers:
             self._send(rank, Command.ERROR, key, task.round, payload=str(error).encode())
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Any, Iterator, List, Tuple
+from typing import Any, Callable, Iterator, List, Tuple
 
 __all__ = ["CreditQueue"]
 
@@ -68,8 +68,7 @@ class CreditQueue:
         """A sent item of ``nbytes`` has arrived: its bytes leave the credit."""
         self.in_flight_bytes = max(0, self.in_flight_bytes - nbytes)
 
-    def drain(self) -> List[Any]:
-        """Remove and return every queued item (on failure)."""
-        items = [entry[3] for entry in self._heap]
-        self._heap.clear()
-        return items
+    def discard(self, unwanted: Callable[[Any], bool]) -> None:
+        """Remove the queued items for which ``unwanted(item)`` is true (a failed task's); order is kept."""
+        self._heap = [entry for entry in self._heap if not unwanted(entry[3])]
+        heapq.heapify(self._heap)

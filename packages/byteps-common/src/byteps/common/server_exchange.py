@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Set, Tuple
 
 import numpy as np
 import zmq
@@ -61,8 +61,6 @@ class ServerExchange:
         self._in_flight: Dict[Tuple[int, int], PartitionWork] = {}
         self._abandoned: Set[Tuple[int, int]] = set()  # failed works whose answers may still come
         self._held_pulls: Dict[int, List[PartitionWork]] = {}  # unpipelined: id(task) -> acked works
-        #: (key, round) of every PUSH in the order it was handed to ZeroMQ, when recording (tests)
-        self.push_order: Optional[List[Tuple[int, int]]] = None
 
     # --- sending ------------------------------------------------------------------------
     def submit(self, work: PartitionWork) -> None:
@@ -88,8 +86,6 @@ class ServerExchange:
         self._in_flight[(part.key, task.round)] = work
         connection.send(Command.PUSH, self.rank, part.key, task.round, payload=work.source, dtype=dtype,
                         flags=FLAG_AVERAGE if task.average_over else 0)
-        if self.push_order is not None:
-            self.push_order.append((part.key, task.round))
         if self.pipeline:
             connection.send(Command.PULL, self.rank, part.key, task.round, dtype=dtype)
 
@@ -152,11 +148,6 @@ class ServerExchange:
                 self._send_pull(acked)
 
     # --- failures -----------------------------------------------------------------------
-    def tasks_with_key(self, key: int) -> List[object]:
-        """Tasks in flight with this key (every task in flight for key 0)."""
-        tasks = {id(w.task): w.task for (k, _), w in self._in_flight.items() if k == key or key == 0}
-        return list(tasks.values())
-
     def abandon(self, task) -> None:
         """Forget a failed task's works; answers still on their way are dropped."""
         for part in task.plan.partitions:
@@ -166,14 +157,7 @@ class ServerExchange:
                 if not work.acked:
                     self.queue.release(part.nbytes)
         self._held_pulls.pop(id(task), None)
-        kept = [w for w in self.queue.drain() if w.task is not task]
-        for work in kept:
-            self.queue.add((work.task.plan.tensor_id, work.part.index), work.part.nbytes, work)
-
-    def in_flight_tasks(self) -> List[object]:
-        tasks = {id(w.task): w.task for w in self._in_flight.values()}
-        tasks.update({id(w.task): w.task for w in self.queue.drain()})
-        return list(tasks.values())
+        self.queue.discard(lambda work: work.task is task)
 
     @property
     def bytes_sent(self) -> int:

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Set, Union
 import numpy as np
 import zmq
 
-from byteps.common.buffers import as_tensor_view
+from byteps.common.buffers import input_and_output_views
 from byteps.common.comm_loop import CommLoop, CommOptions, PushPullTask
 from byteps.common.config import Config
 from byteps.common.dtypes import DType
@@ -140,13 +140,7 @@ class Worker:
         place). Neither may be touched until the handle is done. Integers
         average with floor division, like numpy's ``//``.
         """
-        source = as_tensor_view(tensor, f"push_pull({name!r}) input", dtype, writable=output is None)
-        target = source if output is None else as_tensor_view(
-            output, f"push_pull({name!r}) output", dtype, writable=True)
-        if target.nbytes != source.nbytes or target.dtype != source.dtype:
-            raise ValueError(
-                f"push_pull({name!r}): output has {target.nbytes} bytes of {target.dtype.name.lower()}, "
-                f"input has {source.nbytes} bytes of {source.dtype.name.lower()}")
+        source, target = input_and_output_views(tensor, output, f"push_pull({name!r})", dtype)
         with self._lock:
             if self._closed:
                 raise RuntimeError("push_pull after shutdown(): call init() again first")
