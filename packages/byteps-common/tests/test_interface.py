@@ -8,8 +8,8 @@ from byteps.common.interface import InterfaceVersionError, check_interface, requ
 
 
 def test_installed_siblings_satisfy_each_other():
-    require_interface("byteps-transport", "byteps.transport", (1, 0), requirer="byteps-common")
-    assert byteps.common.INTERFACE_VERSION[0] == byteps.transport.INTERFACE_VERSION[0] == 1
+    require_interface("byteps-transport", "byteps.transport", (2, 0), requirer="byteps-common")
+    assert byteps.common.INTERFACE_VERSION[0] == byteps.transport.INTERFACE_VERSION[0] == 2
 
 
 def test_newer_minor_is_accepted_other_major_is_refused_naming_both():

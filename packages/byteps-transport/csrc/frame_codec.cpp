@@ -123,16 +123,6 @@ py::tuple decode(py::buffer frame, uint64_t max_payload_bytes) {
                         load<uint8_t>(p + 33), load<uint32_t>(p + 36));
 }
 
-// Reads only magic and version: used to answer a peer of another protocol
-// version in terms it can still parse.
-uint16_t peek_version(py::buffer frame) {
-  py::buffer_info info = frame.request();
-  const size_t size = static_cast<size_t>(info.size * info.itemsize);
-  const auto* p = static_cast<const uint8_t*>(info.ptr);
-  if (size < 6 || load<uint32_t>(p) != kMagic) return 0;
-  return load<uint16_t>(p + 4);
-}
-
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -153,6 +143,5 @@ PYBIND11_MODULE(_C, m) {
         "Pack one header frame (40 bytes).");
   m.def("decode", &decode, py::arg("frame"), py::arg("max_payload_bytes"),
         "Validate and unpack one header frame; raises FrameError.");
-  m.def("peek_version", &peek_version, py::arg("frame"),
-        "Protocol version of a frame with byteps magic, else 0.");
 }
+

@@ -31,7 +31,7 @@ def test_payload_round_trip_and_counters(pair):
     message = listener.recv()
     assert message.header.command == Command.PUSH and message.header.sender == 3
     assert message.header.payload_bytes == data.nbytes
-    assert np.array_equal(np.frombuffer(message.payload.buffer, np.float32), data)
+    assert np.array_equal(np.frombuffer(message.payload, np.float32), data)
     listener.send(Command.PULL_RESPONSE, 0, key=9, round=1, payload=data[::-1].copy(), identity=message.identity)
     out = np.zeros_like(data)
     reply = connection.recv(lambda header: out.view(np.uint8))

@@ -1,16 +1,15 @@
-"""The worker's communication thread: local aggregation, then the servers.
+"""The worker's communication thread: every partition along its route.
 
-One thread owns every socket of a worker process (ZeroMQ sockets belong to
-one thread): the servers' connections (:mod:`byteps.common.server_exchange`),
-the other local ranks' (:mod:`byteps.common.local_aggregation`) and, after
-rendezvous, the scheduler's. API calls hand it :class:`PushPullTask`s
-through a queue and wake it through a pipe.
+One thread owns every endpoint of a worker process: the servers'
+connections (:mod:`byteps.common.server_exchange`), the other local ranks'
+(:mod:`byteps.common.local_aggregation`) and, after rendezvous, the
+scheduler's. API calls hand it :class:`PushPullTask`s through a queue and
+wake it through a pipe.
 
-Partitions move through their stages independently: with one process per
-machine each goes straight to the servers; with several, each is summed on
-the machine by its local root, pushed and pulled by that root, and copied
-out by every local rank. A task's handle completes when its last partition
-is in the output.
+Each partition of a task becomes a :class:`~byteps.common.route.PartitionTrip`
+with its planned route; one :class:`~byteps.common.route.RouteDispatcher`
+moves it from stage to stage (the handlers are registered here), and a
+task's handle completes when its last partition arrived in the output.
 """
 
 from __future__ import annotations
@@ -22,15 +21,14 @@ import queue
 import threading
 from typing import Dict, List, Optional, Tuple, Union
 
-import zmq
-
+from byteps.common import kernels
 from byteps.common.buffers import TensorView
 from byteps.common.handle import Handle
 from byteps.common.local_aggregation import LocalGroup
-from byteps.common.partition import Partition, PartitionPlan
-from byteps.common.server_exchange import PartitionWork, ServerExchange
-from byteps.transport import Command, NodeFailure, SchedulerClient, TransportError
-from byteps.transport.frames import command_name
+from byteps.common.partition import PartitionPlan
+from byteps.common.route import PartitionTrip, RouteDispatcher, Stage, plan_route
+from byteps.common.server_exchange import ServerExchange
+from byteps.transport import Command, Context, NodeFailure, Poller, SchedulerClient, TransportError, command_name
 from byteps.transport.rendezvous import BARRIER_WORKERS
 
 __all__ = ["PushPullTask", "BarrierRequest", "CommLoop", "CommOptions"]
@@ -51,6 +49,7 @@ class PushPullTask:
     handle: Handle
     remaining: int = 0  # partitions not yet in the output
     network_partitions: int = 0  # partitions this process pushes
+    failed: bool = False  # nothing more happens to its partitions
 
 
 @dataclasses.dataclass
@@ -77,6 +76,8 @@ class CommOptions:
     machine: int = 0  # DMLC_WORKER_ID
     local_rank: int = 0
     local_size: int = 1
+    secret: Optional[bytes] = dataclasses.field(default=None, repr=False)  # authenticates local ranks too
+    handshake_timeout_s: float = 120.0
 
 
 class CommLoop(threading.Thread):
@@ -88,19 +89,28 @@ class CommLoop(threading.Thread):
     in flight and every later one.
     """
 
-    def __init__(self, context: zmq.Context, servers: List[Tuple[str, int]], options: CommOptions,
+    def __init__(self, context: Context, servers: List[Tuple[str, int]], options: CommOptions,
                  scheduler: Optional[SchedulerClient] = None) -> None:
         super().__init__(name="byteps-comm", daemon=True)
         self.options = options
         self.rank = options.rank
+        self.dispatcher = RouteDispatcher(self._arrived)
+        proceed = self.dispatcher.proceed
+        self.dispatcher.register(Stage.COPY_OUT, self._copy_out)
         self.exchange: Optional[ServerExchange] = None
         if servers:
             self.exchange = ServerExchange(context, servers, options.rank, options.max_payload_bytes,
-                                           options.credit_bytes, options.pipeline, self._fail_key)
+                                           options.credit_bytes, options.pipeline, proceed, self._fail_key)
+            self.dispatcher.register(Stage.PUSH, self.exchange.push)
+            self.dispatcher.register(Stage.PULL, self.exchange.pull)
         self.local: Optional[LocalGroup] = None
         if options.local_size > 1:
             self.local = LocalGroup(context, options.job_id, options.machine, options.local_rank,
-                                    options.local_size, self._reduced, self._partition_done, self._fail_task)
+                                    options.local_size, proceed, self._fail_task, options.secret,
+                                    options.handshake_timeout_s)
+            self.dispatcher.register(Stage.COPY_IN, self.local.copy_in)
+            self.dispatcher.register(Stage.LOCAL_REDUCE, self.local.local_reduce)
+            self.dispatcher.register(Stage.LOCAL_BROADCAST, self.local.local_broadcast)
         self.scheduler = scheduler
         self._barriers: List[BarrierRequest] = []  # sent, waiting for BARRIER_RELEASE
         self._tasks: queue.SimpleQueue[Union[PushPullTask, BarrierRequest, None]] = queue.SimpleQueue()
@@ -163,32 +173,32 @@ class CommLoop(threading.Thread):
 
     # --- the thread ---------------------------------------------------------------
     def run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._wake_read, zmq.POLLIN)
-        by_socket = {}
+        poller = Poller()
+        poller.register(self._wake_read)
         for connection in self.connections:
-            poller.register(connection.socket, zmq.POLLIN)
-            by_socket[connection.socket] = connection
-        scheduler_socket = self.scheduler.connection.socket if self.scheduler else None
-        if scheduler_socket is not None:
-            poller.register(scheduler_socket, zmq.POLLIN)
+            poller.register(connection)
+        scheduler = self.scheduler.connection if self.scheduler else None
+        if scheduler is not None:
+            poller.register(scheduler)
         inbox = self.local.inbox if self.local else None
         if inbox is not None:
-            poller.register(inbox, zmq.POLLIN)
+            poller.register(inbox)
         try:
+            while self.local is not None and self.local.channel.has_early:
+                self.local.receive()  # sent by faster local ranks while this one authenticated
             while not self._stopping:
                 wait_s = self.scheduler.pulse() if self.scheduler else None
-                for target, _ in poller.poll(None if wait_s is None else max(1, int(wait_s * 1000))):
-                    if target == self._wake_read:
+                for ready in poller.poll(wait_s):
+                    if ready is self._wake_read:
                         os.read(self._wake_read, 4096)
                         self._wake_pending = False  # before draining, so no submit goes unseen
                         self._start_queued_tasks()
-                    elif target is scheduler_socket:
+                    elif ready is scheduler:
                         self._receive_from_scheduler()
-                    elif target is inbox:
+                    elif ready is inbox:
                         self.local.receive()
                     else:
-                        self.exchange.receive(by_socket[target])
+                        self.exchange.receive(ready)
         except NodeFailure as exc:
             log.error("%s", exc)
             self._fail_all(exc)
@@ -221,39 +231,36 @@ class CommLoop(threading.Thread):
                 self._start(task)
 
     def _start(self, task: PushPullTask) -> None:
-        task.remaining = len(task.plan.partitions)
+        parts = task.plan.partitions
+        task.remaining = len(parts)
         if task.remaining == 0:
             task.handle.set_done()
             return
         self._active[id(task)] = task
-        if self.local is not None:
-            if self.exchange is not None:
-                task.network_partitions = sum(
-                    self.local.root_of(task.plan.tensor_id, part) == self.options.local_rank
-                    for part in task.plan.partitions)
-            self.local.start(task)
+        if self.local is not None and not self.local.prepare(task):
             return
-        task.network_partitions = task.remaining
-        for part in task.plan.partitions:
-            window = slice(part.offset, part.offset + part.nbytes)
-            self.exchange.submit(PartitionWork(task, part, task.source.data[window], task.output.data[window],
-                                               task.average_over, self._pushed_and_pulled))
+        has_servers = self.exchange is not None
+        routes = [plan_route(None if self.local is None else
+                             self.local.root_of(task.plan.tensor_id, part) == self.options.local_rank, has_servers)
+                  for part in parts]
+        task.network_partitions = sum(Stage.PUSH in route for route in routes)
+        for part, route in zip(parts, routes):
+            trip = PartitionTrip(task, part, route, data=None)
+            trip.data = trip.source
+            self.dispatcher.proceed(trip)
 
-    # --- stage transitions -----------------------------------------------------------
-    def _reduced(self, task: PushPullTask, part: Partition, slot) -> None:
-        """Local root: the machine's sum of ``part`` is in ``slot``; the servers sum the machines."""
-        if self.exchange is None:
-            self.local.finish(task, part)
-            return
-        self.exchange.submit(PartitionWork(task, part, slot, slot, 1, self._pulled_for_machine))
+    # --- the stages owned here ------------------------------------------------------------
+    def _copy_out(self, trip: PartitionTrip) -> None:
+        """COPY_OUT: the result into the output, divided when averaging; nothing if it landed there."""
+        target, task = trip.output, trip.task
+        if task.average_over > 1:
+            kernels.scale_into(target, trip.data, task.output.dtype, task.average_over)
+        elif trip.data is not target:
+            target[:] = trip.data
+        self.dispatcher.proceed(trip)
 
-    def _pulled_for_machine(self, work: PartitionWork) -> None:
-        self.local.finish(work.task, work.part)
-
-    def _pushed_and_pulled(self, work: PartitionWork) -> None:
-        self._partition_done(work.task, work.part)
-
-    def _partition_done(self, task: PushPullTask, part: Partition) -> None:
+    def _arrived(self, trip: PartitionTrip) -> None:
+        task = trip.task
         task.remaining -= 1
         if task.remaining == 0:
             self._active.pop(id(task), None)
@@ -273,6 +280,7 @@ class CommLoop(threading.Thread):
         if self._active.pop(id(task), None) is None:
             return  # finished or failed already
         task.remaining = -1  # nothing more completes it
+        task.failed = True
         if self.exchange is not None:
             self.exchange.abandon(task)
         if self.local is not None:

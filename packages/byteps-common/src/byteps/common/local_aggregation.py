@@ -1,19 +1,18 @@
-"""Summing inside one machine through shared memory, before the network.
+"""Summing inside one machine through shared memory: the COPY_IN, LOCAL_REDUCE and LOCAL_BROADCAST stages.
 
 With BYTEPS_LOCAL_SIZE = L worker processes on a machine, each tensor has
 one shared segment of L slots (one per local rank, see
 :mod:`byteps.common.shared_segment`). Every partition has a *local root*,
 spread over the local ranks partition by partition (BytePS gives the whole
-machine's network work to one process):
+machine's network work to one process). Its route (:mod:`byteps.common.route`):
 
-1. each other local rank copies its partition into its own slot and sends
-   the root LOCAL_READY;
-2. once all are ready, the root sums its input and their slots into its own
-   slot, pushes that sum to the servers and pulls the job-wide sum back into
-   the same slot (with one worker machine there are no servers: the local
-   sum is the result);
-3. the root sends LOCAL_DONE, and every local rank, root included, copies
-   the sum from the root's slot into its output, dividing it when averaging.
+* other ranks: COPY_IN (the input into the rank's own slot, LOCAL_READY to
+  the root), LOCAL_BROADCAST (wait for the root's LOCAL_DONE; the result is
+  the root's slot), COPY_OUT;
+* the root: LOCAL_REDUCE (once every other rank is ready, its input and
+  their slots summed into its own slot), PUSH and PULL of that slot (none
+  with a single worker machine: the local sum is the result),
+  LOCAL_BROADCAST (LOCAL_DONE to the others), COPY_OUT.
 
 So each partition crosses the network once per machine, not once per
 process. A slot is never overwritten while someone still reads it: a rank
@@ -22,11 +21,10 @@ the root signalled after reading that slot; the root sums round r + 1 into
 its slot only after every other rank reported round r + 1 ready, i.e.
 after they all copied round r out.
 
-Control messages are byteps headers on ZeroMQ PUSH/PULL sockets in the
-abstract Unix-socket namespace (``ipc://@byteps-<job>-m<machine>-l<rank>``):
-nothing on disk to clean up. A failure on one local rank (a size or dtype
-that differs, an error from a server) is sent to the others as ERROR, so
-every rank fails the push_pull instead of waiting.
+Control messages go through :class:`~byteps.common.local_channel.LocalChannel`
+(authenticated with the job secret). A failure on one local rank (a size
+or dtype that differs, an error from a server) is sent to the others as
+ERROR, so every rank fails the push_pull instead of waiting.
 """
 
 from __future__ import annotations
@@ -35,33 +33,20 @@ import logging
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
-import zmq
 
 from byteps.common import kernels
-from byteps.common.dtypes import DType
+from byteps.common.local_channel import LocalChannel
 from byteps.common.partition import PARTITION_INDEX_BITS, Partition
+from byteps.common.route import PartitionTrip
 from byteps.common.shared_segment import SharedSegment, segment_name
-from byteps.transport import Command, TransportError
-from byteps.transport.frames import (
-    FLAG_AVERAGE,
-    HEADER_BYTES,
-    FrameError,
-    command_name,
-    decode_header,
-    encode_header,
-    json_payload,
-    parse_json_payload,
-)
+from byteps.common.tensor_description import MISMATCH_ADVICE, TensorDescription, dtype_name
+from byteps.transport import FLAG_AVERAGE, Command, Context, TransportError, command_name, json_payload, \
+    parse_json_payload
 
-__all__ = ["LocalGroup", "local_endpoint"]
+__all__ = ["LocalGroup"]
 
 log = logging.getLogger("byteps.common.local_aggregation")
 _ALIGN = 64
-_LINGER_MS = 2000
-
-
-def local_endpoint(job_id: str, machine: int, local_rank: int) -> str:
-    return f"ipc://@byteps-{job_id}-m{machine}-l{local_rank}"
 
 
 def _slot_bytes(nbytes: int) -> int:
@@ -82,71 +67,59 @@ class _TensorSegment:
         return self.array[start:start + part.nbytes]
 
 
-class LocalGroup:
-    """This process's side of local aggregation: its slots, the peers' sockets and who is ready.
+class _Ready:
+    """One LOCAL_READY: a peer's partition is in its slot."""
 
-    The owner (the comm thread) calls :meth:`start` for each task, polls
-    :attr:`inbox` and hands what arrives to :meth:`receive`. Callbacks tell
-    it what to do next: ``reduce_done(task, part, slot)`` when the root has
-    the machine's sum of a partition (push it, or finish it),
-    ``partition_done(task, part)`` when a partition's result is in the
-    task's output, and ``fail_task(task, error, tell_peers)``.
+    def __init__(self, rank: int, nbytes: int, dtype: int, flags: int, about: Optional[TensorDescription]):
+        self.rank, self.nbytes, self.dtype, self.flags, self.about = rank, nbytes, dtype, flags, about
+
+
+class LocalGroup:
+    """This process's side of local aggregation: its slots, the channel to its peers, who is ready.
+
+    The owner (the comm thread) calls :meth:`prepare` for each task before
+    its trips start, registers the three stage handlers, polls
+    :attr:`inbox` and hands what arrives to :meth:`receive`.
+    ``proceed(trip)`` moves a trip to its next stage; ``fail_task(task,
+    error, tell_peers)`` fails a whole push_pull.
     """
 
-    def __init__(self, context: zmq.Context, job_id: str, machine: int, local_rank: int, local_size: int,
-                 reduce_done: Callable, partition_done: Callable, fail_task: Callable) -> None:
+    def __init__(self, context: Context, job_id: str, machine: int, local_rank: int, local_size: int,
+                 proceed: Callable[[PartitionTrip], None], fail_task: Callable,
+                 secret: Optional[bytes] = None, timeout_s: float = 120.0) -> None:
         self.job_id, self.machine = job_id, machine
         self.local_rank, self.local_size = local_rank, local_size
         self.global_rank = machine * local_size + local_rank
-        self._reduce_done, self._partition_done, self._fail_task = reduce_done, partition_done, fail_task
+        self._proceed, self._fail_task = proceed, fail_task
+        self.channel = LocalChannel(context, job_id, machine, local_rank, local_size, secret, timeout_s)
         # (tensor id, round) another local rank failed before this rank started it
         self._failed: Dict[Tuple[int, int], BaseException] = {}
-        self.inbox = context.socket(zmq.PULL)
-        self.inbox.setsockopt(zmq.LINGER, 0)
-        self.inbox.bind(local_endpoint(job_id, machine, local_rank))
-        self._peers: Dict[int, zmq.Socket] = {}
-        for rank in range(local_size):
-            if rank != local_rank:
-                peer = context.socket(zmq.PUSH)
-                # An ERROR sent just before this process exits must still reach the peers.
-                peer.setsockopt(zmq.LINGER, _LINGER_MS)
-                peer.connect(local_endpoint(job_id, machine, rank))
-                self._peers[rank] = peer
         self._segments: Dict[int, _TensorSegment] = {}
-        # (key, round) -> (rank, partition bytes, dtype, flags, description or None) of each LOCAL_READY;
-        # they may arrive before this rank's own task
-        self._ready: Dict[Tuple[int, int], List[Tuple[int, int, int, int, Optional[dict]]]] = {}
-        # (key, round) -> (task, part) this process waits on, as root (for READY) or not (for DONE)
-        self._waiting: Dict[Tuple[int, int], Tuple[object, Partition]] = {}
+        # (key, round) -> LOCAL_READYs; they may arrive before this rank's own task
+        self._ready: Dict[Tuple[int, int], List[_Ready]] = {}
+        # (key, round) -> the trip this process waits on, as root (for READY) or not (for DONE)
+        self._waiting: Dict[Tuple[int, int], PartitionTrip] = {}
+
+    @property
+    def inbox(self):
+        return self.channel.inbox
 
     def root_of(self, tensor_id: int, part: Partition) -> int:
         return (tensor_id + part.index) % self.local_size
 
     # --- a task arrives ----------------------------------------------------------------
-    def start(self, task) -> None:
-        """Put this rank's input where the roots expect it; sum the partitions whose inputs are all ready."""
+    def prepare(self, task) -> bool:
+        """Map the task's segment; False (the task failed) if it cannot take part."""
         failed = self._failed.pop((task.plan.tensor_id, task.round), None)
         if failed is not None:
             self._fail_task(task, failed, False)
-            return
+            return False
         try:
-            segment = self._segment_for(task)
+            self._segment_for(task)
         except ValueError as exc:
             self._fail_task(task, exc, True)
-            return
-        dtype = int(task.source.dtype)
-        flags = FLAG_AVERAGE if task.average_over else 0
-        for part in task.plan.partitions:
-            entry = (part.key, task.round)
-            root = self.root_of(task.plan.tensor_id, part)
-            self._waiting[entry] = (task, part)
-            if root == self.local_rank:
-                self._maybe_reduce(entry)
-            else:
-                segment.slot(self.local_rank, part)[:] = task.source.data[part.offset:part.offset + part.nbytes]
-                # The first round says what the tensor is, as INIT_KEY does to a server.
-                about = json_payload(_description(task, self.global_rank)) if task.round == 0 else None
-                self._send(root, Command.LOCAL_READY, part.key, task.round, part.nbytes, dtype, flags, about)
+            return False
+        return True
 
     def _segment_for(self, task) -> _TensorSegment:
         tensor_id = task.plan.tensor_id
@@ -161,86 +134,96 @@ class LocalGroup:
             segment = self._segments[tensor_id] = _TensorSegment(shared, task.plan.nbytes)
         return segment
 
+    # --- the stages ----------------------------------------------------------------------
+    def copy_in(self, trip: PartitionTrip) -> None:
+        """COPY_IN: this rank's input into its slot, and LOCAL_READY to the partition's root."""
+        task, part = trip.task, trip.part
+        self._segments[task.plan.tensor_id].slot(self.local_rank, part)[:] = trip.data
+        # The first round says what the tensor is, as INIT_KEY does to a server.
+        about = json_payload(_description(task, self.global_rank).to_json()) if task.round == 0 else None
+        self.channel.send(self.root_of(task.plan.tensor_id, part), Command.LOCAL_READY, part.key, task.round,
+                          part.nbytes, int(task.source.dtype), _flags(task), about)
+        self._proceed(trip)
+
+    def local_reduce(self, trip: PartitionTrip) -> None:
+        """LOCAL_REDUCE (root): once every other rank is ready, the machine's sum into this rank's slot."""
+        entry = (trip.part.key, trip.task.round)
+        self._waiting[entry] = trip
+        self._maybe_reduce(entry)
+
+    def local_broadcast(self, trip: PartitionTrip) -> None:
+        """LOCAL_BROADCAST: the root tells the others the result is in its slot; they wait for that."""
+        task, part = trip.task, trip.part
+        if self.root_of(task.plan.tensor_id, part) != self.local_rank:
+            self._waiting[(part.key, task.round)] = trip
+            return
+        for rank in self.channel.peers:
+            self.channel.send(rank, Command.LOCAL_DONE, part.key, task.round, part.nbytes, int(task.source.dtype))
+        self._proceed(trip)
+
     # --- messages from the other local ranks ------------------------------------------------
     def receive(self) -> None:
-        frames = self.inbox.recv_multipart(copy=True)
-        try:
-            header = decode_header(frames[0], 1 << 40) if len(frames[0]) == HEADER_BYTES else None
-        except FrameError:
-            header = None
-        if header is None:
-            log.error("malformed local message (%d frames) ignored", len(frames))
+        message = self.channel.receive()
+        if message is None:
             return
+        header = message.header
         entry = (header.key, header.round)
         if header.command == Command.LOCAL_READY:
-            about = parse_json_payload(frames[1]) if len(frames) > 1 else None
+            about = TensorDescription.from_json(parse_json_payload(message.payload)) \
+                if message.payload is not None else None
             self._ready.setdefault(entry, []).append(
-                (header.sender, header.aux, header.dtype, header.flags, about))
+                _Ready(header.sender, header.aux, header.dtype, header.flags, about))
             self._maybe_reduce(entry)
         elif header.command == Command.LOCAL_DONE:
-            waiting = self._waiting.pop(entry, None)
-            if waiting is not None:
-                task, part = waiting
-                self._copy_out(task, part, header.sender)
+            trip = self._waiting.pop(entry, None)
+            if trip is not None:
+                trip.data = self._segments[trip.task.plan.tensor_id].slot(header.sender, trip.part)
+                self._proceed(trip)
         elif header.command == Command.ERROR:
-            text = frames[1].decode(errors="replace") if len(frames) > 1 else "(no text)"
+            text = bytes(message.payload).decode(errors="replace") if message.payload is not None else "(no text)"
             error = TransportError(f"local rank {header.sender}: {text}")
             self._peer_failed(header.key >> PARTITION_INDEX_BITS, header.round, error)
         else:
             log.error("unexpected %s from local rank %d", command_name(header.command), header.sender)
 
     def _maybe_reduce(self, entry: Tuple[int, int]) -> None:
-        waiting = self._waiting.get(entry)
+        trip = self._waiting.get(entry)
         ready = self._ready.get(entry, [])
-        if waiting is None or len(ready) < self.local_size - 1:
+        if trip is None or len(ready) < self.local_size - 1:
             return
-        task, part = waiting
+        del self._waiting[entry]
+        task, part = trip.task, trip.part
         del self._ready[entry]
-        dtype = int(task.source.dtype)
-        flags = FLAG_AVERAGE if task.average_over else 0
-        for rank, nbytes, peer_dtype, peer_flags, about in ready:
-            mine = _description(task, self.global_rank) if about is not None else None  # first round only
-            if about is not None and {k: about.get(k) for k in _COMPARED} != {k: mine[k] for k in _COMPARED}:
+        dtype, flags = int(task.source.dtype), _flags(task)
+        for peer in ready:
+            if peer.about is not None:  # first round only
+                mine = _description(task, self.global_rank)
+                if not peer.about.same_tensor(mine):
+                    self._fail_task(task, ValueError(
+                        f"mismatch for tensor id {task.plan.tensor_id}: worker {peer.about.rank} declares "
+                        f"{peer.about.describe()}, worker {self.global_rank} declared {mine.describe()}; "
+                        f"{MISMATCH_ADVICE}"), True)
+                    return
+            if (peer.nbytes, peer.dtype, peer.flags) != (part.nbytes, dtype, flags):
                 self._fail_task(task, ValueError(
-                    f"mismatch for tensor id {task.plan.tensor_id}: worker {about.get('rank')} declares "
-                    f"{_describe_tensor(about)}, worker {self.global_rank} declared {_describe_tensor(mine)}; "
-                    "every worker must push_pull the same tensors (same names, shapes, dtypes, order)"), True)
-                return
-            if (nbytes, peer_dtype, peer_flags) != (part.nbytes, dtype, flags):
-                self._fail_task(task, ValueError(
-                    f"push_pull({task.name!r}) partition {part.index}: local rank {rank} has "
-                    f"{_describe(nbytes, peer_dtype, peer_flags)}, local rank {self.local_rank} has "
+                    f"push_pull({task.name!r}) partition {part.index}: local rank {peer.rank} has "
+                    f"{_describe(peer.nbytes, peer.dtype, peer.flags)}, local rank {self.local_rank} has "
                     f"{_describe(part.nbytes, dtype, flags)}; every worker must push_pull the same tensors"), True)
                 return
         segment = self._segments[task.plan.tensor_id]
         slot = segment.slot(self.local_rank, part)
-        slot[:] = task.source.data[part.offset:part.offset + part.nbytes]
-        for rank, *_ in ready:
-            kernels.sum_into(slot, segment.slot(rank, part), task.source.dtype)
+        slot[:] = trip.data
+        for peer in ready:
+            kernels.sum_into(slot, segment.slot(peer.rank, part), task.source.dtype)
         if task.round == 0 and part.index == 0:
             # Every local rank has mapped the segment (they wrote into it): the name can go.
             segment.segment.unlink()
-        self._reduce_done(task, part, slot)
-
-    def finish(self, task, part: Partition) -> None:
-        """The root has the final sum in its slot: release the others and copy it out here too."""
-        for rank in self._peers:
-            self._send(rank, Command.LOCAL_DONE, part.key, task.round, part.nbytes, int(task.source.dtype), 0)
-        self._waiting.pop((part.key, task.round), None)
-        self._copy_out(task, part, self.local_rank)
-
-    def _copy_out(self, task, part: Partition, root: int) -> None:
-        source = self._segments[task.plan.tensor_id].slot(root, part)
-        target = task.output.data[part.offset:part.offset + part.nbytes]
-        if task.average_over > 1:
-            kernels.scale_into(target, source, task.output.dtype, task.average_over)
-        else:
-            target[:] = source
-        self._partition_done(task, part)
+        trip.data = slot
+        self._proceed(trip)
 
     # --- failures ----------------------------------------------------------------------
     def _peer_failed(self, tensor_id: int, round_: int, error: BaseException) -> None:
-        tasks = {id(task): task for (key, r), (task, _) in self._waiting.items()
+        tasks = {id(trip.task): trip.task for (key, r), trip in self._waiting.items()
                  if key >> PARTITION_INDEX_BITS == tensor_id and r == round_}
         if not tasks:
             self._failed[(tensor_id, round_)] = error
@@ -254,22 +237,11 @@ class LocalGroup:
     def tell_peers(self, task, error: BaseException) -> None:
         """Fail this push_pull on the other local ranks too (they may be waiting on us)."""
         key = task.plan.tensor_id << PARTITION_INDEX_BITS
-        for rank in self._peers:
-            self._send(rank, Command.ERROR, key, task.round, payload=str(error).encode())
-
-    def _send(self, rank: int, command: int, key: int, round_: int, nbytes: int = 0, dtype: int = 0,
-              flags: int = 0, payload: Optional[bytes] = None) -> None:
-        """A header to one local peer; the partition's size travels in ``aux``, a payload in a second frame."""
-        header = encode_header(command, self.local_rank, key, round_, len(payload or b""), dtype, flags, nbytes)
-        if payload is not None:
-            self._peers[rank].send_multipart([header, payload])
-        else:
-            self._peers[rank].send(header)
+        for rank in self.channel.peers:
+            self.channel.send(rank, Command.ERROR, key, task.round, payload=str(error).encode())
 
     def close(self) -> None:
-        for peer in self._peers.values():
-            peer.close(_LINGER_MS)
-        self.inbox.close(0)
+        self.channel.close()
         for segment in self._segments.values():
             segment.array = None
             segment.segment.unlink()
@@ -277,26 +249,13 @@ class LocalGroup:
         self._segments.clear()
 
 
-_COMPARED = ("name", "shape", "nbytes", "dtype")
+def _flags(task) -> int:
+    return FLAG_AVERAGE if task.average_over else 0
 
 
-def _description(task, rank: int) -> dict:
-    return {"name": task.name, "shape": list(task.source.shape), "nbytes": task.plan.nbytes,
-            "dtype": int(task.source.dtype), "rank": rank}
-
-
-def _dtype_name(dtype: int) -> str:
-    try:
-        return DType(dtype).name.lower()
-    except ValueError:
-        return f"dtype code {dtype}"
-
-
-def _describe_tensor(about: dict) -> str:
-    shape = "x".join(map(str, about.get("shape") or [])) or "scalar"
-    dtype = _dtype_name(about.get("dtype", -1))
-    return f"tensor {about.get('name')!r} (shape {shape}, {about.get('nbytes')} bytes of {dtype})"
+def _description(task, rank: int) -> TensorDescription:
+    return TensorDescription(task.name, tuple(task.source.shape), task.plan.nbytes, int(task.source.dtype), rank)
 
 
 def _describe(nbytes: int, dtype: int, flags: int) -> str:
-    return f"{nbytes} bytes of {_dtype_name(dtype)} ({'average' if flags & FLAG_AVERAGE else 'sum'})"
+    return f"{nbytes} bytes of {dtype_name(dtype)} ({'average' if flags & FLAG_AVERAGE else 'sum'})"

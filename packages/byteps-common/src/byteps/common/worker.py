@@ -26,7 +26,6 @@ import threading
 from typing import Any, Dict, List, Optional, Set, Union
 
 import numpy as np
-import zmq
 
 from byteps.common.buffers import input_and_output_views
 from byteps.common.comm_loop import CommLoop, CommOptions, PushPullTask
@@ -34,7 +33,7 @@ from byteps.common.config import Config
 from byteps.common.dtypes import DType
 from byteps.common.handle import Handle
 from byteps.common.server_assignment import ServerAssigner
-from byteps.transport import NodeInfo, SchedulerClient, TransportError, authenticate
+from byteps.transport import Context, NodeInfo, SchedulerClient, TransportError, authenticate
 from byteps.transport.addressing import resolve_host
 
 __all__ = ["Worker"]
@@ -58,7 +57,7 @@ class Worker:
         self._rounds: Dict[str, int] = {}
         self._in_flight: Set[str] = set()
         self._closed = False
-        self._context: Optional[zmq.Context] = None
+        self._context: Optional[Context] = None
         self._scheduler: Optional[SchedulerClient] = None
         self._comm: Optional[CommLoop] = None
         self._assigner: Optional[ServerAssigner] = None
@@ -82,7 +81,7 @@ class Worker:
 
     def _connect(self) -> None:
         cfg = self.config
-        self._context = zmq.Context()
+        self._context = Context()
         host = resolve_host(cfg.node_host, cfg.interface, cfg.root_uri)
         self._scheduler = SchedulerClient(self._context, cfg.root_uri, cfg.root_port, cfg.rendezvous_timeout_s,
                                           cfg.heartbeat_interval_s, cfg.heartbeat_timeout_s, cfg.secret)
@@ -97,7 +96,8 @@ class Worker:
         options = CommOptions(
             rank=self.rank, max_payload_bytes=max(cfg.partition_bytes, 1 << 20),
             credit_bytes=cfg.scheduling_credit * cfg.partition_bytes, pipeline=cfg.pipeline,
-            job_id=self.job_id, machine=cfg.worker_id, local_rank=cfg.local_rank, local_size=cfg.local_size)
+            job_id=self.job_id, machine=cfg.worker_id, local_rank=cfg.local_rank, local_size=cfg.local_size,
+            secret=cfg.secret, handshake_timeout_s=cfg.rendezvous_timeout_s)
         # From here on the comm thread owns the scheduler connection (heartbeats, barriers).
         self._comm = CommLoop(self._context, list(book.servers), options, self._scheduler)
         if cfg.secret is not None:
@@ -208,7 +208,7 @@ class Worker:
             finally:
                 self._scheduler.close()
         if self._context is not None:
-            self._context.term()
+            self._context.close()
 
 
 class _TrackedHandle(Handle):

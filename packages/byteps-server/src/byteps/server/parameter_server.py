@@ -20,13 +20,22 @@ import logging
 import time
 from typing import Dict, List, Set, Tuple
 
-import zmq
-
 from byteps.common.config import Config
-from byteps.common.dtypes import DType
+from byteps.common.tensor_description import MISMATCH_ADVICE, PartitionSpec
 from byteps.server.engine import create_engine
 from byteps.server.stall_inspector import PartialRound, StallInspector
-from byteps.transport import Command, FrameError, Gate, Listener, Message, NodeInfo, SchedulerClient, TransportError
+from byteps.transport import (
+    Command,
+    Context,
+    FrameError,
+    Gate,
+    Message,
+    NodeInfo,
+    Poller,
+    SchedulerClient,
+    TransportError,
+    tcp_address,
+)
 from byteps.transport.addressing import resolve_host
 from byteps.transport.frames import FLAG_AVERAGE, command_name, parse_json_payload
 
@@ -40,50 +49,6 @@ _STALL_POLL_S = 1.0
 
 class StallShutdown(TransportError):
     """A round waited past BYTEPS_STALL_SHUTDOWN_TIME: the job ends."""
-
-
-@dataclasses.dataclass(frozen=True)
-class PartitionSpec:
-    """What workers declare about one key in INIT_KEY."""
-
-    name: str
-    partition: int
-    shape: Tuple[int, ...]
-    tensor_nbytes: int
-    nbytes: int
-    dtype: int
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
-
-    def describe(self) -> str:
-        try:
-            dtype = DType(self.dtype).name.lower()
-        except ValueError:
-            dtype = f"dtype code {self.dtype}"
-        shape = "x".join(map(str, self.shape)) or "scalar"
-        return (f"tensor {self.name!r} (shape {shape}, {self.tensor_nbytes} bytes of {dtype}), "
-                f"partition {self.partition} of {self.nbytes} bytes")
-
-
-    def check(self, max_partition_bytes: int) -> None:
-        """Refuse a description that is inconsistent or asks for too much memory (before allocating)."""
-        try:
-            dtype = DType(self.dtype)
-        except ValueError:
-            raise ValueError(f"unknown dtype code {self.dtype}") from None
-        elements = 1
-        for dim in self.shape:
-            if dim < 0:
-                raise ValueError(f"negative dimension in shape {self.shape}")
-            elements *= dim
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError("a tensor needs a non-empty name")
-        if not 0 < self.nbytes <= max_partition_bytes or self.nbytes % dtype.itemsize:
-            raise ValueError(f"partition of {self.nbytes} bytes: it must be a positive multiple of "
-                             f"{dtype.itemsize} and at most {max_partition_bytes} bytes")
-        if self.tensor_nbytes != elements * dtype.itemsize or not 0 <= self.partition:
-            raise ValueError(f"inconsistent description: {self.describe()}")
 
 
 @dataclasses.dataclass
@@ -101,11 +66,11 @@ class ParameterServer:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.context = zmq.Context()
+        self.context = Context()
         host = resolve_host(config.node_host, config.interface, config.root_uri)
         # A push is at most one partition; leave room for any partition size workers use.
         self.max_partition_bytes = max(config.partition_bytes, 1 << 20)
-        self.listener = Listener(self.context, host, 0, max_payload_bytes=self.max_partition_bytes)
+        self.listener = self.context.listen(tcp_address(host, 0), max_payload_bytes=self.max_partition_bytes)
         self.scheduler = SchedulerClient(self.context, config.root_uri, config.root_port,
                                          config.rendezvous_timeout_s, config.heartbeat_interval_s,
                                          config.heartbeat_timeout_s, config.secret)
@@ -124,16 +89,16 @@ class ParameterServer:
                  self.listener.address, self.num_workers, config.server_engine_threads)
 
     def run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.listener.socket, zmq.POLLIN)
-        poller.register(self.scheduler.connection.socket, zmq.POLLIN)
+        poller = Poller()
+        poller.register(self.listener)
+        poller.register(self.scheduler.connection)
         while self.running:
             wait_s = self.scheduler.pulse()  # heartbeat; NodeFailure if the scheduler went silent
             if self.stall_inspector.enabled:
                 self._inspect_stalls()
                 wait_s = _STALL_POLL_S if wait_s is None else min(wait_s, _STALL_POLL_S)
-            for socket, _ in poller.poll(None if wait_s is None else max(1, int(wait_s * 1000))):
-                if socket is self.listener.socket:
+            for ready in poller.poll(wait_s):
+                if ready is self.listener:
                     self._handle_worker_message()
                 else:
                     self._handle_scheduler_message()
@@ -156,7 +121,7 @@ class ParameterServer:
     def close(self) -> None:
         self.listener.close()
         self.scheduler.close()
-        self.context.term()
+        self.context.close()
 
     def _handle_scheduler_message(self) -> None:
         message = self.scheduler.recv()  # NodeFailure when the scheduler reports a dead node
@@ -190,7 +155,7 @@ class ParameterServer:
 
     def _init_key(self, message: Message) -> None:
         key = message.header.key
-        fields = parse_json_payload(message.payload.buffer if message.payload else b"")
+        fields = parse_json_payload(message.payload if message.payload is not None else b"")
         spec = PartitionSpec(**fields)
         spec.check(self.max_partition_bytes)
         state = self.keys.get(key)
@@ -203,7 +168,7 @@ class ParameterServer:
         elif spec != state.spec:
             text = (f"mismatch for key {key}: worker {message.header.sender} declares {spec.describe()}, "
                     f"worker {next(iter(state.declared_by.values()))} declared {state.spec.describe()}; "
-                    "every worker must push_pull the same tensors (same names, shapes, dtypes, order)")
+                    f"{MISMATCH_ADVICE}")
             for identity in state.declared_by:
                 self._send_error(identity, key, text)
             raise ValueError(text)
@@ -224,7 +189,7 @@ class ParameterServer:
             raise ValueError(f"second push of round {header.round} for {state.spec.describe()}")
         if state.pushed and header.flags != state.round_flags:
             self._refuse_round(header.key, state, message, header.flags)
-        payload = message.payload.buffer if message.payload is not None else b""
+        payload = message.payload if message.payload is not None else b""
         if wire_log.isEnabledFor(logging.DEBUG):
             wire_log.debug("PUSH key %d round %d from worker %d (%s)", header.key, header.round, header.sender,
                            state.spec.name)

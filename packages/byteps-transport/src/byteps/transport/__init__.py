@@ -1,45 +1,62 @@
-"""byteps-transport: the wire protocol, ZeroMQ endpoints and scheduler rendezvous.
+"""byteps-transport: the wire protocol, the endpoint interface and its transports, rendezvous.
 
 The bottom layer of byteps; it depends on no other byteps package. Nodes
 exchange framed messages (a validated 40-byte header plus an optional
-payload) over ZeroMQ TCP sockets; the scheduler assembles the job's address
-book. RDMA (pyverbs) is planned behind the same endpoint interface.
+payload) through :class:`Endpoint`s, chosen by address scheme from a
+:class:`Context` (ZeroMQ ``tcp://`` between machines, ``ipc://@name``
+inside one), and wait on them with a :class:`Poller`. The scheduler
+assembles the job's address book. A new transport (shared memory, RDMA via
+pyverbs) implements the endpoint's protected surface and registers its
+scheme (:func:`register_transport`); nothing above this package changes.
 """
 
-from byteps.transport.authentication import AuthenticationError, Gate, authenticate
-from byteps.transport.endpoints import ByteCounters, Connection, Endpoint, Listener, Message
+from byteps.transport.authentication import AuthenticationError, ClientHandshake, Gate, authenticate
+from byteps.transport.context import Context, register_transport, transport_schemes
+from byteps.transport.endpoint import ByteCounters, Endpoint, Message
 from byteps.transport.errors import NodeFailure, RemoteError, RendezvousTimeout, TransportError
 from byteps.transport.frames import (
+    FLAG_AVERAGE,
     HEADER_BYTES,
     PROTOCOL_VERSION,
     Command,
     FrameError,
     Header,
     ProtocolVersionError,
+    command_name,
+    json_payload,
+    parse_json_payload,
 )
+from byteps.transport.poller import Poller
 from byteps.transport.rendezvous import AddressBook, NodeInfo, SchedulerClient
 from byteps.transport.scheduler import Scheduler, SchedulerOptions
+from byteps.transport.zmq_endpoints import Connection, Listener, tcp_address
 
-INTERFACE_VERSION = (1, 1)  # 1.1: PUSH_ACK, LOCAL_READY/LOCAL_DONE, AddressBook.job_id
+# 2.0: the endpoint interface (Endpoint with a protected transport surface,
+# Context.listen/connect by address scheme, Poller), payloads as memoryviews,
+# ClientHandshake; 1.1: PUSH_ACK, LOCAL_READY/LOCAL_DONE, AddressBook.job_id
+INTERFACE_VERSION = (2, 0)
 
 __all__ = [
     "INTERFACE_VERSION",
     "PROTOCOL_VERSION",
     "HEADER_BYTES",
+    "FLAG_AVERAGE",
     "AddressBook",
     "AuthenticationError",
-    "Gate",
-    "authenticate",
     "ByteCounters",
+    "ClientHandshake",
     "Command",
     "Connection",
+    "Context",
     "Endpoint",
     "FrameError",
+    "Gate",
     "Header",
     "Listener",
     "Message",
     "NodeFailure",
     "NodeInfo",
+    "Poller",
     "ProtocolVersionError",
     "RemoteError",
     "RendezvousTimeout",
@@ -47,4 +64,11 @@ __all__ = [
     "SchedulerClient",
     "SchedulerOptions",
     "TransportError",
+    "authenticate",
+    "command_name",
+    "json_payload",
+    "parse_json_payload",
+    "register_transport",
+    "tcp_address",
+    "transport_schemes",
 ]

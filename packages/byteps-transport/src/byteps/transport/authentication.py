@@ -24,11 +24,11 @@ import os
 import time
 from typing import Optional
 
-from byteps.transport.endpoints import Connection, Endpoint, Message
+from byteps.transport.endpoint import Endpoint, Message
 from byteps.transport.errors import TransportError
 from byteps.transport.frames import Command
 
-__all__ = ["AuthenticationError", "authenticate", "Gate"]
+__all__ = ["AuthenticationError", "ClientHandshake", "authenticate", "Gate"]
 
 NONCE_BYTES = 16
 MAC_BYTES = 32
@@ -43,34 +43,58 @@ def _mac(secret: bytes, label: bytes, first: bytes, second: bytes) -> bytes:
     return hmac.new(secret, label + first + second, hashlib.sha256).digest()
 
 
-def _await(connection: Connection, deadline: float, expected: Command) -> Message:
-    remaining = deadline - time.monotonic()
-    if remaining <= 0 or not connection.socket.poll(int(remaining * 1000)):
-        raise AuthenticationError(f"no answer from {connection.address} during authentication")
-    message = connection.recv()
-    if message.header.command == Command.ERROR:
-        text = bytes(message.payload.buffer).decode(errors="replace") if message.payload else ""
-        raise AuthenticationError(f"{connection.address} refused this node: {text}")
-    if message.header.command != expected:
-        raise AuthenticationError(f"{connection.address} answered the handshake with command "
-                                  f"{message.header.command}")
-    return message
+class ClientHandshake:
+    """The connecting side of the exchange, one message at a time.
+
+    For an owner that cannot block (a thread that must keep serving its own
+    listener meanwhile, as local ranks do while they authenticate to each
+    other): :meth:`start` sends HELLO, and :meth:`step` takes each message
+    the connection receives until it returns True (admitted). Errors raise
+    :class:`AuthenticationError`.
+    """
+
+    def __init__(self, connection: Endpoint, secret: bytes, sender: int) -> None:
+        self.connection, self.secret, self.sender = connection, secret, sender
+        self._client_nonce = os.urandom(NONCE_BYTES)
+        self._expected = Command.CHALLENGE
+        self.done = False
+
+    def start(self) -> None:
+        self.connection.send(Command.HELLO, self.sender, payload=self._client_nonce)
+
+    def step(self, message: Message) -> bool:
+        address = self.connection.address
+        command = message.header.command
+        payload = bytes(message.payload) if message.payload is not None else b""
+        if command == Command.ERROR:
+            raise AuthenticationError(f"{address} refused this node: {payload.decode(errors='replace')}")
+        if command != self._expected:
+            raise AuthenticationError(f"{address} answered the handshake with command {command}")
+        if command == Command.CHALLENGE:
+            server_nonce, server_mac = payload[:NONCE_BYTES], payload[NONCE_BYTES:]
+            if len(payload) != NONCE_BYTES + MAC_BYTES or not hmac.compare_digest(
+                    server_mac, _mac(self.secret, b"server", self._client_nonce, server_nonce)):
+                raise AuthenticationError(f"{address} does not know this job's secret "
+                                          "(BYTEPS_JOB_SECRET differs): refusing to talk to it")
+            self.connection.send(Command.PROOF, self.sender,
+                                 payload=_mac(self.secret, b"client", server_nonce, self._client_nonce))
+            self._expected = Command.AUTH_OK
+            return False
+        self.done = True
+        return True
 
 
-def authenticate(connection: Connection, secret: bytes, sender: int, timeout_s: float) -> None:
-    """Prove the job secret to the listener behind ``connection`` and check its proof."""
+def authenticate(connection: Endpoint, secret: bytes, sender: int, timeout_s: float) -> None:
+    """Prove the job secret to the listener behind ``connection`` and check its proof (blocking)."""
     deadline = time.monotonic() + timeout_s
-    client_nonce = os.urandom(NONCE_BYTES)
-    connection.send(Command.HELLO, sender, payload=client_nonce)
-    challenge = _await(connection, deadline, Command.CHALLENGE)
-    payload = bytes(challenge.payload.buffer) if challenge.payload else b""
-    server_nonce, server_mac = payload[:NONCE_BYTES], payload[NONCE_BYTES:]
-    if len(payload) != NONCE_BYTES + MAC_BYTES or not hmac.compare_digest(
-            server_mac, _mac(secret, b"server", client_nonce, server_nonce)):
-        raise AuthenticationError(f"{connection.address} does not know this job's secret "
-                                  "(BYTEPS_JOB_SECRET differs): refusing to talk to it")
-    connection.send(Command.PROOF, sender, payload=_mac(secret, b"client", server_nonce, client_nonce))
-    _await(connection, deadline, Command.AUTH_OK)
+    handshake = ClientHandshake(connection, secret, sender)
+    handshake.start()
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not connection.wait_readable(remaining):
+            raise AuthenticationError(f"no answer from {connection.address} during authentication")
+        if handshake.step(connection.recv()):
+            return
 
 
 class Gate:
@@ -92,7 +116,7 @@ class Gate:
         if self.secret is None or message.identity in self._admitted:
             return True
         command, identity = message.header.command, message.identity
-        payload = bytes(message.payload.buffer) if message.payload else b""
+        payload = bytes(message.payload) if message.payload is not None else b""
         if command == Command.HELLO and len(payload) == NONCE_BYTES:
             server_nonce = os.urandom(NONCE_BYTES)
             self._pending[identity] = (payload, server_nonce)

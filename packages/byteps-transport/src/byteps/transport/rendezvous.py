@@ -19,12 +19,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Optional, Tuple
-
-import zmq
+from typing import Any, Optional, Tuple
 
 from byteps.transport.authentication import authenticate
-from byteps.transport.endpoints import Connection, Message
+from byteps.transport.endpoint import Message
+from byteps.transport.zmq_endpoints import Connection
 from byteps.transport.errors import NodeFailure, RemoteError, RendezvousTimeout, TransportError
 from byteps.transport.frames import MAX_CONTROL_PAYLOAD, Command, command_name, json_payload, parse_json_payload
 
@@ -99,7 +98,7 @@ class SchedulerClient:
     reports another node dead. An interval of 0 turns heartbeats off.
     """
 
-    def __init__(self, context: zmq.Context, host: str, port: int, timeout_s: float,
+    def __init__(self, context: Any, host: str, port: int, timeout_s: float,
                  heartbeat_interval_s: float = 1.0, heartbeat_timeout_s: float = 10.0,
                  secret: Optional[bytes] = None) -> None:
         self.connection = Connection(context, host, port, max_payload_bytes=MAX_CONTROL_PAYLOAD)
@@ -136,7 +135,7 @@ class SchedulerClient:
             authenticate(self.connection, self.secret, -1, self.timeout_s)
         self.connection.send(Command.REGISTER, -1, payload=json_payload(dataclasses.asdict(info)))
         reply = self._expect(Command.ADDRESS_BOOK, "registration")
-        book = AddressBook.from_json(parse_json_payload(reply.payload.buffer))
+        book = AddressBook.from_json(parse_json_payload(reply.payload))
         self.rank = book.rank
         return book
 
@@ -168,7 +167,7 @@ class SchedulerClient:
         deadline = time.monotonic() + self.timeout_s
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self.connection.socket.poll(int(remaining * 1000)):
+            if remaining <= 0 or not self.connection.wait_readable(remaining):
                 raise RendezvousTimeout(
                     f"no answer from the scheduler at {self.address} during {what} within "
                     f"{self.timeout_s:g} s: check DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT and that the "
@@ -188,4 +187,4 @@ class SchedulerClient:
 
 
 def _text(message: Message) -> str:
-    return bytes(message.payload.buffer).decode(errors="replace") if message.payload else "(no text)"
+    return bytes(message.payload).decode(errors="replace") if message.payload is not None else "(no text)"

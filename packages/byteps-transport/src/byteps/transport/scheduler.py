@@ -16,12 +16,12 @@ import logging
 import secrets
 import threading
 import time
-from typing import Dict, List, Optional, Set
-
-import zmq
+from typing import Any, Dict, List, Optional, Set
 
 from byteps.transport.authentication import Gate
-from byteps.transport.endpoints import Listener, Message
+from byteps.transport.context import Context
+from byteps.transport.endpoint import Message
+from byteps.transport.zmq_endpoints import Listener
 from byteps.transport.errors import NodeFailure, TransportError
 from byteps.transport.frames import (
     MAX_CONTROL_PAYLOAD,
@@ -62,10 +62,10 @@ class _Registered:
 class Scheduler:
     """Runs the rendezvous of one job; ``run()`` returns when the job is over."""
 
-    def __init__(self, options: SchedulerOptions, context: Optional[zmq.Context] = None) -> None:
+    def __init__(self, options: SchedulerOptions, context: Optional[Any] = None) -> None:
         self.options = options
         self.job_id = options.job_id or secrets.token_hex(6)
-        self.context = context or zmq.Context.instance()
+        self.context = context or Context.shared()
         self.listener = Listener(self.context, options.host, options.port, MAX_CONTROL_PAYLOAD)
         self.gate = Gate(options.secret, SCHEDULER_SENDER, log)
         self.servers: List[_Registered] = []
@@ -91,7 +91,7 @@ class Scheduler:
         last_status = time.monotonic()
         try:
             while not self._job_over() and not self._stop.is_set():
-                if self.listener.socket.poll(500):
+                if self.listener.wait_readable(0.5):
                     self._handle_one()
                 elif not self.book_sent and time.monotonic() - last_status > _STATUS_INTERVAL_S:
                     last_status = time.monotonic()
@@ -167,7 +167,7 @@ class Scheduler:
     def _register(self, message: Message) -> None:
         if self.book_sent:
             raise TransportError("registration refused: the job's nodes have all registered already")
-        fields = parse_json_payload(message.payload.buffer if message.payload else b"")
+        fields = parse_json_payload(message.payload if message.payload is not None else b"")
         info = NodeInfo(**fields)
         entry = _Registered(message.identity, info)
         if info.role == "server":

@@ -1,0 +1,118 @@
+"""A partition's route as data: the stages it passes, and one dispatcher that moves it on.
+
+Every partition of a push_pull is a :class:`PartitionTrip` that carries the
+list of :class:`Stage`\\ s it must pass, planned once by :func:`plan_route`
+from where the partition is summed. A stage's handler does its work and,
+now or when the event it waits for arrives (a server's answer, a local
+peer's message), calls :meth:`RouteDispatcher.proceed`, which starts the
+next stage, as BytePS's ``FinishOrProceed`` does. The partition's bytes
+travel in ``trip.data``: each stage reads it and leaves its own output there.
+
+The routes (see docs/architecture.md)::
+
+    one process per machine:   PUSH, PULL, COPY_OUT
+    local root of a partition: LOCAL_REDUCE, PUSH, PULL, LOCAL_BROADCAST, COPY_OUT
+    other local ranks:         COPY_IN, LOCAL_BROADCAST, COPY_OUT
+    one worker machine:        LOCAL_REDUCE, LOCAL_BROADCAST, COPY_OUT  (root; no servers)
+
+A new stage (compression, a trace span around every stage) is a member of
+:class:`Stage`, a place in :func:`plan_route` and a handler registered with
+the dispatcher: nothing else moves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from byteps.common.partition import Partition
+
+__all__ = ["Stage", "PartitionTrip", "RouteDispatcher", "plan_route"]
+
+
+class Stage(enum.Enum):
+    """One step of a partition's route."""
+
+    COPY_IN = "copy_in"  # a non-root local rank: input into its shared slot, LOCAL_READY to the root
+    LOCAL_REDUCE = "local_reduce"  # the local root: every local rank's input summed into its slot
+    PUSH = "push"  # the bytes to the partition's server (done when sent; when acknowledged unpipelined)
+    PULL = "pull"  # the round's sum back from the server
+    LOCAL_BROADCAST = "local_broadcast"  # root: LOCAL_DONE to the others; the others: wait for it
+    COPY_OUT = "copy_out"  # the result into the task's output, divided when averaging
+
+
+def plan_route(local_root: Optional[bool], has_servers: bool) -> Tuple[Stage, ...]:
+    """The stages of one partition; ``local_root`` is None without local aggregation."""
+    network = (Stage.PUSH, Stage.PULL) if has_servers else ()
+    if local_root is None:
+        return (*network, Stage.COPY_OUT)
+    if local_root:
+        return (Stage.LOCAL_REDUCE, *network, Stage.LOCAL_BROADCAST, Stage.COPY_OUT)
+    return (Stage.COPY_IN, Stage.LOCAL_BROADCAST, Stage.COPY_OUT)
+
+
+@dataclasses.dataclass(eq=False)
+class PartitionTrip:
+    """One partition of one push_pull on its route."""
+
+    task: Any  # the PushPullTask
+    part: Partition
+    route: Tuple[Stage, ...]
+    data: Any  # the partition's bytes as they stand (input, local sum, server's sum...)
+    position: int = -1  # index of the current stage in ``route``; -1 before the first
+    acked: bool = False  # the server acknowledged the PUSH (its credit is back)
+
+    @property
+    def stage(self) -> Stage:
+        return self.route[self.position]
+
+    @property
+    def next_stage(self) -> Optional[Stage]:
+        following = self.position + 1
+        return self.route[following] if following < len(self.route) else None
+
+    @functools.cached_property
+    def output(self) -> Any:
+        """The window of the task's output this partition ends in (one object: ``data is output`` tells)."""
+        return self.task.output.data[self.part.offset:self.part.offset + self.part.nbytes]
+
+    @functools.cached_property
+    def source(self) -> Any:
+        """The window of the task's input this partition starts from."""
+        return self.task.source.data[self.part.offset:self.part.offset + self.part.nbytes]
+
+
+Handler = Callable[[PartitionTrip], None]
+
+
+class RouteDispatcher:
+    """Moves trips from stage to stage; ``arrived(trip)`` is called when a trip's route is done."""
+
+    def __init__(self, arrived: Handler) -> None:
+        self._handlers: Dict[Stage, Handler] = {}
+        self._arrived = arrived
+
+    def register(self, stage: Stage, handler: Handler) -> None:
+        if stage in self._handlers:
+            raise ValueError(f"stage {stage.name} has a handler already")
+        self._handlers[stage] = handler
+
+    def proceed(self, trip: PartitionTrip) -> None:
+        """``trip``'s current stage is finished (or it has not started): begin the next one.
+
+        A trip whose task has failed goes nowhere: late events of a failed
+        push_pull are dropped here, in one place.
+        """
+        if trip.task.failed:
+            return
+        trip.position += 1
+        if trip.position == len(trip.route):
+            self._arrived(trip)
+            return
+        try:
+            handler = self._handlers[trip.stage]
+        except KeyError:
+            raise RuntimeError(f"no handler for stage {trip.stage.name} of {trip.route}") from None
+        handler(trip)

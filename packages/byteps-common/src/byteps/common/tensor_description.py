@@ -1,0 +1,105 @@
+"""What workers tell each other and the servers about a tensor, and how mismatches are named.
+
+INIT_KEY, the first message a worker sends a server about a key (one
+partition of one tensor), carries a :class:`PartitionSpec` as JSON::
+
+    {"name": "fc.weight", "partition": 0, "shape": [512, 10], "tensor_nbytes": 20480,
+     "nbytes": 20480, "dtype": 0}
+
+The server checks it (:meth:`PartitionSpec.check`, before allocating
+anything) and compares every later worker's with the first; local ranks do
+the same with a :class:`TensorDescription` in the first round's LOCAL_READY.
+Either way a mismatch fails every rank with both descriptions named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence, Tuple
+
+from byteps.common.dtypes import DType
+
+__all__ = ["PartitionSpec", "TensorDescription", "describe_tensor", "dtype_name", "MISMATCH_ADVICE"]
+
+MISMATCH_ADVICE = "every worker must push_pull the same tensors (same names, shapes, dtypes, order)"
+
+
+def dtype_name(code: int) -> str:
+    try:
+        return DType(code).name.lower()
+    except ValueError:
+        return f"dtype code {code}"
+
+
+def describe_tensor(name: Any, shape: Sequence[int], nbytes: Any, dtype: int) -> str:
+    dims = "x".join(map(str, shape or [])) or "scalar"
+    return f"tensor {name!r} (shape {dims}, {nbytes} bytes of {dtype_name(dtype)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorDescription:
+    """A whole tensor as one local rank sees it (sent in the first round of local aggregation)."""
+
+    name: str
+    shape: Tuple[int, ...]
+    nbytes: int
+    dtype: int
+    rank: int = -1  # the worker that describes it; not compared
+
+    def same_tensor(self, other: TensorDescription) -> bool:
+        return (self.name, tuple(self.shape), self.nbytes, self.dtype) == \
+            (other.name, tuple(other.shape), other.nbytes, other.dtype)
+
+    def describe(self) -> str:
+        return describe_tensor(self.name, self.shape, self.nbytes, self.dtype)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "nbytes": self.nbytes, "dtype": self.dtype,
+                "rank": self.rank}
+
+    @classmethod
+    def from_json(cls, fields: dict) -> TensorDescription:
+        return cls(name=fields.get("name"), shape=tuple(fields.get("shape") or ()), nbytes=fields.get("nbytes"),
+                   dtype=fields.get("dtype", -1), rank=fields.get("rank", -1))
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionSpec:
+    """One key as INIT_KEY declares it: the tensor, and which partition of it."""
+
+    name: str
+    partition: int
+    shape: Tuple[int, ...]
+    tensor_nbytes: int
+    nbytes: int
+    dtype: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+
+    def describe(self) -> str:
+        return (f"{describe_tensor(self.name, self.shape, self.tensor_nbytes, self.dtype)}, "
+                f"partition {self.partition} of {self.nbytes} bytes")
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "partition": self.partition, "shape": list(self.shape),
+                "tensor_nbytes": self.tensor_nbytes, "nbytes": self.nbytes, "dtype": self.dtype}
+
+    def check(self, max_partition_bytes: int) -> None:
+        """Refuse a description that is inconsistent or asks for too much memory (before allocating)."""
+        try:
+            dtype = DType(self.dtype)
+        except ValueError:
+            raise ValueError(f"unknown dtype code {self.dtype}") from None
+        elements = 1
+        for dim in self.shape:
+            if dim < 0:
+                raise ValueError(f"negative dimension in shape {self.shape}")
+            elements *= dim
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("a tensor needs a non-empty name")
+        if not 0 < self.nbytes <= max_partition_bytes or self.nbytes % dtype.itemsize:
+            raise ValueError(f"partition of {self.nbytes} bytes: it must be a positive multiple of "
+                             f"{dtype.itemsize} and at most {max_partition_bytes} bytes")
+        if self.tensor_nbytes != elements * dtype.itemsize or not 0 <= self.partition:
+            raise ValueError(f"inconsistent description: {self.describe()}")

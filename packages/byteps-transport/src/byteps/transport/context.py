@@ -1,0 +1,83 @@
+"""A process's transports, chosen by address scheme.
+
+Code above the transport layer names addresses, never sockets::
+
+    context = Context()
+    inbox = context.listen("ipc://@byteps-job-m0-l1")
+    server = context.connect("tcp://10.0.0.2:9000", max_payload_bytes=1 << 20)
+    ...
+    context.close()
+
+ZeroMQ serves ``tcp://`` and ``ipc://``. A new transport (shared memory,
+RDMA through pyverbs) registers its scheme with :func:`register_transport`
+and is then used by every layer above without a change there.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Dict, Tuple
+
+import zmq
+
+from byteps.transport.endpoint import Endpoint
+from byteps.transport.errors import TransportError
+from byteps.transport.zmq_endpoints import ZmqConnection, ZmqListener
+
+__all__ = ["Context", "register_transport", "transport_schemes"]
+
+# scheme -> (make a listener, make a connection); each takes (context, address, max_payload_bytes)
+Factory = Callable[["Context", str, int], Endpoint]
+_TRANSPORTS: Dict[str, Tuple[Factory, Factory]] = {
+    "tcp": (ZmqListener, ZmqConnection),
+    "ipc": (ZmqListener, ZmqConnection),
+}
+_lock = threading.Lock()
+
+
+def register_transport(scheme: str, listen: Factory, connect: Factory) -> None:
+    """Serve addresses ``<scheme>://...`` with these endpoint factories."""
+    with _lock:
+        _TRANSPORTS[scheme] = (listen, connect)
+
+
+def transport_schemes() -> Tuple[str, ...]:
+    return tuple(sorted(_TRANSPORTS))
+
+
+def _factories(address: str) -> Tuple[Factory, Factory]:
+    scheme = address.partition("://")[0]
+    try:
+        return _TRANSPORTS[scheme]
+    except KeyError:
+        raise TransportError(f"no transport for address {address!r}: known schemes are "
+                             f"{', '.join(transport_schemes())}") from None
+
+
+class Context:
+    """The transports' shared state in one process (ZeroMQ's I/O threads)."""
+
+    _shared: "Context | None" = None
+
+    def __init__(self, zmq_context: Any = None) -> None:
+        self.zmq: Any = zmq_context if zmq_context is not None else zmq.Context()
+
+    @classmethod
+    def shared(cls) -> "Context":
+        """One process-wide context that is never closed (for long-lived roles such as the scheduler)."""
+        with _lock:
+            if cls._shared is None:
+                cls._shared = cls(zmq.Context.instance())
+            return cls._shared
+
+    def listen(self, address: str, max_payload_bytes: int = 1 << 32) -> Endpoint:
+        """A listener bound at ``address`` (``tcp://host:0`` picks a free port)."""
+        return _factories(address)[0](self, address, max_payload_bytes)
+
+    def connect(self, address: str, max_payload_bytes: int = 1 << 32) -> Endpoint:
+        """A connection to the listener at ``address``."""
+        return _factories(address)[1](self, address, max_payload_bytes)
+
+    def close(self) -> None:
+        """End the context; every endpoint must be closed first."""
+        self.zmq.term()
