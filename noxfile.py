@@ -29,6 +29,7 @@ FRAMEWORK_MODULES = ["torch", "tensorflow", "mxnet"]
 nox.options.sessions = [
     "lint",
     "wheels",
+    "tests-testkit",
     "tests-transport",
     "tests-common",
     "tests-server",
@@ -43,6 +44,11 @@ nox.options.error_on_missing_interpreters = True
 
 # Distributions whose modules are not named after them (first: the one holding _C).
 MODULES = {"byteps-tf": ("tensorflow", "keras")}
+# Pure-Python distributions: byteps-testkit is test support (free ports, real jobs,
+# process clean-up) that only starts byteps' programs, so it has no _C to check.
+PURE_PYTHON = {"byteps-testkit"}
+# What every test session installs beside the package under test (no package depends on it).
+TESTKIT = "byteps-testkit"
 
 
 def _module_name(package: str) -> str:
@@ -52,8 +58,9 @@ def _module_name(package: str) -> str:
 def _wheel_inputs(base: pathlib.Path):
     """The files of one package that end up in (or build) its wheel."""
     for name in ("pyproject.toml", "CMakeLists.txt", "README.md"):
-        yield base / name
-    for tree in ("src", "csrc"):
+        if (base / name).is_file():  # a pure-Python package (byteps-testkit) has no CMakeLists.txt
+            yield base / name
+    for tree in ("src", "csrc", "cmake"):
         for path in sorted((base / tree).rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".so":
                 yield path
@@ -90,6 +97,10 @@ def _wheel(house: pathlib.Path, package: str) -> pathlib.Path:
 def _install(session: nox.Session, *packages: str, extra: tuple = ()) -> None:
     """Install the given byteps wheels; pip resolves their byteps siblings from the wheelhouse."""
     house = _wheelhouse(session)
+    # Every byteps wheel is version 0.1.0 whatever its source state: in a reused venv (`nox -r`) pip
+    # would keep the stale copies as "already satisfied", so they all go first and pip resolves
+    # them again from this wheelhouse.
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *PACKAGES, silent=True)
     session.install("--find-links", str(house), *(str(_wheel(house, p)) for p in packages), *extra)
 
 
@@ -110,7 +121,8 @@ def wheels(session: nox.Session) -> None:
     for package in PACKAGES:
         names = zipfile.ZipFile(_wheel(house, package)).namelist()
         module = _module_name(package)
-        if not any(n.startswith(f"byteps/{module}/_C.") and n.endswith(".so") for n in names):
+        if package not in PURE_PYTHON and not any(n.startswith(f"byteps/{module}/_C.") and n.endswith(".so")
+                                                  for n in names):
             session.error(f"{package}: wheel lacks its compiled extension byteps/{module}/_C*.so")
         if "byteps/__init__.py" in names:
             session.error(f"{package}: wheel ships byteps/__init__.py, which breaks the namespace")
@@ -118,12 +130,20 @@ def wheels(session: nox.Session) -> None:
         foreign = [n for n in names if not n.startswith((*own, package.replace("-", "_")))]
         if foreign:
             session.error(f"{package}: wheel holds files outside byteps/{module}: {foreign}")
-        session.log(f"{package}: {len(names)} files, extension present, namespace clean")
+        kind = "pure Python" if package in PURE_PYTHON else "extension present"
+        session.log(f"{package}: {len(names)} files, {kind}, namespace clean")
 
 
-def _tests(session: nox.Session, package: str, *extra: str) -> None:
-    _install(session, package, extra=("pytest", *extra))
+def _tests(session: nox.Session, package: str, *extra: str, also: tuple = ()) -> None:
+    """Install ``package`` (and the byteps packages its tests need, ``also``) with the test kit; run its tests."""
+    _install(session, *dict.fromkeys((package, *also, TESTKIT)), extra=("pytest", *extra))
     session.run("python", "-m", "pytest", "-q", str(ROOT / "packages" / package / "tests"), *session.posargs)
+
+
+@nox.session(name="tests-testkit")
+def tests_testkit(session: nox.Session) -> None:
+    # The kit's own tests use stand-in programs: no other byteps package is installed.
+    _tests(session, TESTKIT)
 
 
 @nox.session(name="tests-transport")
@@ -133,7 +153,8 @@ def tests_transport(session: nox.Session) -> None:
 
 @nox.session(name="tests-common")
 def tests_common(session: nox.Session) -> None:
-    _tests(session, "byteps-common", "hypothesis")
+    # The worker's jobs (local aggregation, fusion, priority) need a real server and scheduler.
+    _tests(session, "byteps-common", "hypothesis", also=("byteps-server",))
 
 
 @nox.session(name="tests-server")
@@ -165,7 +186,7 @@ def tests_tf(session: nox.Session) -> None:
 @nox.session(name="tests-mxnet")
 def tests_mxnet(session: nox.Session) -> None:
     # One pip call: the byteps wheels, mxnet, numpy pinned and the test tools together.
-    _install(session, "byteps-mxnet", extra=(*MXNET, "pytest"))
+    _install(session, "byteps-mxnet", TESTKIT, extra=(*MXNET, "pytest"))
     session.run("python", "-c", "import mxnet, numpy; print('mxnet', mxnet.__version__, 'numpy', numpy.__version__)")
     session.run("python", "-m", "pytest", "-q", str(ROOT / "packages" / "byteps-mxnet" / "tests"), *session.posargs)
 
@@ -182,6 +203,9 @@ def server_only(session: nox.Session) -> None:
         "import importlib.util, sys; "
         f"present = [m for m in {FRAMEWORK_MODULES!r} if importlib.util.find_spec(m)]; "
         "sys.exit(f'frameworks installed with byteps-server: {present}' if present else 0)"))
+    # Only now the test kit (it runs the job and holds its worker), after both checks
+    # above have seen what byteps-server alone brings (_install removes byteps-server first).
+    _install(session, "byteps-server", TESTKIT)
     session.run("python", "-m", "pytest", "-q", str(ROOT / "packages" / "byteps-server" / "tests" / "test_job.py"),
                 "-k", "matches_numpy and 2-1")
 
@@ -233,6 +257,6 @@ def bench_cluster(session: nox.Session) -> None:
 @nox.session
 def soak(session: nox.Session) -> None:
     """2,000 rounds of a 200-tensor model: memory and descriptors must stay flat (minutes; not in the default run)."""
-    _install(session, "byteps-server", extra=("pytest",))
+    _install(session, "byteps-server", TESTKIT, extra=("pytest",))
     test = ROOT / "packages" / "byteps-server" / "tests" / "test_soak.py"
     session.run("python", "-m", "pytest", "-q", "-s", str(test), env={"BYTEPS_SOAK": "1"})

@@ -204,8 +204,8 @@ def wait_all(procs: Sequence[subprocess.Popen], timeout_s: float) -> list:
 def gloo_cpus() -> List[Optional[Tuple[int, ...]]]:
     """The CPUs bpslaunch would give 2 local workers here (None: unpinned)."""
     from byteps.common.config import Config
-    from byteps.common.core_assignment import assign_cores
-    from byteps.common.topology import read_topology
+    from byteps.launcher.core_assignment import assign_cores
+    from byteps.launcher.topology import read_topology
 
     stand_in = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "1", "DMLC_NUM_SERVER": "1"}
     assignment = assign_cores(read_topology(gpus=False), Config.from_env({**os.environ, **stand_in}), workers=2)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from byteps.common.config import Config, ConfigError
+from byteps.common.config import Config, ConfigError, parse_cpu_sections
 
 DISTRIBUTED = {"DMLC_PS_ROOT_URI": "10.0.0.1", "DMLC_PS_ROOT_PORT": "9000", "DMLC_NUM_SERVER": "2"}
 
@@ -113,3 +113,24 @@ def test_bad_knobs_name_the_variable(env, variable, fragment):
     with pytest.raises(ConfigError) as info:
         Config.from_env(env)
     assert info.value.variable == variable and fragment in str(info.value)
+
+
+# BYTEPS_VISIBLE_CPU_CORES: one CPU list per local worker (these came from the launcher's
+# former cpu_affinity wrapper, which only called this parser).
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("1,4-5,7-11:20-25", [[1, 4, 5, 7, 8, 9, 10, 11], [20, 21, 22, 23, 24, 25]]),
+        ("1,4-5,7-11,12:20-25", [[1, 4, 5, 7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24, 25]]),
+        ("3", [[3]]),
+        (" 2-3 , 0 ", [[0, 2, 3]]),
+    ],
+)
+def test_parse_visible_cpu_cores(text, expected):
+    assert [list(section) for section in parse_cpu_sections("BYTEPS_VISIBLE_CPU_CORES", text)] == expected
+
+
+@pytest.mark.parametrize("text", ["", "1,,2", "a", "5-3", "1:", "-1", "1-x"])
+def test_parse_visible_cpu_cores_rejects(text):
+    with pytest.raises(ValueError, match="BYTEPS_VISIBLE_CPU_CORES"):
+        parse_cpu_sections("BYTEPS_VISIBLE_CPU_CORES", text)

@@ -1,6 +1,6 @@
 """The fusion planner (pure) and the grouped push_pull with one worker alone.
 
-Real jobs with servers: packages/byteps-server/tests/test_fusion_job.py.
+Real jobs with servers: test_fusion_job.py.
 """
 
 import numpy as np

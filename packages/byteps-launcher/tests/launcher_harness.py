@@ -1,5 +1,9 @@
 """Test harness: run bpslaunch as a real process, track every pid a job starts, clean up.
 
+Ports, environments and process states come from byteps.testkit; what is
+here is bpslaunch's own: the pid records, a launcher with stand-in servers,
+and the parsing of environment dumps.
+
 Children record their pids by appending to ``$BPSTEST_PIDDIR/pids``;
 :meth:`Job.cleanup` (run by the ``job`` fixture in conftest.py) SIGKILLs
 whatever is still alive at the end of a test, even a failed one, but only
@@ -18,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-BPSLAUNCH = [sys.executable, "-m", "byteps.launcher"]
+from byteps.testkit import LAUNCHER, clean_env, is_alive
+
 PY = sys.executable
 
 #: Distributed-looking settings for role-mode workers whose command never connects.
@@ -44,37 +49,6 @@ def with_fake_server(server_code: str) -> List[str]:
     return [PY, "-c", patch, server_code]
 
 
-def clean_env(**extra: str) -> Dict[str, str]:
-    """This process's environment without any DMLC_*/BYTEPS_* knob, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_", "PS_"))}
-    env.update(extra)
-    return env
-
-
-def process_state(pid: int) -> Optional[str]:
-    """The /proc state letter of pid, or None when it no longer exists."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return None
-
-
-def is_alive(pid: int) -> bool:
-    """Running or sleeping; a zombie (dead, not yet reaped by its new parent) counts as dead."""
-    return process_state(pid) not in (None, "Z", "X")
-
-
-def wait_until_dead(pids: Sequence[int], timeout: float) -> List[int]:
-    """Wait up to ``timeout`` s; returns the pids still alive."""
-    deadline = time.monotonic() + timeout
-    alive = [p for p in pids if is_alive(p)]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.05)
-        alive = [p for p in alive if is_alive(p)]
-    return alive
-
-
 class Job:
     """One test's jobs: launches bpslaunch and knows every pid its children recorded."""
 
@@ -83,10 +57,10 @@ class Job:
         self.launched: List[subprocess.Popen] = []
 
     def env(self, **extra: str) -> Dict[str, str]:
-        return clean_env(BPSTEST_PIDDIR=str(self.piddir), **extra)
+        return clean_env({"BPSTEST_PIDDIR": str(self.piddir), **extra})
 
     def start(
-        self, args: Sequence[str], env: Optional[Dict[str, str]] = None, launcher: Sequence[str] = BPSLAUNCH
+        self, args: Sequence[str], env: Optional[Dict[str, str]] = None, launcher: Sequence[str] = LAUNCHER
     ) -> subprocess.Popen:
         proc = subprocess.Popen(
             [*launcher, *args],
@@ -103,7 +77,7 @@ class Job:
         args: Sequence[str],
         env: Optional[Dict[str, str]] = None,
         timeout: float = 20,
-        launcher: Sequence[str] = BPSLAUNCH,
+        launcher: Sequence[str] = LAUNCHER,
     ):
         proc = self.start(args, env, launcher)
         out, err = proc.communicate(timeout=timeout)

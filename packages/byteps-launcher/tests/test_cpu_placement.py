@@ -17,13 +17,13 @@ import pytest
 from launcher_harness import PY, ROLE_WORKER_ENV, with_fake_server
 
 from byteps.common.config import Config, ConfigError
-from byteps.common.core_assignment import assign_cores
-from byteps.common.topology import read_topology
 from byteps.launcher.child_process import ChildProcess
+from byteps.launcher.core_assignment import assign_cores
 from byteps.launcher.cpu_placement import gpu_of, place_workers
 from byteps.launcher.embedded_mode import EmbeddedOptions, embedded_plan
 from byteps.launcher.job_plan import ProcessSpec
 from byteps.launcher.role_mode import role_plan
+from byteps.launcher.topology import read_topology
 
 PRINT_AFFINITY = [PY, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
 QUICK_SERVER = "import os; print(sorted(os.sched_getaffinity(0)))"

@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from launcher_harness import PRINT_ENV, PY, RECORD_PIDS, ROLE_WORKER_ENV, env_lines, wait_until_dead, with_fake_server
+from launcher_harness import PRINT_ENV, PY, RECORD_PIDS, ROLE_WORKER_ENV, env_lines, with_fake_server
+
+from byteps.testkit import wait_until_dead
 
 # Prints its environment, then waits to be told to stop (a scheduler whose
 # workers never connect).

@@ -5,18 +5,19 @@ from __future__ import annotations
 import sys
 
 import pytest
-from launcher_harness import ROLE_WORKER_ENV, clean_env
+from launcher_harness import ROLE_WORKER_ENV
 
 from byteps.common.config import ConfigError
 from byteps.launcher.embedded_mode import EmbeddedOptions, embedded_plan, stale_variables
 from byteps.launcher.job_plan import SERVER_ARGV, UsageError
 from byteps.launcher.role_mode import role_plan
+from byteps.testkit import clean_env
 
 CMD = ["python", "train.py"]
 
 
 def plan(port=5555, env=None, **options):
-    return embedded_plan(EmbeddedOptions(**options), CMD, clean_env(**(env or {})), port=port)
+    return embedded_plan(EmbeddedOptions(**options), CMD, clean_env(env), port=port)
 
 
 def test_single_worker_is_not_distributed():
@@ -103,7 +104,7 @@ def test_missing_command():
 
 def test_stale_topology_variables_are_replaced():
     env = {"DMLC_NUM_WORKER": "7", "BYTEPS_LOCAL_RANK": "5", "DMLC_PS_ROOT_PORT": "1"}
-    assert sorted(stale_variables(clean_env(**env))) == sorted(env)
+    assert sorted(stale_variables(clean_env(env))) == sorted(env)
     job = plan(env=env, num_worker=2)
     assert all(p.env["DMLC_NUM_WORKER"] == "2" for p in job.processes)
     assert all(p.env.get("BYTEPS_LOCAL_RANK") in (None, "0") for p in job.processes)
@@ -123,13 +124,13 @@ def test_unused_fields_stay_inherited():
 
 
 def test_role_worker_defaults_to_one_process():
-    job = role_plan(CMD, clean_env(DMLC_ROLE="worker"))
+    job = role_plan(CMD, clean_env({"DMLC_ROLE": "worker"}))
     assert [p.label for p in job.processes] == ["worker 0 (local rank 0)"]
     assert job.processes[0].env["BYTEPS_LOCAL_SIZE"] == "1"
 
 
 def test_role_worker_spawns_local_size_processes():
-    env = clean_env(**ROLE_WORKER_ENV, DMLC_NUM_WORKER="2", DMLC_WORKER_ID="1", BYTEPS_LOCAL_SIZE="3")
+    env = clean_env({**ROLE_WORKER_ENV, "DMLC_NUM_WORKER": "2", "DMLC_WORKER_ID": "1", "BYTEPS_LOCAL_SIZE": "3"})
     job = role_plan(CMD, env)
     assert [(p.rank, p.local_rank) for p in job.processes] == [(3, 0), (4, 1), (5, 2)]
     assert [p.env["BYTEPS_LOCAL_RANK"] for p in job.processes] == ["0", "1", "2"]
@@ -138,7 +139,7 @@ def test_role_worker_spawns_local_size_processes():
 
 @pytest.mark.parametrize("role", ["server", "scheduler"])
 def test_role_server_and_scheduler_run_the_server(role):
-    env = clean_env(**{**ROLE_WORKER_ENV, "DMLC_ROLE": role}, DMLC_NUM_WORKER="2")
+    env = clean_env({**ROLE_WORKER_ENV, "DMLC_ROLE": role, "DMLC_NUM_WORKER": "2"})
     job = role_plan(CMD, env)
     (process,) = job.processes
     assert process.argv == SERVER_ARGV and process.role == role
@@ -148,7 +149,7 @@ def test_role_server_and_scheduler_run_the_server(role):
 
 def test_role_worker_without_command():
     with pytest.raises(UsageError, match="missing COMMAND"):
-        role_plan([], clean_env(DMLC_ROLE="worker"))
+        role_plan([], clean_env({"DMLC_ROLE": "worker"}))
 
 
 @pytest.mark.parametrize(
@@ -162,5 +163,5 @@ def test_role_worker_without_command():
 )
 def test_role_config_errors_name_the_variable(env, variable):
     with pytest.raises(ConfigError, match=variable) as info:
-        role_plan(CMD, clean_env(**env))
+        role_plan(CMD, clean_env(env))
     assert info.value.variable == variable

@@ -5,9 +5,10 @@ from __future__ import annotations
 import subprocess
 import time
 
-from launcher_harness import BPSLAUNCH, PY, ROLE_WORKER_ENV
+from launcher_harness import PY, ROLE_WORKER_ENV
 
 from byteps.launcher.output import MAX_PENDING_BYTES, PrefixedLines
+from byteps.testkit import LAUNCHER
 
 
 def collect():
@@ -59,7 +60,7 @@ def test_stdout_and_stderr_are_prefixed_with_the_global_rank(job):
 
 def test_bytes_pass_through_untouched(job):
     code = "import sys; sys.stdout.buffer.write(b'\\xff\\xfe bin\\n')"
-    proc = subprocess.run([*BPSLAUNCH, PY, "-c", code], capture_output=True, env=job.env(), timeout=20)
+    proc = subprocess.run([*LAUNCHER, PY, "-c", code], capture_output=True, env=job.env(), timeout=20)
     assert proc.returncode == 0
     assert proc.stdout == b"[worker 0] \xff\xfe bin\n"
 

@@ -1,4 +1,4 @@
-"""The C++ extension byteps.launcher._C and the CPU-core syntax, on this machine's real CPUs."""
+"""The C++ extension byteps.launcher._C, on this machine's real CPUs and processes."""
 
 from __future__ import annotations
 
@@ -9,33 +9,33 @@ import sys
 import textwrap
 
 import pytest
-from launcher_harness import PY, is_alive, wait_until_dead
+from launcher_harness import PY
 
 from byteps.launcher import _C
-from byteps.launcher.cpu_affinity import get_cpu_affinity, parse_visible_cpu_cores, set_cpu_affinity
 from byteps.launcher.group_reaper import GroupReaper
+from byteps.testkit import is_alive, kill_group, wait_until_dead
 
 # ------------------------------------------------------------------ affinity
 
 
 def test_affinity_round_trip_on_this_process():
-    original = get_cpu_affinity(0)
+    original = _C.get_cpu_affinity(0)
     assert original == sorted(os.sched_getaffinity(0))
     try:
-        set_cpu_affinity(0, [original[-1]])
-        assert get_cpu_affinity(0) == [original[-1]]
+        _C.set_cpu_affinity(0, [original[-1]])
+        assert _C.get_cpu_affinity(0) == [original[-1]]
         assert os.sched_getaffinity(0) == {original[-1]}
     finally:
-        set_cpu_affinity(0, original)
-    assert get_cpu_affinity(0) == original
+        _C.set_cpu_affinity(0, original)
+    assert _C.get_cpu_affinity(0) == original
 
 
 def test_affinity_of_another_process():
-    cpus = get_cpu_affinity(0)
+    cpus = _C.get_cpu_affinity(0)
     child = subprocess.Popen(["sleep", "30"])
     try:
-        set_cpu_affinity(child.pid, cpus[:1])
-        assert get_cpu_affinity(child.pid) == cpus[:1]
+        _C.set_cpu_affinity(child.pid, cpus[:1])
+        assert _C.get_cpu_affinity(child.pid) == cpus[:1]
     finally:
         child.kill()
         child.wait()
@@ -43,37 +43,18 @@ def test_affinity_of_another_process():
 
 def test_affinity_errors_are_clear():
     with pytest.raises(ValueError, match="empty"):
-        set_cpu_affinity(0, [])
+        _C.set_cpu_affinity(0, [])
     with pytest.raises(ValueError, match=">= 0"):
-        set_cpu_affinity(0, [-1])
+        _C.set_cpu_affinity(0, [-1])
     with pytest.raises(OSError, match="not online|Invalid argument") as info:
-        set_cpu_affinity(0, [100_000])
+        _C.set_cpu_affinity(0, [100_000])
     assert "100000" in str(info.value)
     dead = subprocess.Popen(["true"])
     dead.wait()
     with pytest.raises(ProcessLookupError, match=f"pid={dead.pid}"):
-        get_cpu_affinity(dead.pid)
+        _C.get_cpu_affinity(dead.pid)
     with pytest.raises(ProcessLookupError, match=f"pid={dead.pid}"):
-        set_cpu_affinity(dead.pid, [0])
-
-
-@pytest.mark.parametrize(
-    "text, expected",
-    [
-        ("1,4-5,7-11:20-25", [[1, 4, 5, 7, 8, 9, 10, 11], [20, 21, 22, 23, 24, 25]]),
-        ("1,4-5,7-11,12:20-25", [[1, 4, 5, 7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24, 25]]),
-        ("3", [[3]]),
-        (" 2-3 , 0 ", [[0, 2, 3]]),
-    ],
-)
-def test_parse_visible_cpu_cores(text, expected):
-    assert parse_visible_cpu_cores(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "1,,2", "a", "5-3", "1:", "-1", "1-x"])
-def test_parse_visible_cpu_cores_rejects(text):
-    with pytest.raises(ValueError, match="BYTEPS_VISIBLE_CPU_CORES"):
-        parse_visible_cpu_cores(text)
+        _C.set_cpu_affinity(dead.pid, [0])
 
 
 # ------------------------------------------------------- parent-death signal
@@ -169,10 +150,7 @@ def test_group_reaper_kills_registered_groups_when_its_pipe_closes():
         assert unregistered.poll() is None
     finally:
         for proc in (leader, unregistered):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_group(proc.pid)
             proc.wait()
 
 

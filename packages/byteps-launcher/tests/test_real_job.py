@@ -6,7 +6,9 @@ import os
 import time
 from pathlib import Path
 
-from launcher_harness import PY, is_alive
+from launcher_harness import PY
+
+from byteps.testkit import is_alive
 
 WORKER = r"""
 import os, sys, time

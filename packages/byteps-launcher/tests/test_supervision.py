@@ -13,7 +13,9 @@ import signal
 import time
 
 import pytest
-from launcher_harness import PY, RECORD_PIDS, ROLE_WORKER_ENV, is_alive, wait_until_dead
+from launcher_harness import PY, RECORD_PIDS, ROLE_WORKER_ENV
+
+from byteps.testkit import is_alive, wait_until_dead
 
 
 def workers_env(job, local_size):

@@ -11,14 +11,16 @@ import os
 
 import numpy as np
 import pytest
-from mxnet_jobs import JOB_LAYOUTS, assert_all_ok, rank_lines, run_job
+from mxnet_jobs import launch_mxnet_job
+
+from byteps.testkit import JOB_LAYOUTS, assert_all_ok, rank_lines, unset_byteps_env
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 
 
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
 def test_ops_under_bpslaunch(layout):
-    result = run_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "ops_checks.py"))
+    result = launch_mxnet_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "ops_checks.py"))
     assert_all_ok(result, checks=8)
     local_size = 2 if layout == "one-machine-np2" else 1
     for rank in range(2):
@@ -27,7 +29,7 @@ def test_ops_under_bpslaunch(layout):
 
 
 def test_ops_under_the_naive_engine():
-    result = run_job(JOB_LAYOUTS["one-machine-np2"], os.path.join(SCRIPTS, "ops_checks.py"),
+    result = launch_mxnet_job(JOB_LAYOUTS["one-machine-np2"], os.path.join(SCRIPTS, "ops_checks.py"),
                      env={"MXNET_ENGINE_TYPE": "NaiveEngine"})
     assert_all_ok(result, checks=7)  # without the engine-order check: every op is synchronous there
 
@@ -37,9 +39,7 @@ def test_ops_under_the_naive_engine():
 
 @pytest.fixture
 def bps(monkeypatch):
-    for variable in list(os.environ):
-        if variable.startswith(("DMLC_", "BYTEPS_", "PS_")):
-            monkeypatch.delenv(variable)
+    unset_byteps_env(monkeypatch)
     import byteps.mxnet as bps
 
     bps.init()

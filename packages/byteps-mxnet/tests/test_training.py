@@ -11,14 +11,16 @@ import os
 import re
 
 import pytest
-from mxnet_jobs import JOB_LAYOUTS, assert_all_ok, rank_lines, run_job
+from mxnet_jobs import launch_mxnet_job
+
+from byteps.testkit import JOB_LAYOUTS, assert_all_ok, rank_lines
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 
 
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
 def test_training_under_bpslaunch(layout):
-    result = run_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "training_checks.py"))
+    result = launch_mxnet_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "training_checks.py"))
     assert_all_ok(result, checks=8)
     for rank in range(2):
         reports = [line for line in rank_lines(result.stdout, rank) if "single-process reference" in line]

@@ -7,12 +7,12 @@ import sys
 import time
 
 import zmq
-from job_harness import start_job
 
+from byteps.testkit import start_job
 from byteps.transport import AuthenticationError, Command, Connection, authenticate
 from byteps.transport.frames import decode_header, encode_header
 
-WORKER = [sys.executable, os.path.join(os.path.dirname(__file__), "push_pull_worker.py")]
+WORKER = [sys.executable, "-m", "byteps.testkit.push_pull_worker"]
 SECRET = {"BYTEPS_JOB_SECRET": "s3cret-of-this-job", "BYTEPS_LOG_LEVEL": "INFO"}
 SPEC = {"rounds": 150, "tensors": [{"name": "w", "dtype": "float32", "count": 1000, "average": False},
                                    {"name": "b", "dtype": "int64", "count": 10, "average": True}]}

@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from byteps.testkit import kill_group
+
 RIG_DIR = pathlib.Path(__file__).resolve().parents[3] / "benchmarks" / "cluster"
 TIMEOUT_S = 60
 
@@ -45,12 +47,12 @@ def test_two_hosts_cap_holds_and_byteps_sums():
         try:
             output, _ = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_group(proc.pid)
             output, _ = proc.communicate()
         pytest.fail(f"the smoke run took over {TIMEOUT_S} s:\n{output}")
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_group(proc.pid)
             proc.wait()
         leftovers = rig.delete_rigs_of(proc.pid)
     assert proc.returncode == 0, output

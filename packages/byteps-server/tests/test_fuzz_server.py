@@ -3,7 +3,7 @@
 import os
 import sys
 
-from job_harness import run_job
+from byteps.testkit import run_job
 
 FUZZ_WORKER = [sys.executable, os.path.join(os.path.dirname(__file__), "fuzz_worker.py")]
 FRAMES = 100_000

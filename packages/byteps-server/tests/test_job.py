@@ -5,13 +5,13 @@ numpy reference it computes itself (exact for integers).
 """
 
 import json
-import os
 import sys
 
 import pytest
-from job_harness import run_job
 
-WORKER = [sys.executable, os.path.join(os.path.dirname(__file__), "push_pull_worker.py")]
+from byteps.testkit import run_job
+
+WORKER = [sys.executable, "-m", "byteps.testkit.push_pull_worker"]
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64"]
 PARTITION_BYTES = 4000  # small, so that modest tensors span several partitions
 

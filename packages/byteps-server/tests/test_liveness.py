@@ -9,7 +9,8 @@ import sys
 import time
 
 import pytest
-from job_harness import start_job
+
+from byteps.testkit import start_job
 
 WORKER = [sys.executable, os.path.join(os.path.dirname(__file__), "liveness_worker.py")]
 FAST_HEARTBEAT = {"PS_HEARTBEAT_INTERVAL": "0.5", "PS_HEARTBEAT_TIMEOUT": "3"}

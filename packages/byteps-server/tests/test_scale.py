@@ -2,7 +2,7 @@
 
 import sys
 
-from job_harness import run_job
+from byteps.testkit import run_job
 
 MANY = r"""
 import numpy as np

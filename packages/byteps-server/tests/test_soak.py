@@ -6,7 +6,8 @@ import sys
 import time
 
 import pytest
-from job_harness import start_job
+
+from byteps.testkit import start_job
 
 WORKER = [sys.executable, os.path.join(os.path.dirname(__file__), "soak_worker.py")]
 ROUNDS, TENSORS, WARMUP = 2000, 200, 200

@@ -2,9 +2,8 @@
 
 import sys
 
-from job_harness import run_job
-
 from byteps.server.stall_inspector import PartialRound, StallInspector
+from byteps.testkit import run_job
 
 
 def test_partitions_of_a_tensor_are_reported_once_with_the_missing_ranks(caplog):

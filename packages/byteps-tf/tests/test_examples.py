@@ -8,7 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from tf_jobs import clean_env, rank_lines, report, run_job
+from tf_jobs import TF_SETTINGS, launch_tf_job
+
+from byteps.testkit import clean_env, rank_lines, report
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples", "tensorflow")
 
@@ -16,7 +18,7 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(EXAMPLES), reason="the reposit
 
 
 def test_keras_digits_trains_above_90_percent():
-    result = run_job(["--workers", "2", "--servers", "1"], os.path.join(EXAMPLES, "train_digits_keras.py"))
+    result = launch_tf_job(["--workers", "2", "--servers", "1"], os.path.join(EXAMPLES, "train_digits_keras.py"))
     assert result.returncode == 0, report(result)
     lines = rank_lines(result.stdout, 0)
     assert sum(line.startswith("epoch") for line in lines) == 10, lines
@@ -29,7 +31,7 @@ def test_keras_digits_trains_above_90_percent():
 def test_keras_digits_exits_non_zero_below_the_bar():
     # One worker without the launcher (byteps needs no server then): the exit code is the example's own.
     script = os.path.join(EXAMPLES, "train_digits_keras.py")
-    result = subprocess.run([sys.executable, script, "--epochs", "1", "--min-accuracy", "1.01"], env=clean_env(),
-                            capture_output=True, text=True, timeout=180)
+    result = subprocess.run([sys.executable, script, "--epochs", "1", "--min-accuracy", "1.01"],
+                            env=clean_env(TF_SETTINGS), capture_output=True, text=True, timeout=180)
     assert result.returncode == 1, report(result)
     assert "is below --min-accuracy 1.01" in result.stderr, report(result)

@@ -18,12 +18,14 @@ from __future__ import annotations
 import re
 
 import pytest
-from tf_jobs import JOB_LAYOUTS, SCRIPTS, assert_all_ok, rank_lines, report, run_job
+from tf_jobs import SCRIPTS, launch_tf_job
+
+from byteps.testkit import JOB_LAYOUTS, assert_all_ok, rank_lines, report
 
 
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
 def test_ops_under_bpslaunch(layout):
-    result = run_job(JOB_LAYOUTS[layout], f"{SCRIPTS}/ops_checks.py")
+    result = launch_tf_job(JOB_LAYOUTS[layout], f"{SCRIPTS}/ops_checks.py")
     assert_all_ok(result, checks=13)
     local_size = 2 if layout == "one-machine-np2" else 1
     for rank in range(2):
@@ -38,7 +40,7 @@ def test_ops_under_bpslaunch(layout):
 
 def test_keras_under_bpslaunch(tmp_path):
     layout = JOB_LAYOUTS["two-machines-two-servers"]
-    result = run_job(layout, f"{SCRIPTS}/keras_checks.py", env={"BYTEPS_TEST_TMP": str(tmp_path)})
+    result = launch_tf_job(layout, f"{SCRIPTS}/keras_checks.py", env={"BYTEPS_TEST_TMP": str(tmp_path)})
     assert_all_ok(result, checks=7)
     for rank in range(2):
         reports = [line for line in rank_lines(result.stdout, rank) if line.startswith("equivalence")]

@@ -7,21 +7,19 @@ behaviour is in test_jobs.py.
 
 from __future__ import annotations
 
-import os
-
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+
+from byteps.testkit import unset_byteps_env
 
 DTYPES = [tf.float16, tf.float32, tf.float64, tf.bfloat16, tf.int32, tf.int64]
 
 
 @pytest.fixture
 def bps(monkeypatch):
-    for variable in list(os.environ):
-        if variable.startswith(("DMLC_", "BYTEPS_", "PS_")):
-            monkeypatch.delenv(variable)
+    unset_byteps_env(monkeypatch)
     import byteps.tensorflow as bps
 
     bps.init()

@@ -12,7 +12,7 @@ import os
 import subprocess
 from typing import Dict, List, Tuple
 
-from torch_jobs import JOB_LAYOUTS, rank_lines, run_job
+from byteps.testkit import JOB_LAYOUTS, launch_job, rank_lines, tail
 
 __all__ = ["ScriptJobs", "LAYOUTS"]
 
@@ -35,8 +35,8 @@ class ScriptJobs:
         if layout not in self._results:
             tmp = os.path.join(self.tmp_root, layout)
             os.makedirs(tmp, exist_ok=True)
-            self._results[layout] = run_job(LAYOUTS[layout], self.script, env={"BYTEPS_TEST_TMP": tmp},
-                                            timeout=self.timeout)
+            self._results[layout] = launch_job(LAYOUTS[layout], self.script, env={"BYTEPS_TEST_TMP": tmp},
+                                               timeout=self.timeout)
         return self._results[layout]
 
     def ranks(self, layout: str) -> List[int]:
@@ -52,6 +52,3 @@ class ScriptJobs:
                 f"{tail(result.stdout)}\n--- stderr ---\n{tail(result.stderr)}")
         return lines
 
-
-def tail(text: str, lines: int = 60) -> str:
-    return "\n".join(text.splitlines()[-lines:])

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 
 import pytest
-from job_results import assert_all_ok
-from torch_jobs import JOB_LAYOUTS, run_job
+
+from byteps.testkit import JOB_LAYOUTS, assert_all_ok, launch_job
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
 def test_broadcasts_under_bpslaunch(layout):
-    result = run_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "broadcast_checks.py"))
+    result = launch_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "broadcast_checks.py"))
     assert_all_ok(result, checks=6)

@@ -11,7 +11,8 @@ import re
 
 import pytest
 from job_checks import ScriptJobs
-from torch_jobs import JOB_LAYOUTS
+
+from byteps.testkit import JOB_LAYOUTS
 
 WAYS = {
     "distributed_optimizer": "DistributedOptimizer",

@@ -4,7 +4,8 @@ import os
 import re
 
 import pytest
-from torch_jobs import rank_lines, run_job
+
+from byteps.testkit import launch_job, rank_lines
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples", "torch")
 
@@ -12,7 +13,7 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(EXAMPLES), reason="the reposit
 
 
 def test_digits_trains_above_90_percent():
-    result = run_job(["--workers", "2", "--servers", "1"], os.path.join(EXAMPLES, "train_digits.py"), timeout=120)
+    result = launch_job(["--workers", "2", "--servers", "1"], os.path.join(EXAMPLES, "train_digits.py"), timeout=120)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     lines = rank_lines(result.stdout, 0)
@@ -25,7 +26,7 @@ def test_digits_trains_above_90_percent():
 def test_synthetic_benchmark_reports_img_per_sec():
     args = ["--model", "resnet8", "--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "2",
             "--fp16-pushpull"]
-    result = run_job(["-np", "2"], os.path.join(EXAMPLES, "synthetic_benchmark.py"), args, timeout=120)
+    result = launch_job(["-np", "2"], os.path.join(EXAMPLES, "synthetic_benchmark.py"), args, timeout=120)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     text = "\n".join(rank_lines(result.stdout, 0))
     assert re.search(r"Img/sec per worker: [\d.]+ \+-[\d.]+", text), text

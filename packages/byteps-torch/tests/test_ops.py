@@ -12,15 +12,15 @@ import sys
 
 import pytest
 import torch
-from job_results import assert_all_ok
-from torch_jobs import JOB_LAYOUTS, rank_lines, run_job
+
+from byteps.testkit import JOB_LAYOUTS, assert_all_ok, launch_job, rank_lines, unset_byteps_env
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
 def test_ops_under_bpslaunch(layout):
-    result = run_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "ops_checks.py"))
+    result = launch_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "ops_checks.py"))
     assert_all_ok(result, checks=10)
     local_size = 2 if layout == "one-machine-np2" else 1
     for rank in range(2):
@@ -30,7 +30,7 @@ def test_ops_under_bpslaunch(layout):
 
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
 def test_shape_or_dtype_mismatch_fails_on_every_rank(layout):
-    result = run_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "mismatch_checks.py"))
+    result = launch_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "mismatch_checks.py"))
     assert_all_ok(result, checks=3)
     for rank in range(2):
         lines = rank_lines(result.stdout, rank)
@@ -46,9 +46,7 @@ def test_shape_or_dtype_mismatch_fails_on_every_rank(layout):
 
 @pytest.fixture
 def bps(monkeypatch):
-    for variable in list(os.environ):
-        if variable.startswith(("DMLC_", "BYTEPS_", "PS_")):
-            monkeypatch.delenv(variable)
+    unset_byteps_env(monkeypatch)
     import byteps.torch as bps
 
     bps.init()

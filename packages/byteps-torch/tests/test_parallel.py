@@ -7,7 +7,8 @@ each rank recomputes from all ranks' data.
 
 import pytest
 from job_checks import ScriptJobs
-from torch_jobs import JOB_LAYOUTS
+
+from byteps.testkit import JOB_LAYOUTS
 
 CHECKS = [
     "broadcast_at_construction",   # parameters and buffers from rank 0; broadcast_buffers=False keeps buffers

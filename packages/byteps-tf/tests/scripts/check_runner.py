@@ -1,41 +1,19 @@
-"""Check runner shared by the worker scripts under tests/scripts/.
+"""What the worker scripts under tests/scripts/ check with: byteps.testkit's checks, and tensor assertions.
 
-Each script runs named checks on every rank and prints ``OK <name>`` or
-``FAIL <name>: <traceback>``. A failing check ends the process at once (exit
-1): the other ranks may wait for push_pulls it will never send, and the
-launcher tears the job down as soon as a worker fails.
+Each script runs named checks on every rank (``Checks`` prints ``OK <name>``,
+or ``FAIL <name>: <traceback>`` and exits 1 at once, and ``ALL OK <n>`` at
+the end; see byteps.testkit.checks); the tensor comparisons are here.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-import traceback
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from byteps.testkit.checks import Checks, expect_error
+
 __all__ = ["Checks", "assert_equal", "assert_close", "expect_error"]
-
-
-class Checks:
-    """Runs checks in order and counts them."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def run(self, name: str, body: Callable[[], None]) -> None:
-        try:
-            body()
-        except BaseException:
-            print(f"FAIL {name}: " + traceback.format_exc().replace("\n", "\n    "), flush=True)
-            sys.stderr.flush()
-            os._exit(1)
-        self.count += 1
-        print(f"OK {name}", flush=True)
-
-    def done(self) -> None:
-        print(f"ALL OK {self.count}", flush=True)
 
 
 def _numpy(value: Any) -> np.ndarray:
@@ -59,13 +37,3 @@ def assert_equal(actual: Any, expected: Any, what: str, rtol: float = 0.0, atol:
 
 def assert_close(actual: Any, expected: Any, what: str, rtol: float = 1e-5, atol: float = 1e-6) -> None:
     assert_equal(actual, expected, what, rtol=rtol, atol=atol)
-
-
-def expect_error(kind: Any, text: str, call: Callable[[], object]) -> str:
-    """``call()`` must raise ``kind`` with ``text`` in its message; returns the message."""
-    try:
-        call()
-    except kind as exc:
-        assert text in str(exc), f"{getattr(kind, '__name__', kind)} without {text!r}: {exc}"
-        return str(exc)
-    raise AssertionError(f"no {getattr(kind, '__name__', kind)} ({text!r}) was raised")

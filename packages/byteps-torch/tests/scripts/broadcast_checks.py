@@ -8,7 +8,7 @@ per check and ``ALL OK <n>`` at the end; the first failure exits 1.
 from __future__ import annotations
 
 import torch
-from check_runner import assert_equal, check, expect_error
+from check_runner import Checks, assert_equal, expect_error
 from torch import nn
 
 import byteps.torch as bps
@@ -16,13 +16,7 @@ import byteps.torch as bps
 DTYPES = [torch.float16, torch.float32, torch.float64, torch.bfloat16, torch.int32, torch.int64,
           torch.bool, torch.uint8, torch.int8, torch.int16]
 SHAPES = [(5,), (2, 3), (2, 1, 4)]
-checks = 0
-
-
-def run(name, body):
-    global checks
-    check(name, body)
-    checks += 1
+checks = Checks()
 
 
 def value(shape, dtype, r):
@@ -241,15 +235,15 @@ def objects():
 
 def main():
     bps.init()
-    run("broadcast tensors of every dtype, both roots, all variants, gradient", tensors)
-    run("broadcast_parameters", parameters)
-    run("broadcast_optimizer_state: lazy state, params without grads", optimizer_state)
-    run("broadcast_optimizer_state: momentum, hyperparameters, scalars, DistributedOptimizer",
+    checks.run("broadcast tensors of every dtype, both roots, all variants, gradient", tensors)
+    checks.run("broadcast_parameters", parameters)
+    checks.run("broadcast_optimizer_state: lazy state, params without grads", optimizer_state)
+    checks.run("broadcast_optimizer_state: momentum, hyperparameters, scalars, DistributedOptimizer",
         sgd_momentum_and_scalars)
-    run("broadcast_optimizer_state errors on every rank", optimizer_errors)
-    run("broadcast_object", objects)
+    checks.run("broadcast_optimizer_state errors on every rank", optimizer_errors)
+    checks.run("broadcast_object", objects)
     bps.shutdown()
-    print(f"ALL OK {checks}", flush=True)
+    checks.done()
 
 
 if __name__ == "__main__":

@@ -1,31 +1,17 @@
-"""Check runner shared by every worker script under tests/scripts/.
+"""What every worker script under tests/scripts/ checks with: byteps.testkit's checks, and torch's assertions.
 
-Each script runs named checks on every rank and prints ``OK <name>`` or
-``FAIL <name>: <traceback>``. A failing check ends the process at once (exit
-1): the other ranks may wait for push_pulls it will never send, and the
-launcher tears the job down as soon as a worker fails.
+Each script runs named checks on every rank (``check`` / ``Checks`` print
+``OK <name>``, or ``FAIL <name>: <traceback>`` and exit 1 at once; see
+byteps.testkit.checks); the tensor comparisons are torch's own.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-import traceback
-from typing import Callable
-
 import torch
 
-__all__ = ["check", "assert_equal", "assert_close", "expect_error"]
+from byteps.testkit.checks import Checks, check, expect_error
 
-
-def check(name: str, body: Callable[[], None]) -> None:
-    try:
-        body()
-    except BaseException:
-        print(f"FAIL {name}: " + traceback.format_exc().replace("\n", "\n    "), flush=True)
-        sys.stderr.flush()
-        os._exit(1)
-    print(f"OK {name}", flush=True)
+__all__ = ["Checks", "check", "assert_equal", "assert_close", "expect_error"]
 
 
 def assert_equal(actual: torch.Tensor, expected: torch.Tensor, what: str, rtol: float = 0.0,
@@ -39,13 +25,3 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str, rtol: 
                  atol: float = 1e-6) -> None:
     """Same dtype and shape, values within float32-sized tolerances."""
     assert_equal(actual, expected, what, rtol=rtol, atol=atol)
-
-
-def expect_error(kind: type, text: str, call: Callable[[], object]) -> str:
-    """``call()`` must raise ``kind`` with ``text`` in its message; returns the message."""
-    try:
-        call()
-    except kind as exc:
-        assert text in str(exc), f"{kind.__name__} without {text!r}: {exc}"
-        return str(exc)
-    raise AssertionError(f"no {kind.__name__} ({text!r}) was raised")

@@ -11,20 +11,14 @@ import threading
 import time
 
 import torch
-from check_runner import assert_equal, check, expect_error
+from check_runner import Checks, assert_equal, expect_error
 
 import byteps.torch as bps
 
 DTYPES = [torch.float16, torch.float32, torch.float64, torch.bfloat16, torch.int32, torch.int64]
 SHAPES = [(7,), (3, 4), (2, 3, 5)]
 BIG = 4 * 1024 * 1024  # float32 elements: 16 MB, several partitions
-checks = 0
-
-
-def run(name, body):
-    global checks
-    check(name, body)
-    checks += 1
+checks = Checks()
 
 
 def value(shape, dtype, r):
@@ -230,18 +224,18 @@ def telemetry_and_join():
 
 def main():
     bps.init()
-    run("process info", process_info)
-    run("dtypes x shapes x sum/average", dtypes_and_shapes)
-    run("async handles, poll, in-flight name, done callback", async_handles)
-    run("in-place variants", inplace_variants)
-    run("gradients through push_pull / allreduce", gradients)
-    run("compression and scaling", compression_and_scaling)
-    run("default names", default_names)
-    run("errors", errors)
-    run("grouped push_pull (fusion)", grouped_push_pull)
-    run("telemetry and join", telemetry_and_join)
+    checks.run("process info", process_info)
+    checks.run("dtypes x shapes x sum/average", dtypes_and_shapes)
+    checks.run("async handles, poll, in-flight name, done callback", async_handles)
+    checks.run("in-place variants", inplace_variants)
+    checks.run("gradients through push_pull / allreduce", gradients)
+    checks.run("compression and scaling", compression_and_scaling)
+    checks.run("default names", default_names)
+    checks.run("errors", errors)
+    checks.run("grouped push_pull (fusion)", grouped_push_pull)
+    checks.run("telemetry and join", telemetry_and_join)
     bps.shutdown()
-    print(f"ALL OK {checks}", flush=True)
+    checks.done()
 
 
 if __name__ == "__main__":

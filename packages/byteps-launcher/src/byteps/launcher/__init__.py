@@ -22,14 +22,9 @@ from byteps.common.interface import require_interface
 
 INTERFACE_VERSION = (1, 0)
 
-require_interface("byteps-common", "byteps.common", (1, 1), requirer="byteps-launcher")
+require_interface("byteps-common", "byteps.common", (2, 0), requirer="byteps-launcher")
 
 from byteps.launcher.cli import main  # noqa: E402
-from byteps.launcher.cpu_affinity import (  # noqa: E402
-    get_cpu_affinity,
-    parse_visible_cpu_cores,
-    set_cpu_affinity,
-)
 from byteps.launcher.job_plan import JobPlan, ProcessSpec  # noqa: E402
 from byteps.launcher.supervisor import JobOutcome, Supervisor  # noqa: E402
 
@@ -39,8 +34,5 @@ __all__ = [
     "JobPlan",
     "ProcessSpec",
     "Supervisor",
-    "get_cpu_affinity",
     "main",
-    "parse_visible_cpu_cores",
-    "set_cpu_affinity",
 ]

@@ -1,8 +1,8 @@
 """Which CPUs each worker process bpslaunch starts may run on, and pinning it there.
 
 bpslaunch plans the job, then :func:`place_workers` reads this machine's
-topology (:mod:`byteps.common.topology`), asks
-:func:`byteps.common.core_assignment.assign_cores` for each local worker's
+topology (:mod:`byteps.launcher.topology`), asks
+:func:`byteps.launcher.core_assignment.assign_cores` for each local worker's
 CPUs under the ``BYTEPS_NUMA_ON`` / ``BYTEPS_VISIBLE_CPU_CORES`` /
 ``BYTEPS_CPU_BLACKLIST`` / ``BYTEPS_MULTITHREADED_CPU`` /
 ``BYTEPS_NUMA_DEFAULT_QUOTA`` knobs, and records them in each worker's
@@ -37,9 +37,9 @@ import dataclasses
 import os
 from typing import Any, Callable, Iterable, List, Optional, Sequence
 
-from byteps.common.core_assignment import CoreAssignment, assign_cores
-from byteps.common.topology import Topology, TopologyError, format_cpu_list, read_topology
+from byteps.launcher.core_assignment import CoreAssignment, assign_cores
 from byteps.launcher.job_plan import JobPlan, ProcessSpec
+from byteps.launcher.topology import Topology, TopologyError, format_cpu_list, read_topology
 
 __all__ = ["place_workers", "pin_in_child", "gpu_of"]
 

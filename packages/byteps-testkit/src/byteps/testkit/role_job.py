@@ -1,8 +1,22 @@
-"""Start a real byteps job (scheduler, servers, workers) as processes on 127.0.0.1.
+"""A byteps job (scheduler, servers, workers) started process by process on 127.0.0.1, without bpslaunch.
 
-The tests of byteps-server use it instead of bpslaunch, so that the server
-is tested on its own; every process is started in its own session and
-killed by process group when the job ends, times out or a test fails.
+Each process gets the role environment a real machine would give it
+(``DMLC_ROLE``, ``DMLC_PS_ROOT_PORT``, ``DMLC_WORKER_ID``, ...), so a test
+checks byteps-server and byteps-common on their own, and can stop, kill or
+watch any one process. Every process runs in its own session and is killed
+with its process group when the job ends, times out or the test fails.
+
+Example::
+
+    result = run_job([sys.executable, "worker.py"], num_workers=2, num_servers=1)
+    assert all(code == 0 for code in result.codes.values()), result.failures()
+
+    job = start_job(worker_argv, 2, 1)        # to act on the job while it runs
+    try:
+        job.kill("server0")
+        job.wait(30, stop_on_failure=False)
+    finally:
+        result = job.finish()
 """
 
 from __future__ import annotations
@@ -10,55 +24,52 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import IO, Dict, List, Mapping, Optional, Sequence
 
-__all__ = ["JobResult", "RunningJob", "run_job", "start_job", "free_port"]
+from byteps.testkit.ports import free_port
+from byteps.testkit.processes import kill_group
 
+__all__ = ["JobResult", "RunningJob", "run_job", "start_job"]
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+#: The command of the scheduler and of every server (byteps-server's entry point).
+SERVER_ARGV = (sys.executable, "-m", "byteps.server")
 
 
 @dataclasses.dataclass
 class JobResult:
-    codes: Dict[str, Optional[int]]  # role name -> exit code (None: killed at timeout)
+    """How each process of a finished job ended, and what it printed (stdout and stderr together)."""
+
+    codes: Dict[str, Optional[int]]  # process name -> exit code (negative: killed by that signal)
     outputs: Dict[str, str]
     timed_out: bool
 
     def failures(self) -> str:
+        """The tail of every process that did not exit 0, for an assertion message."""
         return "\n".join(f"--- {name} exited {self.codes[name]}:\n{self.outputs[name][-3000:]}"
                          for name in self.codes if self.codes[name] != 0)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
 class RunningJob:
-    """Processes of one job, started by :func:`start_job`; ``finish`` always leaves none behind."""
+    """The processes of one job, by name (``scheduler``, ``server0``, ``worker1``); ``finish`` leaves none behind."""
 
-    def __init__(self, procs: Dict[str, subprocess.Popen], logs: Dict[str, object], port: int = 0) -> None:
+    def __init__(self, procs: Dict[str, subprocess.Popen], logs: Dict[str, IO[str]], port: int = 0) -> None:
         self.procs = procs
         self.logs = logs
         self.port = port  # the scheduler's
 
     def output(self, name: str) -> str:
+        """What process ``name`` printed so far."""
         handle = self.logs[name]
         handle.flush()
         with open(handle.name) as reader:
             return reader.read()
 
     def kill(self, name: str) -> None:
+        """SIGKILL process ``name`` alone (not its group): what a crash looks like to the others."""
         os.kill(self.procs[name].pid, signal.SIGKILL)
 
     def wait(self, timeout: float, stop_on_failure: bool = True) -> bool:
@@ -74,9 +85,10 @@ class RunningJob:
         return True
 
     def finish(self, timed_out: bool = False) -> JobResult:
+        """Kill the process group of whatever still runs, collect the outputs, remove the log files."""
         for proc in self.procs.values():
             if proc.poll() is None:
-                _kill_group(proc)
+                kill_group(proc.pid)
             proc.wait()
         outputs = {}
         for name, handle in self.logs.items():
@@ -89,12 +101,16 @@ class RunningJob:
 
 
 def start_job(worker_argv: Sequence[str], num_workers: int, num_servers: int, local_size: int = 1,
-              env: Optional[Dict[str, str]] = None, timeout: float = 120.0,
+              env: Optional[Mapping[str, str]] = None, timeout: float = 120.0,
               server_argv: Optional[Sequence[str]] = None, start_scheduler: bool = True,
-              overrides: Optional[Dict[str, Dict[str, str]]] = None) -> RunningJob:
-    """Start every process of one job; call ``finish()`` on the result (in a finally).
+              overrides: Optional[Mapping[str, Mapping[str, str]]] = None) -> RunningJob:
+    """Start every process of one job; call ``finish()`` on the result (in a ``finally``).
 
-    ``overrides`` maps a process name (``worker1``, ``server0``) to extra environment.
+    ``num_workers`` machines run ``local_size`` worker processes each
+    (``worker<w * local_size + local>``); ``env`` adds to every process's
+    environment, ``overrides`` maps a process name (``worker1``,
+    ``server0``) to extra environment of its own. ``timeout`` becomes the
+    rendezvous timeout.
     """
     port = free_port()
     base = dict(os.environ)
@@ -105,7 +121,7 @@ def start_job(worker_argv: Sequence[str], num_workers: int, num_servers: int, lo
         "BYTEPS_RENDEZVOUS_TIMEOUT": str(int(timeout)),
     })
     base.update(env or {})
-    server_cmd = list(server_argv or [sys.executable, "-m", "byteps.server"])
+    server_cmd = list(server_argv or SERVER_ARGV)
     plan: List[tuple] = []
     if start_scheduler:
         plan.append(("scheduler", server_cmd, {"DMLC_ROLE": "scheduler"}))
@@ -129,9 +145,9 @@ def start_job(worker_argv: Sequence[str], num_workers: int, num_servers: int, lo
 
 
 def run_job(worker_argv: Sequence[str], num_workers: int, num_servers: int, local_size: int = 1,
-            env: Optional[Dict[str, str]] = None, timeout: float = 120.0,
+            env: Optional[Mapping[str, str]] = None, timeout: float = 120.0,
             server_argv: Optional[Sequence[str]] = None, start_scheduler: bool = True) -> JobResult:
-    """Run one job to completion; every process is gone when this returns."""
+    """Run one job until every process exited, one failed, or ``timeout``; every process is gone on return."""
     job = start_job(worker_argv, num_workers, num_servers, local_size, env, timeout, server_argv, start_scheduler)
     timed_out = True
     try:

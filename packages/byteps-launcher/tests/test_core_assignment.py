@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from byteps.common.config import Config, ConfigError
-from byteps.common.core_assignment import assign_cores
-from byteps.common.topology import Gpu, Topology, read_topology
+from byteps.launcher.core_assignment import assign_cores
+from byteps.launcher.topology import Gpu, Topology, read_topology
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
 MACHINES = ("xeon-gold-6248-2s", "epyc-7543-2s-nps4", "alder-lake-i9-12900k", "xeon-offline-cxl")

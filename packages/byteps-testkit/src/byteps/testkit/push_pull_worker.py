@@ -1,9 +1,14 @@
-"""A worker process of the test jobs: push_pulls generated tensors, checks them against numpy.
+"""The reference worker of test jobs: push_pulls generated tensors, checks them against numpy.
 
-Usage: python push_pull_worker.py SPEC_JSON
+Usage: python -m byteps.testkit.push_pull_worker SPEC_JSON
 SPEC_JSON: {"rounds": R, "tensors": [{"name", "dtype", "count", "average"}...], "async": bool}
 Every rank derives every other rank's data from the same seeds, so each can
 compute the exact reference sum itself. Exits 1 with a message on a mismatch.
+
+byteps-server's and byteps-common's tests both run it as their jobs'
+workers. It is a program, run in a job's worker processes: it uses numpy and
+byteps-common, which the package under test brings; ``byteps.testkit``
+itself never imports it.
 """
 
 from __future__ import annotations

@@ -15,10 +15,11 @@ import sys
 import time
 
 import pytest
-from job_harness import run_job, start_job
+
+from byteps.testkit import run_job, start_job
 
 HERE = os.path.dirname(__file__)
-PUSH_PULL = [sys.executable, os.path.join(HERE, "push_pull_worker.py")]
+PUSH_PULL = [sys.executable, "-m", "byteps.testkit.push_pull_worker"]
 BYTES = [sys.executable, os.path.join(HERE, "bytes_worker.py")]
 PRIORITY = [sys.executable, os.path.join(HERE, "priority_worker.py")]
 MISMATCH = [sys.executable, os.path.join(HERE, "mismatch_local_worker.py")]

@@ -5,7 +5,7 @@ SPEC_JSON: {"rounds": R, "tensors": [{"name", "dtype", "count", "average"}...],
             "mismatch": bool (rank 1 renames its first tensor: a bucket whose membership differs),
             "busy_check": bool (first resubmit a group in flight, see busy_check)}
 Each round submits the averaged tensors as one group and the summed ones as
-another, then checks every result with push_pull_worker's reference. Prints
+another, then checks every result with byteps.testkit.push_pull_worker's reference. Prints
 how many buckets the plan had, so the test knows fusion really happened.
 """
 
@@ -15,11 +15,10 @@ import json
 import sys
 import time
 
-from push_pull_worker import check, generate
-
 import byteps.common as bps
 from byteps.common.dtypes import dtype_of
 from byteps.common.fusion import plan_fusion
+from byteps.testkit.push_pull_worker import check, generate
 
 
 def busy_check(names: list, tensors: list, rank: int) -> None:

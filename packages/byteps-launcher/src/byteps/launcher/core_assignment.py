@@ -1,6 +1,6 @@
 """Which logical CPUs each local worker process may run on (BytePS's core affinity).
 
-A pure function of the machine (:class:`~byteps.common.topology.Topology`),
+A pure function of the machine (:class:`~byteps.launcher.topology.Topology`),
 the number of local workers and the ``BYTEPS_*`` placement knobs of
 :class:`~byteps.common.config.Config`; ``bpslaunch`` applies the result with
 ``sched_setaffinity`` before each worker starts. The rules:
@@ -41,7 +41,7 @@ import dataclasses
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from byteps.common.config import Config, ConfigError
-from byteps.common.topology import Topology, format_cpu_list
+from byteps.launcher.topology import Topology, format_cpu_list
 
 __all__ = ["CoreAssignment", "assign_cores"]
 

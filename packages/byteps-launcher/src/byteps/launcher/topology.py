@@ -19,7 +19,7 @@ The root is a parameter so that tests read recorded trees
 
 Example::
 
-    from byteps.common.topology import read_topology
+    from byteps.launcher.topology import read_topology
     topo = read_topology()                    # this machine, GPUs through pynvml if any
     topo.describe()    # '1 package, 2 cores, 2 CPUs, 1 NUMA node (0: 0-1), no GPU'
     topo.physical_cores()                     # ((0,), (1,)): hyperthread siblings grouped

@@ -12,7 +12,8 @@ import sys
 import time
 
 import pytest
-from job_harness import run_job
+
+from byteps.testkit import run_job
 
 WORKER = [sys.executable, os.path.join(os.path.dirname(__file__), "fusion_worker.py")]
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64"]

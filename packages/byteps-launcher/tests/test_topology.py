@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from byteps.common.config import parse_cpu_list
-from byteps.common.topology import (
+from byteps.launcher.topology import (
     Topology,
     TopologyError,
     format_cpu_list,
