@@ -22,9 +22,11 @@
 #include <string>
 
 #include "avx2_loops.h"
+#include "byteps/buffer_arg.h"
 #include "reduce_loops.h"
 
 namespace py = pybind11;
+using byteps::BufferArg;
 using namespace byteps::kernels;
 
 namespace {
@@ -161,50 +163,6 @@ int check_dtype(int dtype) {
 
 std::string acc_name(int dtype) { return kAccItemsize[dtype] == 4 && kItemsize[dtype] == 2
                                              ? "float32" : kNames[dtype]; }
-
-// A C-contiguous Py_buffer, released (with the GIL held) when it goes out of
-// scope; construct before and destroy after any gil_scoped_release.
-class BufferArg {
- public:
-  BufferArg(py::handle obj, const char* name, bool writable) : name_(name) {
-    if (!PyObject_CheckBuffer(obj.ptr())) {
-      throw py::type_error(name_ + " must support the buffer protocol (numpy array, "
-                           "memoryview, bytes, zmq.Frame), got " +
-                           std::string(Py_TYPE(obj.ptr())->tp_name));
-    }
-    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_C_CONTIGUOUS) != 0) {
-      py::error_already_set err;
-      throw py::value_error(name_ + " must be a C-contiguous buffer: " + err.what());
-    }
-    if (writable && view_.readonly) {
-      const size_t n = nbytes();
-      PyBuffer_Release(&view_);
-      throw py::value_error(name_ + " is read-only (" + std::to_string(n) +
-                            " bytes); it must be a writable buffer");
-    }
-  }
-  ~BufferArg() { PyBuffer_Release(&view_); }
-  BufferArg(const BufferArg&) = delete;
-  BufferArg& operator=(const BufferArg&) = delete;
-
-  void* data() const { return view_.buf; }
-  size_t nbytes() const { return static_cast<size_t>(view_.len); }
-  const std::string& name() const { return name_; }
-
-  // Element count for an item size; ValueError if the bytes do not divide.
-  size_t count(size_t itemsize, const std::string& type_name) const {
-    if (nbytes() % itemsize != 0) {
-      throw py::value_error(name_ + " has " + std::to_string(nbytes()) +
-                            " bytes, not a multiple of the " + type_name + " itemsize " +
-                            std::to_string(itemsize));
-    }
-    return nbytes() / itemsize;
-  }
-
- private:
-  std::string name_;
-  Py_buffer view_{};
-};
 
 // In-place (same start, same size) is fine for elementwise loops; any other
 // overlap would read values the loop has already overwritten.

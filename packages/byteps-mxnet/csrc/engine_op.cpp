@@ -122,8 +122,9 @@ py::list EngineOp::views() {
   py::list out;
   for (DLManagedTensor*& tensor : tensors_) {
     if (tensor == nullptr) throw std::runtime_error("views() of an EngineOp were already taken");
-    out.append(take_view(tensor));  // ValueError leaves it ours, released in the destructor
-    tensor = nullptr;
+    // take_view nulls `tensor` only once its view owns it; a refused one (ValueError) stays
+    // ours, released in the destructor, so no error path frees a tensor twice or never.
+    out.append(take_view(tensor));
   }
   return out;
 }

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "buffer_arg.h"
+#include "byteps/buffer_arg.h"
 #include "summation_engine.h"
 
 namespace py = pybind11;

@@ -11,9 +11,9 @@ framework adapters build on::
 
 from byteps.common.interface import require_interface
 
-INTERFACE_VERSION = (1, 1)  # 1.1: local aggregation, declare sizes, push_pull_group_async, topology
+INTERFACE_VERSION = (2, 0)  # 2.0: frontend, sealed transport; 1.1: local aggregation, declare sizes, topology
 
-require_interface("byteps-transport", "byteps.transport", (1, 1), requirer="byteps-common")
+require_interface("byteps-transport", "byteps.transport", (2, 0), requirer="byteps-common")
 
 from byteps.common.api import (  # noqa: E402
     barrier,
@@ -34,6 +34,7 @@ from byteps.common.api import (  # noqa: E402
 from byteps.common.config import Config, ConfigError  # noqa: E402
 from byteps.common.dtypes import DType  # noqa: E402
 from byteps.common.handle import Handle, PushPullError  # noqa: E402
+from byteps.common.native import get_include  # noqa: E402
 from byteps.common.worker import Worker  # noqa: E402
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "Worker",
     "barrier",
     "declare",
+    "get_include",
     "init",
     "is_initialized",
     "local_rank",

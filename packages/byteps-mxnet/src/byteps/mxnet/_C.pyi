@@ -24,7 +24,8 @@ def from_dlpack(capsule: object) -> View:
 
     Returns (writable flat byte memoryview, byteps dtype code, shape); the memoryview
     keeps the array's memory alive. TypeError if not a capsule; ValueError for a used
-    capsule, another device or an unsupported dtype (the capsule then stays unconsumed).
+    capsule, another device, an unsupported dtype, a non-contiguous array or a shape whose
+    byte size overflows (the capsule then stays unconsumed).
     """
 
 class EngineOp:

@@ -4,7 +4,7 @@ Per key (one partition of one tensor) and round, the server sums the PUSH
 of every worker process, then answers every PULL of that round with the
 sum: BytePS's synchronous mode. The summation runs in the C++
 ``ServerEngine`` (byteps.server._C) on BYTEPS_SERVER_ENGINE_THREAD threads,
-straight out of ZeroMQ's receive buffers; answers are sent zero-copy from
+straight out of the transport's receive buffers; answers are sent zero-copy from
 the engine's double-buffered results.
 
 Every message is checked: a worker whose INIT_KEY disagrees with another's

@@ -23,7 +23,8 @@ def from_dlpack(capsule: object) -> Tuple[memoryview, int, Tuple[int, ...]]:
     Returns (flat byte memoryview, byteps dtype code, shape). The capsule is renamed
     'used_dltensor'; the memoryview keeps the tensor's memory alive. TypeError if
     ``capsule`` is not a capsule; ValueError for a used or versioned capsule, a non-CPU
-    device, an unsupported dtype or a non-contiguous tensor (the capsule then stays unconsumed).
+    device, an unsupported dtype, a non-contiguous tensor or a shape whose byte size overflows
+    (the capsule then stays unconsumed).
     """
 
 class HostBuffer:
@@ -38,7 +39,9 @@ class HostBuffer:
     def address(self) -> int: ...
     def __buffer__(self, flags: int) -> memoryview: ...
     def write_at(self, offset: int, source: object) -> None:
-        """Copy a C-contiguous buffer's bytes to byte ``offset`` (GIL released); ValueError on overflow."""
+        """Copy a C-contiguous buffer's bytes to byte ``offset`` (GIL released); TypeError for a
+        non-buffer, ValueError for a non-contiguous source or one past the end."""
     def to_dlpack(self, code: int, shape: Sequence[int]) -> object:
         """A 'dltensor' capsule over the first prod(shape) elements of byteps dtype ``code``
-        (tf.experimental.dlpack.from_dlpack takes it); ValueError if they do not fit."""
+        (tf.experimental.dlpack.from_dlpack takes it); ValueError if they do not fit or their
+        size overflows."""

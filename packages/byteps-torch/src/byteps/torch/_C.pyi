@@ -22,6 +22,7 @@ def from_dlpack(capsule: object) -> Tuple[memoryview, int, Tuple[int, ...]]:
     Returns (writable flat byte memoryview, byteps dtype code, shape). The capsule is
     renamed 'used_dltensor'; the memoryview keeps the tensor's memory alive.
     TypeError if ``capsule`` is not a capsule; ValueError for a used or versioned
-    capsule, a non-CPU device (stage it to the CPU), an unsupported dtype or a
-    non-contiguous tensor, in which cases the capsule stays unconsumed.
+    capsule, a non-CPU device (stage it to the CPU), an unsupported dtype, a
+    non-contiguous tensor or a shape whose byte size overflows, in which cases the
+    capsule stays unconsumed.
     """

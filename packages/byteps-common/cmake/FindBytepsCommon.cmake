@@ -1,0 +1,46 @@
+# Finds byteps-common's header-only C++ API (DLPack reader, buffer arguments)
+# for the extensions that build on it (byteps-server, -torch, -tf, -mxnet).
+#
+#   list(APPEND CMAKE_MODULE_PATH "${CMAKE_CURRENT_SOURCE_DIR}/../byteps-common/cmake")
+#   find_package(BytepsCommon REQUIRED)
+#   target_link_libraries(_C PRIVATE BytepsCommon::headers)
+#
+# Where the headers come from, first match wins (byteps-common's README,
+# "C++ headers for adapters"):
+#   1. -DBYTEPS_COMMON_INCLUDE=<dir>
+#   2. this module's own byteps-common: the monorepo sibling (../csrc/include)
+#      or the installed wheel (byteps/common/include, next to byteps/common/cmake)
+#   3. byteps.common.get_include() in the Python the build runs with
+set(BYTEPS_COMMON_INCLUDE "" CACHE PATH "Directory holding byteps/dlpack.h (byteps.common.get_include())")
+if(NOT BYTEPS_COMMON_INCLUDE)
+  foreach(_candidate "${CMAKE_CURRENT_LIST_DIR}/../csrc/include" "${CMAKE_CURRENT_LIST_DIR}/../include")
+    if(NOT BYTEPS_COMMON_INCLUDE AND EXISTS "${_candidate}/byteps/dlpack.h")
+      get_filename_component(BYTEPS_COMMON_INCLUDE "${_candidate}" ABSOLUTE)
+    endif()
+  endforeach()
+endif()
+if(NOT BYTEPS_COMMON_INCLUDE)
+  execute_process(
+    COMMAND "${Python_EXECUTABLE}" -c "import byteps.common; print(byteps.common.get_include())"
+    OUTPUT_VARIABLE BYTEPS_COMMON_INCLUDE ERROR_VARIABLE _byteps_common_error
+    RESULT_VARIABLE _byteps_common_rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT _byteps_common_rc EQUAL 0)
+    set(BYTEPS_COMMON_INCLUDE "")
+  endif()
+endif()
+
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(BytepsCommon
+  REQUIRED_VARS BYTEPS_COMMON_INCLUDE
+  REASON_FAILURE_MESSAGE
+    "byteps-common's C++ headers were not found next to this module, and byteps.common.get_include() \
+failed in ${Python_EXECUTABLE}: ${_byteps_common_error} Install byteps-common in the build environment \
+(then pip wheel --no-build-isolation) or pass -DBYTEPS_COMMON_INCLUDE=<dir>.")
+if(BytepsCommon_FOUND AND NOT EXISTS "${BYTEPS_COMMON_INCLUDE}/byteps/dlpack.h")
+  message(FATAL_ERROR "BYTEPS_COMMON_INCLUDE=${BYTEPS_COMMON_INCLUDE} holds no byteps/dlpack.h")
+endif()
+if(BytepsCommon_FOUND AND NOT TARGET BytepsCommon::headers)
+  add_library(BytepsCommon::headers INTERFACE IMPORTED)
+  set_target_properties(BytepsCommon::headers PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${BYTEPS_COMMON_INCLUDE}")
+  message(STATUS "byteps-common C++ headers: ${BYTEPS_COMMON_INCLUDE}")
+endif()
