@@ -1,15 +1,26 @@
 """Tensor fusion: 500 tensors of 4 KB per round, fused vs unfused, 2 workers + 1 server on loopback.
 
 Each round push_pulls (averages) the same 500 float32 tensors of 4 KB on
-both workers and waits for all of them: unfused, one push_pull_async per
-tensor (each pays the per-message cost: a task, a PUSH, a PULL, a round
-trip, a handle); fused, one push_pull_group_async call, which packs them into
-buckets of BYTEPS_FUSION_THRESHOLD bytes (default 4096000: one 2 MB bucket).
-Both modes run in the same job, alternating repeat by repeat, so the
-machine's noise hits both alike. Reported: rounds per second of each
-(median over repeats) and the median of the per-repeat ratios.
+both workers and waits for all of them: unfused, each tensor alone (each
+pays the per-message cost: a task, a PUSH, a PULL, a round trip, a handle);
+fused, one grouped call, which packs them into buckets of
+BYTEPS_FUSION_THRESHOLD bytes (default 4096000: one 2 MB bucket). Both modes
+run in the same job, alternating repeat by repeat, so the machine's noise
+hits both alike. Reported: rounds per second of each (median over repeats)
+and the median of the per-repeat ratios.
 
-    python benchmarks/bench_fusion.py [--tensors 500] [--kb 4] [--rounds 20] [--repeats 7] [--json out.json]
+``--framework`` picks whose API a round goes through (the package must be
+installed):
+
+* ``common``: byteps.common's push_pull_async per tensor vs push_pull_group_async;
+* ``torch``: byteps.torch's push_pull_async_inplace per tensor vs push_pull_group_async;
+* ``tf``: the gradient reduction of DistributedGradientTape and the TF/Keras
+  DistributedOptimizer (eager) with fusion off (BYTEPS_FUSION_THRESHOLD=0
+  for that call) vs on;
+* ``mxnet``: byteps.mxnet's allreduce_ per array vs the fused group op that
+  DistributedTrainer uses for its small gradients.
+
+    python benchmarks/bench_fusion.py [--framework common] [--tensors 500] [--kb 4] [--rounds 20] [--repeats 7]
 """
 
 from __future__ import annotations
@@ -32,25 +43,115 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def worker_main(args: argparse.Namespace) -> None:
-    """One worker process: time both modes, print rank 0's figures as JSON."""
+def common_rounds(args: argparse.Namespace, count: int, names: dict) -> tuple:
     import byteps.common as bps
 
     bps.init()
-    count = args.kb * 1024 // 4
-    unfused = [np.ones(count, dtype=np.float32) for _ in range(args.tensors)]
-    fused = [np.ones(count, dtype=np.float32) for _ in range(args.tensors)]
-    unfused_names = [f"unfused.{i}" for i in range(args.tensors)]
-    fused_names = [f"fused.{i}" for i in range(args.tensors)]
+    tensors = {mode: [np.ones(count, dtype=np.float32) for _ in range(args.tensors)] for mode in names}
 
     def unfused_round() -> None:
-        handles = [bps.push_pull_async(t, name=n) for t, n in zip(unfused, unfused_names)]
+        handles = [bps.push_pull_async(t, name=n) for t, n in zip(tensors["unfused"], names["unfused"])]
         for handle in handles:
             bps.synchronize(handle)
 
     def fused_round() -> None:
-        for handle in bps.push_pull_group_async(fused, fused_names):
+        for handle in bps.push_pull_group_async(tensors["fused"], names["fused"]):
             bps.synchronize(handle)
+
+    def check() -> bool:
+        return all(t[0] == 1.0 and t[-1] == 1.0 for ts in tensors.values() for t in ts)
+
+    return bps, unfused_round, fused_round, check
+
+
+def torch_rounds(args: argparse.Namespace, count: int, names: dict) -> tuple:
+    import torch
+
+    import byteps.torch as bps
+
+    bps.init()
+    tensors = {mode: [torch.ones(count) for _ in range(args.tensors)] for mode in names}
+
+    def unfused_round() -> None:
+        handles = [bps.push_pull_async_inplace(t, name=n) for t, n in zip(tensors["unfused"], names["unfused"])]
+        for handle in handles:
+            bps.synchronize(handle)
+
+    def fused_round() -> None:
+        for handle in bps.push_pull_group_async(tensors["fused"], names=names["fused"]):
+            bps.synchronize(handle)
+
+    def check() -> bool:
+        return all(bool((t == 1.0).all()) for ts in tensors.values() for t in ts)
+
+    return bps, unfused_round, fused_round, check
+
+
+def tf_rounds(args: argparse.Namespace, count: int, names: dict) -> tuple:
+    import dataclasses
+
+    import tensorflow as tf
+
+    import byteps.tensorflow as bps
+    from byteps.common import api
+    from byteps.tensorflow.gradients import GradientReducer
+
+    bps.init()
+    tensors = [tf.ones([count]) for _ in range(args.tensors)]
+    reducers = {mode: GradientReducer(f"bench.{mode}") for mode in names}
+    worker = api.worker()
+    fusion_on = worker.config
+    fusion_off = dataclasses.replace(fusion_on, fusion_threshold=0)
+    results = {}
+
+    def unfused_round() -> None:
+        worker.config = fusion_off   # benchmark only: the same reducer with fusion off for this call
+        try:
+            results["unfused"] = reducers["unfused"].reduce(tensors)
+        finally:
+            worker.config = fusion_on
+
+    def fused_round() -> None:
+        results["fused"] = reducers["fused"].reduce(tensors)
+
+    def check() -> bool:
+        return all(float(tf.reduce_min(t)) == 1.0 == float(tf.reduce_max(t)) for ts in results.values() for t in ts)
+
+    return bps, unfused_round, fused_round, check
+
+
+def mxnet_rounds(args: argparse.Namespace, count: int, names: dict) -> tuple:
+    import mxnet as mx
+
+    import byteps.mxnet as bps
+    from byteps.mxnet.ops import allreduce_group_
+
+    bps.init()
+    tensors = {mode: [mx.nd.ones((count,)) for _ in range(args.tensors)] for mode in names}
+
+    def unfused_round() -> None:
+        for t, n in zip(tensors["unfused"], names["unfused"]):
+            bps.allreduce_(t, name=n)
+        mx.nd.waitall()
+
+    def fused_round() -> None:
+        allreduce_group_(tensors["fused"], names["fused"])
+        mx.nd.waitall()
+
+    def check() -> bool:
+        return all(float(t.min().asscalar()) == 1.0 == float(t.max().asscalar()) for ts in tensors.values() for t in ts)
+
+    return bps, unfused_round, fused_round, check
+
+
+FRAMEWORKS = {"common": common_rounds, "torch": torch_rounds, "tf": tf_rounds, "mxnet": mxnet_rounds}
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    """One worker process: time both modes, print rank 0's figures as JSON."""
+    count = args.kb * 1024 // 4
+    names = {mode: [f"{mode}.{i}" for i in range(args.tensors)] for mode in ("unfused", "fused")}
+    bps, unfused_round, fused_round, check = FRAMEWORKS[args.framework](args, count, names)
 
     def rounds_per_second(one_round) -> float:
         start = time.perf_counter()
@@ -65,7 +166,7 @@ def worker_main(args: argparse.Namespace) -> None:
         figures["unfused"].append(rounds_per_second(unfused_round))
         figures["fused"].append(rounds_per_second(fused_round))
     # every input was ones on both workers: the averages must be ones
-    assert all(t[0] == 1.0 and t[-1] == 1.0 for t in unfused + fused), "wrong average"
+    assert check(), "wrong average"
     if bps.rank() == 0:
         print("FIGURES " + json.dumps(figures), flush=True)
     bps.shutdown()
@@ -76,7 +177,8 @@ def run_job(args: argparse.Namespace) -> dict:
     env = {**os.environ, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
            "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "DMLC_INTERFACE": "lo", "PYTHONUNBUFFERED": "1"}
     server = [sys.executable, "-m", "byteps.server"]
-    worker = [sys.executable, os.path.abspath(__file__), "--as-worker", "--tensors", str(args.tensors),
+    worker = [sys.executable, os.path.abspath(__file__), "--as-worker", "--framework", args.framework,
+              "--tensors", str(args.tensors),
               "--kb", str(args.kb), "--rounds", str(args.rounds), "--repeats", str(args.repeats)]
     procs = [subprocess.Popen(server, env={**env, "DMLC_ROLE": role}) for role in ("scheduler", "server")]
     workers = [subprocess.Popen(worker, env={**env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(w)},
@@ -98,6 +200,8 @@ def run_job(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--framework", choices=sorted(FRAMEWORKS), default="common",
+                        help="whose API a round goes through (default: byteps.common)")
     parser.add_argument("--tensors", type=int, default=500)
     parser.add_argument("--kb", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=20, help="rounds per timed repeat, each mode")
@@ -111,17 +215,19 @@ def main() -> None:
     raw = run_job(args)
     ratios = [f / u for f, u in zip(raw["fused"], raw["unfused"])]
     figures = {
-        "tensors": args.tensors, "tensor_kb": args.kb, "rounds": args.rounds, "repeats": args.repeats,
+        "framework": args.framework, "tensors": args.tensors, "tensor_kb": args.kb, "rounds": args.rounds,
+        "repeats": args.repeats,
         "fusion_threshold": int(os.environ.get("BYTEPS_FUSION_THRESHOLD", 4096000)),
         "unfused_rounds_per_s": statistics.median(raw["unfused"]),
         "fused_rounds_per_s": statistics.median(raw["fused"]),
         "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
         "raw": raw,
     }
-    print(f"| mode | rounds/s (median of {args.repeats}) | tensors/s |\n|---|---:|---:|\n"
-          f"| unfused: {args.tensors} x push_pull_async | {figures['unfused_rounds_per_s']:.1f} | "
+    print(f"{args.framework}: {args.tensors} tensors of {args.kb} KB\n\n"
+          f"| mode | rounds/s (median of {args.repeats}) | tensors/s |\n|---|---:|---:|\n"
+          f"| unfused: each tensor alone | {figures['unfused_rounds_per_s']:.1f} | "
           f"{figures['unfused_rounds_per_s'] * args.tensors:.0f} |\n"
-          f"| fused: push_pull_group_async | {figures['fused_rounds_per_s']:.1f} | "
+          f"| fused: one grouped call | {figures['fused_rounds_per_s']:.1f} | "
           f"{figures['fused_rounds_per_s'] * args.tensors:.0f} |\n\n"
           f"fused / unfused: median {figures['ratio_median']:.1f}x "
           f"(per repeat {figures['ratio_min']:.1f}x–{figures['ratio_max']:.1f}x)")

@@ -1,7 +1,7 @@
 """Reduction kernels: sum, widen/narrow and average raw gradient buffers.
 
 A thin front over the compiled ``byteps.common._C``. Every function takes
-buffers (numpy arrays, memoryviews, ``bytes`` for inputs, ``zmq.Frame``),
+buffers (numpy arrays, memoryviews, ``bytes`` for inputs, received payloads),
 reads them as ``dtype`` whatever their own format is, works in place, and
 releases the GIL while it loops. ``dtype`` is a :class:`DType` or anything
 :func:`~byteps.common.dtypes.dtype_of` accepts (``"float16"``, ``np.float32``).

@@ -40,8 +40,15 @@ from byteps.common.partition import PARTITION_INDEX_BITS, Partition
 from byteps.common.route import PartitionTrip
 from byteps.common.shared_segment import SharedSegment, segment_name
 from byteps.common.tensor_description import MISMATCH_ADVICE, TensorDescription, dtype_name
-from byteps.transport import FLAG_AVERAGE, Command, Context, TransportError, command_name, json_payload, \
-    parse_json_payload
+from byteps.transport import (
+    FLAG_AVERAGE,
+    Command,
+    Context,
+    TransportError,
+    command_name,
+    json_payload,
+    parse_json_payload,
+)
 
 __all__ = ["LocalGroup"]
 

@@ -10,7 +10,7 @@ first; among equals, the order of arrival.
 The credit is returned when the server acknowledges the *push* (PUSH_ACK),
 not when the sum comes back: a sum also waits for the other workers, and a
 credit held across workers could deadlock two workers whose tensors became
-ready in different orders. Keeping the queue in ZeroMQ short is what lets a
+ready in different orders. Keeping the transport's send queue short is what lets a
 late, urgent partition overtake the bulk of an earlier, larger tensor.
 
 Example::

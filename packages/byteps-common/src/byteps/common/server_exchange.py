@@ -1,7 +1,7 @@
 """The PUSH and PULL stages: partitions to the servers and their sums back, within a credit.
 
 A trip at PUSH waits in a :class:`~byteps.common.scheduling.CreditQueue`
-and goes out in priority order while the credit allows (ZeroMQ reads its
+and goes out in priority order while the credit allows (the transport reads its
 bytes in place); each PUSH_ACK returns credit. At PULL it asks for the
 round's sum, which lands straight where the next stage wants it: in the
 output, in the local root's shared slot, or, when COPY_OUT must divide it,

@@ -33,62 +33,43 @@ except (ImportError, AttributeError) as exc:  # AttributeError: mxnet 1.x under 
 
 from byteps.common.interface import require_interface
 
-INTERFACE_VERSION = (1, 0)
-
 #: MXNet versions with everything used here (MXEnginePushSyncND, NDArray DLPack export, gluon 1.x).
 SUPPORTED_MXNET = ((1, 6), (2, 0))
 
+require_interface("byteps-common", "byteps.common", (2, 0), requirer="byteps-mxnet")
 
-def _mxnet_version(text: str) -> tuple:
-    parts = []
-    for piece in text.split("+")[0].split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+from byteps.common.frontend.versions import require_framework  # noqa: E402
 
-
-if not SUPPORTED_MXNET[0] <= _mxnet_version(mxnet.__version__) < SUPPORTED_MXNET[1]:
-    raise ImportError(
-        f"byteps-mxnet supports mxnet >= 1.6 and < 2.0, but mxnet {mxnet.__version__} is installed: "
-        "pip install 'mxnet>=1.6,<2' 'numpy<1.24'")
-
-require_interface("byteps-common", "byteps.common", (1, 0), requirer="byteps-mxnet")
+require_framework("byteps-mxnet", "mxnet", mxnet.__version__, *SUPPORTED_MXNET,
+                  install="pip install 'mxnet>=1.6,<2' 'numpy<1.24'")
 
 from byteps.mxnet.engine import bind_mxnet  # noqa: E402
 
 bind_mxnet()
 
 from byteps.common import PushPullError  # noqa: E402
+from byteps.common.frontend.process import *  # noqa: E402,F403  (init, shutdown, size, rank, ...)
+from byteps.common.frontend.reductions import Adasum, Average, Max, Min, Product, Sum  # noqa: E402
 from byteps.mxnet.compression import Compression, Compressor  # noqa: E402
 from byteps.mxnet.functions import broadcast_parameters  # noqa: E402
 from byteps.mxnet.ops import (  # noqa: E402
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
     allreduce,
     allreduce_,
     broadcast,
     broadcast_,
     byteps_declare_tensor,
     byteps_push_pull,
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    rank,
-    shutdown,
-    size,
 )
 from byteps.mxnet.optimizer import DistributedOptimizer  # noqa: E402
 from byteps.mxnet.trainer import DistributedTrainer  # noqa: E402
 
+#: This package's interface, for packages built on it (byteps.common.interface).
+INTERFACE_VERSION = (1, 0)
+
 __all__ = [
     "INTERFACE_VERSION",
-    # process
-    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+    # process (byteps.common.frontend.process)
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",  # noqa: F405
     # BytePS names
     "byteps_declare_tensor", "byteps_push_pull", "DistributedTrainer",
     # Horovod names

@@ -1,9 +1,9 @@
 """Gradient compression with Horovod's Compressor interface, on NDArrays.
 
-``compress(array) -> (array, ctx)`` gives what is push_pulled,
-``decompress(array, ctx)`` turns it back. ``Compression.fp16`` halves the
-bytes of float32/float64 gradients on the wire; the servers sum float16 in
-float32 and round once. Both are MXNet operators (engine ops).
+The compressors are byteps-common's front (:mod:`byteps.common.frontend.compression`)
+bound to NDArrays; their casts are MXNet operators (engine ops).
+``Compression.fp16`` halves the bytes of float32/float64 gradients on the
+wire; the servers sum float16 in float32 and round once.
 
 Example::
 
@@ -12,55 +12,16 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Tuple
-
-import mxnet as mx
 import numpy as np
 
-__all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression"]
+from byteps.common.frontend.binding import TensorBinding
+from byteps.common.frontend.compression import Compressor, NoneCompressor, compression_for
+
+__all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression", "MXNET"]
 
 
-class Compressor:
-    """Interface: ``compress(array) -> (array, ctx)``, ``decompress(array, ctx) -> array``."""
-
-    @staticmethod
-    def compress(tensor: mx.nd.NDArray) -> Tuple[mx.nd.NDArray, Any]:
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor: mx.nd.NDArray, ctx: Any) -> mx.nd.NDArray:
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Sends the array as it is."""
-
-    @staticmethod
-    def compress(tensor: mx.nd.NDArray) -> Tuple[mx.nd.NDArray, Any]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: mx.nd.NDArray, ctx: Any) -> mx.nd.NDArray:
-        return tensor
-
-
-class FP16Compressor(Compressor):
-    """Sends float32/float64 arrays as float16; other dtypes as they are."""
-
-    @staticmethod
-    def compress(tensor: mx.nd.NDArray) -> Tuple[mx.nd.NDArray, Any]:
-        dtype = np.dtype(tensor.dtype)
-        if dtype.kind == "f" and dtype != np.float16:
-            return tensor.astype("float16"), dtype
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: mx.nd.NDArray, ctx: Any) -> mx.nd.NDArray:
-        return tensor if ctx is None else tensor.astype(ctx)
-
-
-class Compression:
-    """The available compressors, as in Horovod: ``Compression.none``, ``Compression.fp16``."""
-
-    none = NoneCompressor
-    fp16 = FP16Compressor
+#: NDArrays, their dtypes as numpy's
+MXNET = TensorBinding(float16=np.dtype(np.float16), dtype=lambda a: np.dtype(a.dtype),
+                      is_floating=lambda a: np.dtype(a.dtype).kind == "f", cast=lambda a, dtype: a.astype(dtype))
+Compression = compression_for(MXNET, __name__)
+FP16Compressor = Compression.fp16

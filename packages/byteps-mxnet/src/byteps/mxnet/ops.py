@@ -44,76 +44,40 @@ pass, go first); byteps' own queue has no priorities yet.
 
 from __future__ import annotations
 
-import atexit
-import dataclasses
-import itertools
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import mxnet as mx
 
 from byteps.common import api
+from byteps.common.frontend.checks import check_root, check_scale
+from byteps.common.frontend.group import all_done, push_pull_group
+from byteps.common.frontend.names import TensorNames
+from byteps.common.frontend.process import after_shutdown, before_shutdown, on_init, rank, size
+from byteps.common.frontend.reductions import OpSpec, average_of
 from byteps.mxnet.engine import EngineBridge
 from byteps.mxnet.tensors import NARROW_INTEGERS, check_array, dtype_name, empty_like, on_host, zeros_like
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
-    "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "byteps_declare_tensor", "byteps_push_pull", "allreduce", "allreduce_", "broadcast", "broadcast_",
 ]
 
-# Reduction ops with Horovod's values; byteps reduces by Average and Sum only.
-Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
-_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
-
 _bridge = EngineBridge()
-_names_lock = threading.Lock()
-_noname_counters: Dict[str, itertools.count] = {}
-_layouts: Dict[str, List[Tuple[Tuple[int, ...], str]]] = {}
+_names = TensorNames()
+_tokens_lock = threading.Lock()
 _tokens: Dict[str, mx.nd.NDArray] = {}
 
 
-def init() -> None:
-    """Join the job that ``bpslaunch`` describes in the environment. Idempotent."""
-    api.init()
-    _bridge.open()
-
-
-def shutdown() -> None:
-    """Leave the job (also runs at exit). Ops still running fail; wait for them first (``mx.nd.waitall()``)."""
-    _bridge.close("byteps.mxnet was shut down before this push_pull started")
-    api.shutdown()
-    with _names_lock:
-        _layouts.clear()
+def _forget() -> None:
+    _names.forget()
+    with _tokens_lock:
         _tokens.clear()
 
 
-# Registered after byteps.common's own exit hook, so it runs before it.
-atexit.register(shutdown)
-
-
-def is_initialized() -> bool:
-    return api.is_initialized()
-
-
-def size() -> int:
-    """Number of worker processes in the job."""
-    return api.size()
-
-
-def rank() -> int:
-    """This process's rank, 0 .. size()-1."""
-    return api.rank()
-
-
-def local_size() -> int:
-    """Number of worker processes on this machine."""
-    return api.local_size()
-
-
-def local_rank() -> int:
-    """This process's rank among the worker processes of its machine."""
-    return api.local_rank()
+# Ops not yet handed to byteps fail with a clear reason before the worker leaves; ops in flight fail then.
+on_init(_bridge.open)
+before_shutdown(lambda: _bridge.close("byteps.mxnet was shut down before this push_pull started"))
+after_shutdown(_forget)
 
 
 def byteps_declare_tensor(name: str) -> int:
@@ -121,65 +85,18 @@ def byteps_declare_tensor(name: str) -> int:
     return api.declare(name)
 
 
-@dataclasses.dataclass(frozen=True)
-class OpSpec:
-    """What to do with one array: op family, name, averaging, engine priority and scaling."""
-
-    family: str
-    name: Optional[str]
-    average: bool
-    priority: int = 0
-    prescale: float = 1.0
-    postscale: float = 1.0
-
-
-def average_of(op: Optional[int], average: Optional[bool], default: bool = True) -> bool:
-    """Horovod's rule: ``op`` supersedes ``average``; Adasum and the rest are not supported."""
-    if op is None:
-        return default if average is None else bool(average)
-    if average is not None:
-        raise ValueError("the op parameter supersedes average: pass only one of them")
-    if op == Average:
-        return True
-    if op == Sum:
-        return False
-    raise NotImplementedError(
-        f"op={_OP_NAMES.get(op, op)} is not supported by byteps, whose servers sum: use op=Average or op=Sum")
-
-
-def _resolve_name(family: str, name: Optional[str]) -> str:
-    if name is None:
-        with _names_lock:
-            counter = _noname_counters.setdefault(family, itertools.count())
-            return f"{family}.noname.{next(counter)}"
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"{family}: a name must be a non-empty string, got {name!r}")
-    return name
-
-
 def _key_name(name: str, array: mx.nd.NDArray) -> str:
     """The byteps tensor behind a name: one per (shape, dtype) it is used with, ``"<name>#<k>"`` after the first."""
-    layout = (tuple(array.shape), dtype_name(array))
-    with _names_lock:
-        seen = _layouts.setdefault(name, [])
-        if layout not in seen:
-            seen.append(layout)
-        index = seen.index(layout)
-    return name if index == 0 else f"{name}#{index}"
+    return _names.key(name, (tuple(array.shape), dtype_name(array)))
 
 
 def _token(key: str) -> mx.nd.NDArray:
     """The array every op of ``key`` writes, so MXNet runs the ops of one name in the order issued."""
-    with _names_lock:
+    with _tokens_lock:
         token = _tokens.get(key)
         if token is None:
             token = _tokens[key] = mx.nd.zeros((1,), ctx=mx.cpu())
     return token
-
-
-def _check_scale(dtype: str, spec: OpSpec, what: str) -> None:
-    if (spec.prescale != 1.0 or spec.postscale != 1.0) and not dtype.startswith("float"):
-        raise ValueError(f"{what}: prescale_factor/postscale_factor need a floating-point array, got {dtype}")
 
 
 def submit(tensor: mx.nd.NDArray, spec: OpSpec, inplace: bool, contribute: bool = True) -> mx.nd.NDArray:
@@ -188,10 +105,11 @@ def submit(tensor: mx.nd.NDArray, spec: OpSpec, inplace: bool, contribute: bool 
     ``contribute=False`` pushes zeros instead of ``tensor`` (the non-root
     ranks of a broadcast).
     """
-    name = _resolve_name(spec.family, spec.name)
+    name = _names.resolve(spec.family, spec.name)
     what = f"{spec.family}({name!r})"
     check_array(tensor, what)
-    _check_scale(dtype_name(tensor), spec, what)
+    dtype = dtype_name(tensor)
+    check_scale(spec.prescale, spec.postscale, dtype.startswith("float"), what, dtype, needed="a floating-point array")
     worker = api.worker()
     key = _key_name(name, tensor)
     worker.declare(key)  # ids follow the order ops are issued, not the order they become ready
@@ -226,6 +144,47 @@ def submit(tensor: mx.nd.NDArray, spec: OpSpec, inplace: bool, contribute: bool 
     return result.as_in_context(tensor.context)
 
 
+def allreduce_group_(tensors: Sequence[mx.nd.NDArray], names: Sequence[str], average: bool = True,
+                     priority: int = 0, prescale_factor: float = 1.0,
+                     postscale_factor: float = 1.0) -> List[mx.nd.NDArray]:
+    """In-place :func:`allreduce_` of several arrays as one engine op, small ones fused; returns them.
+
+    The op waits for every array's pending writes, then hands them all to
+    byteps-common's grouped push_pull (:func:`byteps.common.frontend.group.push_pull_group`),
+    which packs the small ones into buckets of at most BYTEPS_FUSION_THRESHOLD
+    bytes. Every rank must make the same call (names, shapes, dtypes, order).
+    """
+    worker = api.worker()
+    keys, works = [], []
+    for name, tensor in zip(names, tensors):
+        name = _names.resolve("allreduce", name)
+        what = f"allreduce({name!r})"
+        check_array(tensor, what)
+        dtype = dtype_name(tensor)
+        check_scale(prescale_factor, postscale_factor, dtype.startswith("float"), what, dtype,
+                    needed="a floating-point array")
+        keys.append(_key_name(name, tensor))
+        worker.declare(keys[-1])
+        work = tensor if on_host(tensor) else tensor.copyto(mx.cpu())
+        if prescale_factor != 1.0:
+            work *= prescale_factor
+        works.append(work)
+    if not works:
+        return []
+    group = f"group:{keys[0]}+{len(keys)}"
+
+    def start(arrays, dtype):
+        return all_done(group, push_pull_group(arrays, keys, average))
+
+    _bridge.submit([], works, _token(group), priority, group, f"allreduce_group({group!r})", start)
+    for work, tensor in zip(works, tensors):
+        if postscale_factor != 1.0:
+            work *= postscale_factor
+        if work is not tensor:
+            work.copyto(tensor)
+    return list(tensors)
+
+
 # --- BytePS names ----------------------------------------------------------------------
 
 
@@ -238,7 +197,7 @@ def byteps_push_pull(tensor: mx.nd.NDArray, version: int = 0, priority: int = 0,
 
     >>> bps.byteps_push_pull(x, name="x", is_average=False); x.wait_to_read()
     """
-    submit(tensor, OpSpec("push_pull", name, bool(is_average), priority), inplace=True)
+    submit(tensor, OpSpec("push_pull", name, bool(is_average), priority=priority), inplace=True)
 
 
 # --- Horovod names ---------------------------------------------------------------------
@@ -251,20 +210,19 @@ def allreduce(tensor: mx.nd.NDArray, average: Optional[bool] = None, name: Optio
     ``prescale_factor`` multiplies the input before the reduction,
     ``postscale_factor`` the result after it (floating-point arrays only).
     """
-    spec = OpSpec("allreduce", name, average_of(op, average), priority, prescale_factor, postscale_factor)
+    spec = OpSpec("allreduce", name, average_of(op, average), prescale_factor, postscale_factor, priority)
     return submit(tensor, spec, inplace=False)
 
 
 def allreduce_(tensor: mx.nd.NDArray, average: Optional[bool] = None, name: Optional[str] = None, priority: int = 0,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: Optional[int] = None) -> mx.nd.NDArray:
     """:func:`allreduce` into ``tensor`` itself; returns it."""
-    spec = OpSpec("allreduce", name, average_of(op, average), priority, prescale_factor, postscale_factor)
+    spec = OpSpec("allreduce", name, average_of(op, average), prescale_factor, postscale_factor, priority)
     return submit(tensor, spec, inplace=True)
 
 
 def _check_root(root_rank: int) -> None:
-    if isinstance(root_rank, bool) or not isinstance(root_rank, int) or not 0 <= root_rank < size():
-        raise ValueError(f"broadcast: root_rank must be a rank in 0..{size() - 1}, got {root_rank!r}")
+    check_root(root_rank, size())
 
 
 def _broadcast(tensor: mx.nd.NDArray, root_rank: int, name: Optional[str], priority: int,

@@ -3,7 +3,8 @@
 For the Module API and for gluon Trainers built with ``kvstore=None``: each
 ``update(index, weight, grad, state)`` first push_pulls ``grad`` in place
 (name ``"Gradient.<index>"``, priority ``-index``, as in BytePS), then runs
-the wrapped optimizer's update. Both are engine ops, so the update waits for
+the wrapped optimizer's update. MXNet's aggregated updates (lists of
+indices) push_pull their gradients as one group, small ones fused. Both are engine ops, so the update waits for
 the average without blocking Python. With gluon, prefer
 :class:`~byteps.mxnet.DistributedTrainer`, which also broadcasts the
 parameters.
@@ -24,7 +25,7 @@ from typing import Any
 
 import mxnet as mx
 
-from byteps.mxnet.ops import allreduce_
+from byteps.mxnet.ops import allreduce_, allreduce_group_
 
 __all__ = ["DistributedOptimizer"]
 
@@ -80,9 +81,10 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         return self._optimizer.create_state_multi_precision(index, weight)
 
     def _push_pull(self, index: Any, grad: Any) -> None:
-        if isinstance(index, (tuple, list)):  # MXNet's aggregated updates pass lists
-            for i, g in zip(index, grad):
-                self._push_pull(i, g)
+        if isinstance(index, (tuple, list)):  # MXNet's aggregated updates pass lists: one fused group
+            first = index[0] if index and isinstance(index[0], int) else 0
+            allreduce_group_(list(grad), [f"Gradient.{i}" for i in index], average=True, priority=-first,
+                             prescale_factor=1.0 / self._predivide, postscale_factor=self._predivide)
             return
         priority = -index if isinstance(index, int) else 0
         allreduce_(grad, average=True, name=f"Gradient.{index}", priority=priority,

@@ -31,14 +31,16 @@ ranks instead; the update is the same.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import mxnet as mx
+import numpy as np
 from mxnet.gluon.parameter import Parameter, ParameterDict
 
+from byteps.common import api
 from byteps.mxnet.compression import Compression
 from byteps.mxnet.functions import broadcast_after_init, parameter_name
-from byteps.mxnet.ops import allreduce_, broadcast_, byteps_declare_tensor, size
+from byteps.mxnet.ops import allreduce_, allreduce_group_, broadcast_, byteps_declare_tensor, size
 from byteps.mxnet.optimizer import DistributedOptimizer
 
 __all__ = ["DistributedTrainer"]
@@ -140,12 +142,37 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._params_to_init = deferred
 
     def _allreduce_grads(self) -> None:
+        """Average every gradient: large ones each as its own engine op, the small ones as one fused group.
+
+        A large gradient's op starts as soon as backward has written it; the
+        group (at most BYTEPS_FUSION_MAX_TENSOR_BYTES each, sent in buckets
+        of BYTEPS_FUSION_THRESHOLD bytes) once all its gradients are written.
+        Which gradients are small depends only on the parameters, so every
+        rank builds the same group.
+        """
+        config = api.worker().config
+        small: List[Tuple[int, Parameter, mx.nd.NDArray, mx.nd.NDArray, Any]] = []
         for index, param in enumerate(self._params):
             if param.grad_req == "null":
                 continue
             grad = param.list_grad()[0]
             sent, ctx = self._compression.compress(grad)
+            nbytes = sent.size * np.dtype(sent.dtype).itemsize
+            if 0 < config.fusion_threshold and nbytes <= min(config.fusion_threshold, config.fusion_max_tensor_bytes):
+                small.append((index, param, grad, sent, ctx))
+                continue
             allreduce_(sent, average=True, name=self._gradient_name(param), priority=-index,
                        prescale_factor=1.0 / self._predivide, postscale_factor=self._predivide)
+            if sent is not grad:
+                self._compression.decompress(sent, ctx).copyto(grad)
+        if len(small) == 1:
+            index, param, grad, sent, ctx = small[0]
+            allreduce_(sent, average=True, name=self._gradient_name(param), priority=-index,
+                       prescale_factor=1.0 / self._predivide, postscale_factor=self._predivide)
+        elif small:
+            allreduce_group_([sent for _, _, _, sent, _ in small], [self._gradient_name(p) for _, p, _, _, _ in small],
+                             average=True, priority=-small[0][0], prescale_factor=1.0 / self._predivide,
+                             postscale_factor=self._predivide)
+        for _, _, grad, sent, ctx in small:
             if sent is not grad:
                 self._compression.decompress(sent, ctx).copyto(grad)

@@ -34,28 +34,19 @@ except ImportError as exc:
 
 from byteps.common.interface import require_interface
 
-INTERFACE_VERSION = (1, 0)
-
 #: Oldest TensorFlow this package is tested against the API of (Keras 3 is its default from 2.16 on).
 MINIMUM_TENSORFLOW = (2, 16)
 
+require_interface("byteps-common", "byteps.common", (2, 0), requirer="byteps-tf")
 
-def _version(text: str) -> tuple:
-    parts = []
-    for piece in text.split("+")[0].split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+from byteps.common.frontend.versions import require_framework  # noqa: E402
 
-
-if _version(getattr(tf, "__version__", "0.0")) < MINIMUM_TENSORFLOW:
-    raise ImportError(
-        f"byteps-tf needs tensorflow >= {'.'.join(map(str, MINIMUM_TENSORFLOW))}, but tensorflow "
-        f"{getattr(tf, '__version__', 'unknown')} is installed: pip install --upgrade tensorflow")
-
-require_interface("byteps-common", "byteps.common", (1, 0), requirer="byteps-tf")
+require_framework("byteps-tf", "tensorflow", getattr(tf, "__version__", "unknown"), MINIMUM_TENSORFLOW)
 
 from byteps.common import PushPullError  # noqa: E402
+from byteps.common.frontend import process as _process  # noqa: E402
+from byteps.common.frontend.process import *  # noqa: E402,F403  (init, shutdown, size, rank, barrier, join, ...)
+from byteps.common.frontend.reductions import Adasum, Average, Max, Min, Product, Sum  # noqa: E402
 from byteps.tensorflow.compression import Compression, Compressor  # noqa: E402
 from byteps.tensorflow.functions import (  # noqa: E402
     broadcast_global_variables,
@@ -63,34 +54,15 @@ from byteps.tensorflow.functions import (  # noqa: E402
     broadcast_variables,
 )
 from byteps.tensorflow.gradient_tape import DistributedGradientTape  # noqa: E402
-from byteps.tensorflow.ops import (  # noqa: E402
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
-    allgather,
-    allreduce,
-    barrier,
-    broadcast,
-    global_process_set,
-    init,
-    is_initialized,
-    join,
-    local_rank,
-    local_size,
-    push_pull,
-    rank,
-    shutdown,
-    size,
-)
+from byteps.tensorflow.ops import allgather, allreduce, broadcast, global_process_set, push_pull  # noqa: E402
 from byteps.tensorflow.optimizer import DistributedOptimizer  # noqa: E402
+
+#: This package's interface, for packages built on it (byteps.common.interface).
+INTERFACE_VERSION = (1, 0)
 
 __all__ = [
     "INTERFACE_VERSION",
-    # process
-    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "barrier", "join",
+    *_process.__all__,  # init, shutdown, is_initialized, size, rank, local_size, local_rank, barrier, join
     # reductions
     "push_pull", "allreduce", "broadcast", "allgather", "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "Compression", "Compressor", "global_process_set",

@@ -1,9 +1,9 @@
-"""Gradient compression with Horovod's Compressor interface.
+"""Gradient compression with Horovod's Compressor interface, on TensorFlow tensors.
 
-A compressor turns a tensor into what is sent (``compress`` returns the
-tensor to push_pull and a context) and back (``decompress(tensor, ctx)``).
-``Compression.fp16`` sends floating-point tensors as float16, halving the
-bytes of float32 ones; the servers sum float16 in float32 and round once.
+The compressors are byteps-common's front (:mod:`byteps.common.frontend.compression`)
+bound to tf.Tensor. ``Compression.fp16`` sends floating-point tensors as
+float16, halving the bytes of float32 ones; the servers sum float16 in
+float32 and round once.
 
 Example::
 
@@ -13,53 +13,15 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Tuple
-
 import tensorflow as tf
 
-__all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression"]
+from byteps.common.frontend.binding import TensorBinding
+from byteps.common.frontend.compression import Compressor, NoneCompressor, compression_for
+
+__all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression", "TENSORFLOW"]
 
 
-class Compressor:
-    """Interface: ``compress(tensor) -> (tensor, ctx)``, ``decompress(tensor, ctx) -> tensor``."""
-
-    @staticmethod
-    def compress(tensor: tf.Tensor) -> Tuple[tf.Tensor, Any]:
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Sends the tensor as it is."""
-
-    @staticmethod
-    def compress(tensor: tf.Tensor) -> Tuple[tf.Tensor, Any]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
-        return tensor
-
-
-class FP16Compressor(Compressor):
-    """Sends floating-point tensors as float16; other dtypes as they are."""
-
-    @staticmethod
-    def compress(tensor: tf.Tensor) -> Tuple[tf.Tensor, Any]:
-        if tensor.dtype.is_floating and tensor.dtype != tf.float16:
-            return tf.cast(tensor, tf.float16), tensor.dtype
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
-        return tensor if ctx is None else tf.cast(tensor, ctx)
-
-
-class Compression:
-    """The available compressors, as in Horovod: ``Compression.none``, ``Compression.fp16``."""
-
-    none = NoneCompressor
-    fp16 = FP16Compressor
+TENSORFLOW = TensorBinding(float16=tf.float16, dtype=lambda t: t.dtype, is_floating=lambda t: t.dtype.is_floating,
+                           cast=tf.cast)
+Compression = compression_for(TENSORFLOW, __name__)
+FP16Compressor = Compression.fp16

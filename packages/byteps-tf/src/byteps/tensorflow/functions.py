@@ -13,13 +13,11 @@ pipelined.
 
 from __future__ import annotations
 
-import pickle
 from typing import Any, Iterable, Optional
 
-import numpy as np
 import tensorflow as tf
 
-from byteps.common import api
+from byteps.common.frontend import broadcast_object as _broadcast_object
 from byteps.tensorflow.graph_ops import run_group
 from byteps.tensorflow.ops import _check_root, check_process_set, rank
 from byteps.tensorflow.reduction import Reduce
@@ -76,35 +74,11 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: Op
 
     The root gets its own ``obj`` back; the others may pass anything (None).
     The bytes travel as int64 words in a buffer rounded up to a power of two,
-    so repeated calls reuse a few tensor names.
+    so repeated calls reuse a few tensor names (byteps-common's front,
+    :func:`byteps.common.frontend.broadcast_object`).
     """
     check_process_set(process_set)
     _check_root(root_rank)
     if not tf.executing_eagerly():
         raise RuntimeError("broadcast_object() runs eagerly only (it pickles Python objects)")
-    worker = api.worker()
-    name = "broadcast_object" if name is None else f"broadcast_object.{name}"
-    is_root = rank() == root_rank
-    payload, failure = b"", None
-    if is_root:
-        try:
-            payload = pickle.dumps(obj)
-        except Exception as exc:  # tell the others (size -1) instead of leaving them waiting
-            failure = exc
-    nbytes = np.array([(-1 if failure else len(payload)) if is_root else 0], dtype=np.int64)
-    worker.push_pull(nbytes, f"{name}.size", average=False)
-    size = int(nbytes[0])
-    if size < 0:
-        if failure is not None:
-            raise failure
-        raise ValueError(f"broadcast_object: rank {root_rank} could not pickle its object (see its error)")
-    capacity = 8
-    while capacity < size:
-        capacity *= 2
-    words = np.zeros(capacity // 8, dtype=np.int64)
-    if is_root:
-        words.view(np.uint8)[:size] = np.frombuffer(payload, dtype=np.uint8)
-    worker.push_pull(words, f"{name}.{capacity}", average=False)
-    if is_root:
-        return obj
-    return pickle.loads(words.view(np.uint8)[:size].tobytes())
+    return _broadcast_object(obj, root_rank, name)

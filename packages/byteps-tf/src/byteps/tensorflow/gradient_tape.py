@@ -20,9 +20,10 @@ from typing import Any, Dict
 
 import tensorflow as tf
 
+from byteps.common.frontend.reductions import Average
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.gradients import GradientReducer
-from byteps.tensorflow.ops import Average, check_process_set
+from byteps.tensorflow.ops import check_process_set
 
 __all__ = ["DistributedGradientTape"]
 

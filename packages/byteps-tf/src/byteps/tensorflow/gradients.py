@@ -25,9 +25,9 @@ from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 
+from byteps.common.frontend import Average, check_gradient_op, size
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.graph_ops import run_group
-from byteps.tensorflow.ops import Adasum, Average, Sum, size
 from byteps.tensorflow.reduction import Gather, Reduce
 
 __all__ = ["GradientReducer"]
@@ -44,14 +44,7 @@ class GradientReducer:
     gradient_predivide_factor: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.op == Adasum:
-            raise NotImplementedError("op=Adasum is not supported by byteps, whose servers sum: use Average or Sum")
-        if self.op not in (Average, Sum):
-            raise ValueError(f"op must be Average or Sum, got {self.op!r}")
-        if self.gradient_predivide_factor != 1.0 and self.op != Average:
-            raise ValueError("gradient_predivide_factor is only supported with op=Average")
-        if self.gradient_predivide_factor <= 0:
-            raise ValueError(f"gradient_predivide_factor must be positive, got {self.gradient_predivide_factor}")
+        check_gradient_op(self.op, self.gradient_predivide_factor)
 
     def reduce(self, gradients: Sequence[Optional[Any]]) -> List[Optional[Any]]:
         """The reduced gradients, in order (eager or in a graph)."""

@@ -32,28 +32,22 @@ Rules every rank follows, as in Horovod and BytePS:
 
 from __future__ import annotations
 
-import itertools
-import threading
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
-import numpy as np
 import tensorflow as tf
 
-from byteps.common import api
+from byteps.common.frontend.checks import check_root, check_scale
+from byteps.common.frontend.process import rank, size
+from byteps.common.frontend.reductions import average_of
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.graph_ops import run_group
-from byteps.tensorflow.reduction import Gather, Reduce, forget_names
+from byteps.tensorflow.reduction import Gather, Reduce, tensor_names
 from byteps.tensorflow.tensors import byteps_dtype, widen
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "barrier", "join",
-    "Average", "Sum", "Adasum", "Min", "Max", "Product", "global_process_set",
+    "global_process_set",
     "push_pull", "allreduce", "broadcast", "allgather", "average_of", "resolve_name", "check_process_set",
 ]
-
-# Reduction ops with Horovod's values; byteps reduces by Average and Sum only.
-Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
-_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
 
 
 class _GlobalProcessSet:
@@ -65,95 +59,19 @@ class _GlobalProcessSet:
 
 global_process_set = _GlobalProcessSet()
 
-_counters_lock = threading.Lock()
-_noname_counters: Dict[str, itertools.count] = {}
-
-
-def init() -> None:
-    """Join the job that ``bpslaunch`` describes in the environment. Idempotent."""
-    api.init()
-
-
-def shutdown() -> None:
-    """Leave the job (also runs at exit)."""
-    api.shutdown()
-    forget_names()
-
-
-def is_initialized() -> bool:
-    return api.is_initialized()
-
-
-def size() -> int:
-    """Number of worker processes in the job."""
-    return api.size()
-
-
-def rank() -> int:
-    """This process's rank, 0 .. size()-1."""
-    return api.rank()
-
-
-def local_size() -> int:
-    """Number of worker processes on this machine."""
-    return api.local_size()
-
-
-def local_rank() -> int:
-    """This process's rank among the worker processes of its machine."""
-    return api.local_rank()
-
-
-def barrier() -> None:
-    """Block until every worker process has called barrier() (eager only)."""
-    api.barrier()
-
-
-def join() -> int:
-    """Wait until every rank has called join(); returns the rank whose call started last.
-
-    As in byteps-torch: ranks that joined do not serve the others' reductions
-    with zeros, so every rank must issue the same ops before joining.
-    """
-    import time
-
-    entered = np.zeros(size(), dtype=np.float64)
-    entered[rank()] = time.time()
-    api.worker().push_pull(entered, "byteps.join", average=False)
-    return int(np.argmax(entered))
-
 
 def check_process_set(process_set: Any) -> None:
     if process_set is not None and process_set is not global_process_set:
         raise ValueError("byteps has no process sets: pass process_set=global_process_set (or nothing)")
 
 
-def average_of(op: Optional[int], average: Optional[bool], default: bool = True) -> bool:
-    """Horovod's rule: ``op`` supersedes ``average``; Adasum and the rest are not supported."""
-    if op is None:
-        return default if average is None else bool(average)
-    if average is not None:
-        raise ValueError("the op parameter supersedes average: pass only one of them")
-    if op == Average:
-        return True
-    if op == Sum:
-        return False
-    raise NotImplementedError(
-        f"op={_OP_NAMES.get(op, op)} is not supported by byteps, whose servers sum: use op=Average or op=Sum")
-
-
 def resolve_name(family: str, name: Optional[str], tensor: Any) -> str:
     """The user's name, or a default that is the same on every rank (see the module doc)."""
-    if name is not None:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"{family}: a name must be a non-empty string, got {name!r}")
-        return name
-    graph_name = None if tf.executing_eagerly() else getattr(tensor, "name", None)
-    if graph_name:
-        return f"{family}.{graph_name}"
-    with _counters_lock:
-        counter = _noname_counters.setdefault(family, itertools.count())
-        return f"{family}.noname.{next(counter)}"
+    if name is None and not tf.executing_eagerly():
+        graph_name = getattr(tensor, "name", None)
+        if graph_name:
+            return f"{family}.{graph_name}"
+    return tensor_names.resolve(family, name)
 
 
 try:  # whether a GradientTape could record an op now; internal, hence the safe fallback
@@ -199,10 +117,7 @@ def _allreduce(family: str, tensor: Any, average: bool, name: Optional[str], com
     tensor = tf.convert_to_tensor(tensor)
     name = resolve_name(family, name, tensor)
     what = f"{family}({name!r})"
-    scaled = prescale_factor != 1.0 or postscale_factor != 1.0
-    if scaled and not tensor.dtype.is_floating:
-        raise ValueError(f"{what}: prescale_factor/postscale_factor need a floating-point tensor, "
-                         f"got {tensor.dtype.name}")
+    check_scale(prescale_factor, postscale_factor, tensor.dtype.is_floating, what, tensor.dtype.name)
     byteps_dtype(tensor.dtype, what)
     sent = tensor * tf.cast(prescale_factor, tensor.dtype) if prescale_factor != 1.0 else tensor
     sent, ctx = compression.compress(sent)
@@ -219,9 +134,8 @@ def _allreduce_slices(family: str, slices: tf.IndexedSlices, average: bool, name
     """Horovod's reduction of IndexedSlices: gather all ranks' values and indices (duplicates add up)."""
     name = resolve_name(family, name, slices.values)
     floating = slices.values.dtype.is_floating
-    if (prescale_factor != 1.0 or postscale_factor != 1.0) and not floating:
-        raise ValueError(f"{family}({name!r}): prescale_factor/postscale_factor need floating-point values, "
-                         f"got {slices.values.dtype.name}")
+    check_scale(prescale_factor, postscale_factor, floating, f"{family}({name!r})", slices.values.dtype.name,
+                needed="floating-point values")
     values, indices, _ = run_group([Gather(name, parts=2)], [slices.values, slices.indices])
     scale = prescale_factor * postscale_factor / (size() if average and floating else 1)
     if average and not floating:
@@ -262,8 +176,7 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
 
 
 def _check_root(root_rank: Any) -> None:
-    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < size():
-        raise ValueError(f"broadcast: root_rank must be a rank in 0..{size() - 1}, got {root_rank!r}")
+    check_root(root_rank, size())
 
 
 def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_name_scope: bool = False,

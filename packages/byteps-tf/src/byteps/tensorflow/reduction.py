@@ -14,7 +14,11 @@ A group is a list of specs, each with its input tensors:
   to a power of two rows, so a varying row count reuses a few tensor names.
 
 Everything of a group is in flight at once (pipelined by byteps' comm
-thread) and the group returns when all of it is done. Runs eagerly; inside
+thread) and the group returns when all of it is done. Consecutive Reduce
+specs go as one grouped push_pull (:func:`byteps.common.frontend.group.push_pull_group`),
+which fuses the small tensors into buckets of at most
+BYTEPS_FUSION_THRESHOLD bytes: a model's biases and norms, reduced by
+DistributedGradientTape or DistributedOptimizer, cost a few messages. Runs eagerly; inside
 a ``tf.function`` :mod:`byteps.tensorflow.graph_ops` calls it through
 ``tf.py_function``.
 
@@ -27,17 +31,18 @@ byteps-torch.
 from __future__ import annotations
 
 import dataclasses
-import threading
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
 
 from byteps.common import Handle, api
 from byteps.common.dtypes import DType
+from byteps.common.frontend import TensorNames, after_shutdown
+from byteps.common.frontend.group import push_pull_group
 from byteps.tensorflow.tensors import HostView, ResultBuffer, byteps_dtype, host_view
 
-__all__ = ["Reduce", "Gather", "Spec", "execute", "key_name", "forget_names"]
+__all__ = ["Reduce", "Gather", "Spec", "execute", "key_name", "forget_names", "tensor_names"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,25 +80,18 @@ class Gather:
 
 Spec = Union[Reduce, Gather]
 
-_lock = threading.Lock()
-_layouts: Dict[str, List[Tuple[Tuple[int, ...], DType]]] = {}
+#: Default names, per-layout names (see the module doc) of this adapter.
+tensor_names = TensorNames()
 
 
 def key_name(name: str, shape: Sequence[int], dtype: DType) -> str:
     """The byteps tensor name behind a user's name: one per (shape, dtype) it is used with."""
-    layout = (tuple(int(d) for d in shape), dtype)
-    with _lock:
-        seen = _layouts.setdefault(name, [])
-        if layout not in seen:
-            seen.append(layout)
-        index = seen.index(layout)
-    return name if index == 0 else f"{name}#{index}"
+    return tensor_names.key(name, (tuple(int(d) for d in shape), dtype))
 
 
-def forget_names() -> None:
-    """Forget name layouts (at shutdown: a new job starts with fresh tensor ids)."""
-    with _lock:
-        _layouts.clear()
+#: Forget name layouts (at shutdown: a new job starts with fresh tensor ids).
+forget_names = tensor_names.forget
+after_shutdown(forget_names)
 
 
 class _Pending:
@@ -123,13 +121,32 @@ def _push_pull(source: np.ndarray, result: ResultBuffer, name: str, shape: Tuple
     return _Pending(core, result, shape, device)
 
 
-def _submit_reduce(spec: Reduce, tensor: tf.Tensor) -> _Pending:
-    view = host_view(tensor, f"push_pull({spec.name!r})")
-    if spec.contribute:
-        result = ResultBuffer.like(view)
-        return _push_pull(view.array, result, spec.name, view.shape, spec.average, view.device)
-    zeros = ResultBuffer.like(view, zero=True)  # reduced in place: no second buffer
-    return _push_pull(zeros.array, zeros, spec.name, view.shape, spec.average, view.device)
+def _submit_reduces(run: Sequence[Tuple[Reduce, tf.Tensor]]) -> List[_Pending]:
+    """Start consecutive Reduce specs of one averaging flag as one grouped push_pull, small tensors fused.
+
+    A spec that does not contribute (a broadcast's other ranks) is reduced
+    in place in a zeroed buffer: no second buffer.
+    """
+    pendings, sent, sources, keys, outputs, dtypes = [], [], [], [], [], []
+    for spec, tensor in run:
+        view = host_view(tensor, f"push_pull({spec.name!r})")
+        result = ResultBuffer.like(view, zero=not spec.contribute)
+        source = view.array if spec.contribute else result.array
+        key = key_name(spec.name, view.shape, result.dtype)
+        pending = _Pending(None, result, view.shape, view.device)
+        pendings.append(pending)
+        if result.array.nbytes == 0:  # nothing to send; every rank has the same empty result
+            continue
+        # Shaped views: servers compare shapes too, not only sizes, across ranks.
+        sources.append(source.reshape(view.shape))
+        outputs.append(None if source is result.array else result.array.reshape(view.shape))
+        keys.append(key)
+        dtypes.append(result.dtype)
+        sent.append(pending)
+    if sources:
+        for pending, core in zip(sent, push_pull_group(sources, keys, run[0][0].average, outputs, dtypes)):
+            pending.core = core
+    return pendings
 
 
 class _GatherInFlight:
@@ -187,10 +204,19 @@ def execute(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]) -> List[tf.Tenso
         for tensor in tensors:
             byteps_dtype(tensor.dtype, f"push_pull({spec.name!r})")
     started: List[Union[_Pending, _GatherInFlight]] = []
+    run: List[Tuple[Reduce, tf.Tensor]] = []  # consecutive Reduce specs of one averaging flag
     try:
         for spec, tensors in _split(specs, inputs):
-            started.append(_submit_reduce(spec, tensors[0]) if isinstance(spec, Reduce)
-                           else _GatherInFlight(spec, tensors))
+            if isinstance(spec, Reduce) and (not run or run[0][0].average == spec.average):
+                run.append((spec, tensors[0]))
+                continue
+            started.extend(_submit_reduces(run))
+            run = []
+            if isinstance(spec, Reduce):
+                run.append((spec, tensors[0]))
+            else:
+                started.append(_GatherInFlight(spec, tensors))
+        started.extend(_submit_reduces(run))
         for item in started:
             if isinstance(item, _GatherInFlight):
                 item.submit_rows()

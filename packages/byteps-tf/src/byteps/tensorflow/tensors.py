@@ -28,18 +28,12 @@ import numpy as np
 import tensorflow as tf
 
 from byteps.common.dtypes import DType
+from byteps.common.frontend.binding import dtype_table
 from byteps.tensorflow import _C
 
 __all__ = ["byteps_dtype", "HostView", "host_view", "ResultBuffer", "widen", "SUPPORTED"]
 
-_DTYPES = {
-    tf.float32: DType.FLOAT32,
-    tf.float64: DType.FLOAT64,
-    tf.float16: DType.FLOAT16,
-    tf.bfloat16: DType.BFLOAT16,
-    tf.int32: DType.INT32,
-    tf.int64: DType.INT64,
-}
+_DTYPES = dtype_table(lambda name: getattr(tf, name))
 SUPPORTED = ", ".join(dtype.name for dtype in _DTYPES)
 
 # Integer and boolean dtypes byteps does not reduce, with an exact wider

@@ -26,28 +26,19 @@ except ImportError as exc:
 
 from byteps.common.interface import require_interface
 
-INTERFACE_VERSION = (1, 0)
-
 #: Oldest torch with everything used here (untyped_storage, post-accumulate-grad hooks).
 MINIMUM_TORCH = (2, 1)
 
+require_interface("byteps-common", "byteps.common", (2, 0), requirer="byteps-torch")
 
-def _torch_version(text: str) -> tuple:
-    parts = []
-    for piece in text.split("+")[0].split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+from byteps.common.frontend.versions import require_framework  # noqa: E402
 
-
-if _torch_version(torch.__version__) < MINIMUM_TORCH:
-    raise ImportError(
-        f"byteps-torch needs torch >= {'.'.join(map(str, MINIMUM_TORCH))}, but torch {torch.__version__} is "
-        "installed: pip install --upgrade torch")
-
-require_interface("byteps-common", "byteps.common", (1, 1), requirer="byteps-torch")
+require_framework("byteps-torch", "torch", torch.__version__, MINIMUM_TORCH)
 
 from byteps.common import PushPullError  # noqa: E402
+from byteps.common.frontend import process as _process  # noqa: E402
+from byteps.common.frontend.process import *  # noqa: E402,F403  (init, shutdown, size, rank, barrier, join, ...)
+from byteps.common.frontend.reductions import Adasum, Average, Max, Min, Product, Sum  # noqa: E402
 from byteps.torch import parallel  # noqa: E402
 from byteps.torch.compression import Compression, Compressor  # noqa: E402
 from byteps.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters  # noqa: E402
@@ -63,37 +54,24 @@ from byteps.torch.horovod_ops import (  # noqa: E402
     broadcast_async_,
 )
 from byteps.torch.ops import (  # noqa: E402
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
-    barrier,
     declare,
     get_pushpull_speed,
     handle_done_callback,
-    init,
-    is_initialized,
-    join,
-    local_rank,
-    local_size,
     poll,
     push_pull,
     push_pull_async,
     push_pull_async_inplace,
     push_pull_inplace,
-    rank,
-    shutdown,
-    size,
     synchronize,
 )
 from byteps.torch.optimizer import DistributedOptimizer  # noqa: E402
 
+#: This package's interface, for packages built on it (byteps.common.interface).
+INTERFACE_VERSION = (1, 0)
+
 __all__ = [
     "INTERFACE_VERSION",
-    # process
-    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "barrier", "join",
+    *_process.__all__,  # init, shutdown, is_initialized, size, rank, local_size, local_rank, barrier, join
     # BytePS names
     "declare", "push_pull", "push_pull_async", "push_pull_inplace", "push_pull_async_inplace",
     "push_pull_group_async", "poll", "synchronize", "handle_done_callback", "get_pushpull_speed",

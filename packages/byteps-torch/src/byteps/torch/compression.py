@@ -1,9 +1,9 @@
-"""Gradient compression with Horovod's Compressor interface.
+"""Gradient compression with Horovod's Compressor interface, on torch tensors.
 
-A compressor turns a tensor into what is sent (``compress`` returns the
-tensor to push_pull and a context) and back (``decompress(tensor, ctx)``).
-``Compression.fp16`` halves the bytes of float32/float64 tensors on the wire;
-the servers then sum in float16's accumulation type (float32) and round once.
+The compressors are byteps-common's front (:mod:`byteps.common.frontend.compression`)
+bound to torch tensors. ``Compression.fp16`` halves the bytes of
+float32/float64 tensors on the wire; the servers then sum in float16's
+accumulation type (float32) and round once.
 
 Example::
 
@@ -12,55 +12,15 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Tuple
-
 import torch
 
-__all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression"]
+from byteps.common.frontend.binding import TensorBinding
+from byteps.common.frontend.compression import Compressor, NoneCompressor, compression_for
+
+__all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression", "TORCH"]
 
 
-class Compressor:
-    """Interface: ``compress(tensor) -> (tensor, ctx)``, ``decompress(tensor, ctx) -> tensor``."""
-
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Sends the tensor as it is."""
-
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return tensor
-
-
-class FP16Compressor(Compressor):
-    """Sends floating-point tensors as float16; other dtypes as they are."""
-
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
-        if tensor.dtype.is_floating_point:
-            return tensor.type(torch.float16), tensor.dtype
-        return tensor, tensor.dtype
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        if ctx is not None and ctx.is_floating_point and tensor.dtype != ctx:
-            return tensor.type(ctx)
-        return tensor
-
-
-class Compression:
-    """The available compressors, as in Horovod: ``Compression.none``, ``Compression.fp16``."""
-
-    none = NoneCompressor
-    fp16 = FP16Compressor
+TORCH = TensorBinding(float16=torch.float16, dtype=lambda t: t.dtype, is_floating=lambda t: t.dtype.is_floating_point,
+                      cast=lambda t, dtype: t.to(dtype))
+Compression = compression_for(TORCH, __name__)
+FP16Compressor = Compression.fp16

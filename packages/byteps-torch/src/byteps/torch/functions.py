@@ -6,19 +6,20 @@ Example, at the start of training::
     bps.broadcast_optimizer_state(optimizer, root_rank=0)
     epoch = bps.broadcast_object(epoch, root_rank=0, name="epoch")
 
-Every rank must make the same calls in the same order (they are built on
-:func:`~byteps.torch.horovod_ops.broadcast_async_`).
+Every rank must make the same calls in the same order (tensors go through
+:func:`~byteps.torch.horovod_ops.broadcast_async_`; ``broadcast_object`` is
+byteps-common's front's, :func:`byteps.common.frontend.broadcast_object`).
 """
 
 from __future__ import annotations
 
-import pickle
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
-from byteps.torch.horovod_ops import allreduce_, broadcast_, broadcast_async_
-from byteps.torch.ops import Sum, rank, synchronize
+from byteps.common.frontend import Sum, broadcast_object, rank
+from byteps.torch.horovod_ops import allreduce_, broadcast_async_
+from byteps.torch.ops import synchronize
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object"]
 
@@ -52,42 +53,6 @@ def broadcast_parameters(params: Params, root_rank: int) -> None:
     else:
         items = [p if isinstance(p, tuple) else (None, p) for p in params]
     _broadcast_all([(None if name is None else f"Parameter.{name}", tensor) for name, tensor in items], root_rank)
-
-
-def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:
-    """Return the root's ``obj`` on every rank (pickled; its size goes first).
-
-    The root gets its own ``obj`` back; the others may pass anything (None).
-    Without ``name`` all calls share one name (Horovod uses the type's name,
-    which breaks when other ranks pass None). The bytes travel as int64
-    words in a buffer rounded up to a power of two, so repeated calls reuse
-    a few tensor names.
-    """
-    name = "broadcast_object" if name is None else f"broadcast_object.{name}"
-    is_root = rank() == root_rank
-    payload, failure = b"", None
-    if is_root:
-        try:
-            payload = pickle.dumps(obj)
-        except Exception as exc:  # tell the others (size -1) instead of leaving them waiting
-            failure = exc
-    nbytes = torch.tensor([-1 if failure else len(payload)], dtype=torch.int64)
-    broadcast_(nbytes, root_rank, name=f"{name}.size")
-    size = int(nbytes.item())
-    if size < 0:
-        if failure is not None:
-            raise failure
-        raise ValueError(f"broadcast_object: rank {root_rank} could not pickle its object (see its error)")
-    capacity = 8
-    while capacity < size:
-        capacity *= 2
-    words = torch.zeros(capacity // 8, dtype=torch.int64)
-    if is_root:
-        words.view(torch.uint8)[:size] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    broadcast_(words, root_rank, name=f"{name}.{capacity}")
-    if is_root:
-        return obj
-    return pickle.loads(words.view(torch.uint8)[:size].numpy().tobytes())
 
 
 def _describe_state(state: Dict[str, Any], param: torch.Tensor) -> Dict[str, Tuple]:

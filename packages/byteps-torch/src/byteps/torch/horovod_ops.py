@@ -20,8 +20,9 @@ from typing import Any, Optional, Tuple
 
 import torch
 
+from byteps.common.frontend import Average, average_of, check_root, rank, size
 from byteps.torch.compression import Compression, Compressor
-from byteps.torch.ops import Average, OpSpec, ReduceFunction, average_of, rank, size, submit, synchronize
+from byteps.torch.ops import OpSpec, ReduceFunction, submit, synchronize
 
 __all__ = [
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
@@ -79,8 +80,7 @@ class _WidenNarrowIntegers(Compressor):
 
 
 def _check_root(root_rank: int) -> None:
-    if not isinstance(root_rank, int) or not 0 <= root_rank < size():
-        raise ValueError(f"broadcast: root_rank must be a rank in 0..{size() - 1}, got {root_rank!r}")
+    check_root(root_rank, size())
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> int:

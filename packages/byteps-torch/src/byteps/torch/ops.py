@@ -35,74 +35,31 @@ is the root's tensor. Tensors on a GPU are staged through host copies
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
-import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 
 from byteps.common import api
+from byteps.common.frontend.checks import check_scale
+from byteps.common.frontend.handle_table import OpTracker
+from byteps.common.frontend.names import TensorNames
+from byteps.common.frontend.process import after_shutdown
+from byteps.common.frontend.reductions import OpSpec, average_of
 from byteps.torch.compression import Compression
-from byteps.torch.handles import HandleTable, PendingOp, SpeedMeter
 from byteps.torch.tensors import HostTensor, check_tensor, numpy_view, shares_memory
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "declare", "barrier",
-    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "declare",
     "push_pull", "push_pull_async", "push_pull_inplace", "push_pull_async_inplace", "poll", "synchronize",
-    "handle_done_callback", "get_pushpull_speed", "join",
+    "handle_done_callback", "get_pushpull_speed",
 ]
 
-# Reduction ops with Horovod's values; byteps reduces by Average and Sum only.
-Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
-_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+_names = TensorNames()
+_tracker = OpTracker(_names)
+_handles = _tracker.handles
 
-_handles = HandleTable()
-_speed = SpeedMeter()
-_names_lock = threading.Lock()
-_noname_counters: Dict[str, itertools.count] = {}
-_layouts: Dict[str, List[Tuple[Tuple[int, ...], torch.dtype]]] = {}
-_busy: Dict[str, object] = {}  # user name -> token of its op in flight
-
-
-def init() -> None:
-    """Join the job that ``bpslaunch`` describes in the environment. Idempotent."""
-    api.init()
-
-
-def shutdown() -> None:
-    """Leave the job (also runs at exit); pending handles become invalid."""
-    api.shutdown()
-    _handles.clear()
-    with _names_lock:
-        _layouts.clear()
-        _busy.clear()
-
-
-def is_initialized() -> bool:
-    return api.is_initialized()
-
-
-def size() -> int:
-    """Number of worker processes in the job."""
-    return api.size()
-
-
-def rank() -> int:
-    """This process's rank, 0 .. size()-1."""
-    return api.rank()
-
-
-def local_size() -> int:
-    """Number of worker processes on this machine."""
-    return api.local_size()
-
-
-def local_rank() -> int:
-    """This process's rank among the worker processes of its machine."""
-    return api.local_rank()
+after_shutdown(_tracker.forget)
 
 
 def declare(name: str, tensor: Optional[torch.Tensor] = None, compression: Any = Compression.none) -> int:
@@ -138,104 +95,25 @@ def wire_size(tensor: torch.Tensor, compression: Any = Compression.none) -> Opti
     return tensor.numel() * itemsize, itemsize
 
 
-def barrier() -> None:
-    """Block until every worker process has called barrier()."""
-    api.barrier()
-
-
-@dataclasses.dataclass(frozen=True)
-class OpSpec:
-    """What to do with one tensor: which op family, name, averaging and scaling."""
-
-    family: str
-    name: Optional[str]
-    average: bool
-    prescale: float = 1.0
-    postscale: float = 1.0
-
-    def for_gradient(self) -> OpSpec:
-        return dataclasses.replace(self, name=None if self.name is None else self.name + ".grad")
-
-
-def average_of(op: Optional[int], average: Optional[bool], default: bool = True) -> bool:
-    """Horovod's rule: ``op`` supersedes ``average``; Adasum and the rest are not supported."""
-    if op is None:
-        return default if average is None else bool(average)
-    if average is not None:
-        raise ValueError("the op parameter supersedes average: pass only one of them")
-    if op == Average:
-        return True
-    if op == Sum:
-        return False
-    raise NotImplementedError(
-        f"op={_OP_NAMES.get(op, op)} is not supported by byteps, whose servers sum: use op=Average or op=Sum"
-        + (" (Adasum needs its own reduction algorithm, which byteps does not have)" if op == Adasum else ""))
-
-
-def _resolve_name(family: str, name: Optional[str]) -> str:
-    if name is None:
-        with _names_lock:
-            counter = _noname_counters.setdefault(family, itertools.count())
-            return f"{family}.noname.{next(counter)}"
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"{family}: a name must be a non-empty string, got {name!r}")
-    return name
-
-
 def _key_name(name: str, tensor: torch.Tensor) -> str:
-    """The byteps tensor name behind a user's name: one per (shape, dtype) the name is used with.
-
-    byteps fixes a tensor name's size and dtype at first use; Horovod lets a
-    name be reused for another shape (a smaller last batch, two models with
-    the same parameter names). The first layout keeps the name, later ones
-    become ``"<name>#<k>"`` in order of first use, the same on every rank
-    that issues the same ops.
-    """
-    layout = (tuple(tensor.shape), tensor.dtype)
-    with _names_lock:
-        seen = _layouts.setdefault(name, [])
-        if layout not in seen:
-            seen.append(layout)
-        index = seen.index(layout)
-    return name if index == 0 else f"{name}#{index}"
-
-
-def _reserve(name: str, what: str) -> object:
-    """Mark ``name`` in flight; returns the token that releases it."""
-    with _names_lock:
-        if name in _busy:
-            raise ValueError(f"{what}: an op of this name is still in flight; synchronize() its handle "
-                             "before submitting the name again")
-        token = _busy[name] = object()
-    return token
-
-
-def _release(name: str, token: object) -> None:
-    """Free ``name`` unless a later op has it already (a late done-callback of an earlier one)."""
-    with _names_lock:
-        if _busy.get(name) is token:
-            del _busy[name]
-
-
-def _check_scale(tensor: torch.Tensor, spec: OpSpec, what: str) -> None:
-    if (spec.prescale != 1.0 or spec.postscale != 1.0) and not tensor.dtype.is_floating_point:
-        raise ValueError(f"{what}: prescale_factor/postscale_factor need a floating-point tensor, got {tensor.dtype}")
+    """The byteps tensor name behind a user's name: one per (shape, dtype) it is used with (see the front)."""
+    return _names.key(name, (tuple(tensor.shape), tensor.dtype))
 
 
 def submit(tensor: torch.Tensor, spec: OpSpec, inplace: bool, compression: Any = Compression.none,
             contribute: bool = True) -> int:
     """Start one reduction; returns its handle. ``contribute=False`` pushes zeros (broadcast)."""
-    name = _resolve_name(spec.family, spec.name)
+    name = _names.resolve(spec.family, spec.name)
     what = f"{spec.family}({name!r})"
     check_tensor(tensor, what)
-    _check_scale(tensor, spec, what)
+    check_scale(spec.prescale, spec.postscale, tensor.dtype.is_floating_point, what, tensor.dtype)
     sent = tensor.detach()
     if spec.prescale != 1.0:
         sent = sent * spec.prescale
     sent, ctx = compression.compress(sent)
     host = HostTensor.of(sent, what)
     key = _key_name(name, host.host)
-    token = _reserve(name, what)
+    token = _names.reserve(name, what)
     try:
         # Does byteps work on the caller's own memory? Then an out-of-place op needs an output.
         aliased = shares_memory(host.host, tensor)
@@ -253,16 +131,8 @@ def submit(tensor: torch.Tensor, spec: OpSpec, inplace: bool, compression: Any =
         start = time.time()
         core = api.worker().push_pull_async(host.array, key, spec.average, output, host.dtype)
     except BaseException:
-        _release(name, token)
+        _names.release(name, token)
         raise
-    nbytes = host.array.nbytes
-
-    def finished(handle: Any) -> None:
-        _release(name, token)
-        if handle.error is None:
-            _speed.record(start, nbytes)
-
-    core.add_done_callback(finished)
 
     def finish() -> torch.Tensor:
         out = result.to(tensor.device) if host.staged else result
@@ -276,12 +146,12 @@ def submit(tensor: torch.Tensor, spec: OpSpec, inplace: bool, compression: Any =
                 tensor.copy_(out)
         return tensor
 
-    return _handles.add(PendingOp(core, finish, lambda: _release(name, token)))
+    return _tracker.track(core, name, token, start, host.array.nbytes, finish)
 
 
 def poll(handle: int) -> bool:
     """True once the push_pull behind ``handle`` has finished (synchronize() will not block)."""
-    return _handles.get(handle).core.poll()
+    return _handles.poll(handle)
 
 
 def synchronize(handle: int) -> torch.Tensor:
@@ -290,13 +160,7 @@ def synchronize(handle: int) -> torch.Tensor:
     Raises :class:`byteps.common.PushPullError` if the op failed, e.g. when the
     ranks' tensors of this name differ in shape or dtype.
     """
-    op = _handles.get(handle)
-    try:
-        op.core.wait()
-    finally:
-        _handles.pop(handle)
-        op.release()  # done-callbacks may still be running: free the name for the caller now
-    return op.finish()
+    return _handles.synchronize(handle)
 
 
 def handle_done_callback(handle: int, callback: Callable[[], None]) -> None:
@@ -308,7 +172,7 @@ def handle_done_callback(handle: int, callback: Callable[[], None]) -> None:
     calling synchronize() from the callback is allowed. The callback also runs
     when the op failed; synchronize() raises the error.
     """
-    _handles.get(handle).core.add_done_callback(lambda _core: callback())
+    _handles.add_done_callback(handle, callback)
 
 
 def get_pushpull_speed() -> Tuple[float, float]:
@@ -320,7 +184,7 @@ def get_pushpull_speed() -> Tuple[float, float]:
     ``timestamp`` is that latest completion (seconds since the epoch);
     ``(0.0, 0.0)`` before any push_pull has finished.
     """
-    return _speed.speed()
+    return _tracker.speed.speed()
 
 
 # --- BytePS names -------------------------------------------------------------------
@@ -376,19 +240,3 @@ def push_pull_async_inplace(tensor: torch.Tensor, average: bool = True, name: Op
     """Start an in-place push_pull; ``tensor`` must not be touched until synchronize(handle)."""
     spec = OpSpec("push_pull", name, average_of(op, None if op is not None else average))
     return submit(tensor, spec, inplace=True, compression=compression)
-
-
-def join() -> int:
-    """Wait until every rank has called join(); returns the rank whose call started last.
-
-    Unlike Horovod, ranks that joined do not keep serving the others'
-    allreduces with zeros: every rank must have issued the same ops before
-    joining (uneven data per rank is not supported). "Last" compares the
-    ranks' wall clocks (``time.time()``) at entry, so across machines it is
-    only as good as their clock synchronisation.
-    """
-    entered = torch.zeros(size(), dtype=torch.float64)
-    entered[rank()] = time.time()
-    arrivals = synchronize(submit(entered, OpSpec("join", "byteps.join", average=False), inplace=True))
-    return int(torch.argmax(arrivals).item())
-

@@ -49,12 +49,11 @@ from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Se
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from byteps.common import api
-from byteps.common.fusion import FusionGroup, plan_fusion
+from byteps.common.frontend import Average, check_gradient_op, check_passes, size
+from byteps.torch.buckets import Bucket, GradientBuckets
 from byteps.torch.compression import Compression
 from byteps.torch.group_ops import push_pull_group_async
-from byteps.torch.ops import Adasum, Average, Sum, declare, push_pull_async_inplace, size, synchronize
-from byteps.torch.tensors import byteps_dtype
+from byteps.torch.ops import push_pull_async_inplace, synchronize
 
 __all__ = ["DistributedOptimizer"]
 
@@ -74,26 +73,6 @@ class _PendingGradient(NamedTuple):
     handle: int
     ctx: Any            # the compressor's context
     postscale: float
-
-
-class _Bucket:
-    """Small gradients push_pulled as one fused buffer once all of them are ready (DDP-style).
-
-    Which gradients share a bucket is decided by byteps-common's fusion
-    planner from the parameter order, sizes and dtypes, the same on every
-    rank; ``name`` is the fused buffer's push_pull name.
-    """
-
-    def __init__(self, group: FusionGroup, members: List[torch.Tensor]) -> None:
-        self.group = group
-        self.name = group.name
-        self.members = members
-        self.ready: Set[torch.Tensor] = set()
-        self.started = False
-
-    def reset(self) -> None:
-        self.ready.clear()
-        self.started = False
 
 
 class _DistributedOptimizer:
@@ -117,33 +96,18 @@ class _DistributedOptimizer:
         self._synchronized = False
         self._should_synchronize = True
         self._communicate = size() > 1   # one worker: nothing to average (as Horovod)
-        config = api.worker().config
-        self._fusion_limits = (config.fusion_threshold, config.fusion_max_tensor_bytes)
-        self._plans: Dict[Tuple[int, ...], Dict[torch.Tensor, _Bucket]] = {}
-        self._plan: Optional[Dict[torch.Tensor, _Bucket]] = None   # this step's buckets, once known
+        self._buckets = GradientBuckets({p: GRADIENT_PREFIX + name for p, name in self._parameter_names.items()},
+                                        compression)
+        self._plan: Optional[Dict[torch.Tensor, Bucket]] = None   # this step's buckets, once known
         if self._communicate:
             self._register_hooks()
-        self._declare(self._current_plan() if self._communicate else {})
+        self._buckets.declare(self._current_plan() if self._communicate else {})
         self._plan = None
 
-    def _declare(self, plan: Dict[torch.Tensor, _Bucket]) -> None:
-        """Give every push_pull an id now, in parameter order, the same on every rank.
-
-        Ids come from declaration order, and the scheduler sends earlier ids
-        first: a bucket is declared just before its first member, so it goes
-        with the front layers it serves. A gradient that is sent alone is
-        declared with the size it sends (so the servers' load can be
-        balanced); a fused one without (it is normally never sent alone, and
-        its bytes are counted in its bucket's).
-        """
-        for p, name in self._parameter_names.items():
-            bucket = plan.get(p)
-            if bucket is None:
-                declare(GRADIENT_PREFIX + name, p, self._compression)
-                continue
-            if bucket.members[0] is p:
-                api.declare(bucket.name, nbytes=bucket.group.nbytes, itemsize=bucket.group.dtype.itemsize)
-            declare(GRADIENT_PREFIX + name)
+    @property
+    def _plans(self) -> Dict[Tuple[int, ...], Dict[torch.Tensor, Bucket]]:
+        """The bucket plans made so far (see :class:`byteps.torch.buckets.GradientBuckets`)."""
+        return self._buckets.plans
 
     def _register_hooks(self) -> None:
         """Hook every parameter that requires grad and has no hook yet.
@@ -172,12 +136,10 @@ class _DistributedOptimizer:
             bucket = self._current_plan().get(p)
             if bucket is None:
                 self._start_push_pull(p)
-            else:
-                bucket.ready.add(p)
-                if len(bucket.ready) == len(bucket.members):
-                    self._start_bucket(bucket)
+            elif bucket.add_ready(p):
+                self._start_bucket(bucket)
 
-    def _current_plan(self) -> Dict[torch.Tensor, _Bucket]:
+    def _current_plan(self) -> Dict[torch.Tensor, Bucket]:
         """This step's buckets: over the parameters hooked and requiring grad when the step's first gradient came.
 
         Ranks freeze and unfreeze parameters alike, so every rank plans the
@@ -185,40 +147,8 @@ class _DistributedOptimizer:
         servers (bucket names encode their members), not a wrong sum.
         """
         if self._plan is None:
-            active = [p for p in self._parameter_names if p in self._hooked and p.requires_grad]
-            key = tuple(id(p) for p in active)
-            if key not in self._plans:
-                self._plans[key] = self._plan_buckets(active)
-            self._plan = self._plans[key]
+            self._plan = self._buckets.plan([p for p in self._parameter_names if p in self._hooked and p.requires_grad])
         return self._plan
-
-    def _plan_buckets(self, active: List[torch.Tensor]) -> Dict[torch.Tensor, _Bucket]:
-        """Buckets over ``active``; the first plan is declared by _declare, later ones here, in plan order."""
-        threshold, max_tensor_bytes = self._fusion_limits
-        if threshold == 0:
-            return {}
-        items, params = [], []
-        for p in active:
-            layout = self._wire_layout(p)
-            if layout is not None:
-                items.append((GRADIENT_PREFIX + self._parameter_names[p], *layout))
-                params.append(p)
-        plan: Dict[torch.Tensor, _Bucket] = {}
-        for group in plan_fusion(items, threshold, max_tensor_bytes):
-            if group.fused:
-                if self._plans:   # a plan after the first (parameters frozen or unfrozen): declare its buckets now
-                    api.declare(group.name, nbytes=group.nbytes, itemsize=group.dtype.itemsize)
-                bucket = _Bucket(group, [params[i] for i in group.members])
-                plan.update((p, bucket) for p in bucket.members)
-        return plan
-
-    def _wire_layout(self, p: torch.Tensor) -> Optional[Tuple[int, Any]]:
-        """(bytes, byteps dtype) of what ``p``'s gradient is sent as; None when the compressor does not say."""
-        try:
-            sent, _ = self._compression.compress(torch.empty(p.shape, dtype=p.dtype, device="meta"))
-            return sent.numel() * sent.element_size(), byteps_dtype(sent.dtype, "gradient")
-        except Exception:  # a compressor that cannot run on meta tensors: its gradients go alone
-            return None
 
     def _prepare(self, p: torch.Tensor) -> Tuple[torch.Tensor, Any, bool, float]:
         """``p``'s gradient as it is sent: (contiguous buffer, compressor context, average, postscale)."""
@@ -243,7 +173,7 @@ class _DistributedOptimizer:
         handle = push_pull_async_inplace(buffer, average=average, name=GRADIENT_PREFIX + self._parameter_names[p])
         self._pending[p] = _PendingGradient(handle, ctx, postscale)
 
-    def _start_bucket(self, bucket: _Bucket) -> None:
+    def _start_bucket(self, bucket: Bucket) -> None:
         prepared = [self._prepare(p) for p in bucket.members]
         handles = push_pull_group_async([item[0] for item in prepared], average=prepared[0][2],
                                         names=[GRADIENT_PREFIX + self._parameter_names[p] for p in bucket.members])
@@ -263,13 +193,9 @@ class _DistributedOptimizer:
         if self._synchronized and not self._pending:
             return
         plan = self._current_plan()
-        for p in self._parameter_names:
-            if p not in self._pending and (p.requires_grad or p in self._touched or p in plan):
-                bucket = plan.get(p)
-                if bucket is None:
-                    self._start_push_pull(p)
-                elif not bucket.started:
-                    self._start_bucket(bucket)   # its missing gradients go as zeros
+        unsent = [p for p in self._parameter_names
+                  if p not in self._pending and (p.requires_grad or p in self._touched or p in plan)]
+        self._buckets.start_unsent(plan, unsent, self._start_push_pull, self._start_bucket)
         pending, self._pending = self._pending, {}
         try:
             for p, item in pending.items():
@@ -282,8 +208,7 @@ class _DistributedOptimizer:
             for p in self._parameter_names:
                 self._passes_left[p] = self.backward_passes_per_step
             self._touched.clear()
-            for bucket in set(plan.values()):
-                bucket.reset()
+            self._buckets.reset(plan)
             self._plan = None
         self._register_hooks()
         self._synchronized = True
@@ -372,16 +297,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     nothing is communicated, as in Horovod. Wrapping the same parameters
     again moves their hooks to the new optimizer.
     """
-    if op == Adasum:
-        raise NotImplementedError("op=Adasum is not supported by byteps; use Average or Sum")
-    if op not in (Average, Sum):
-        raise ValueError(f"op must be Average or Sum, got {op!r}")
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor is only supported with op=Average")
-    if gradient_predivide_factor <= 0:
-        raise ValueError(f"gradient_predivide_factor must be positive, got {gradient_predivide_factor}")
-    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step!r}")
+    check_gradient_op(op, gradient_predivide_factor)
+    check_passes(backward_passes_per_step)
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap the original optimizer once")
     named = _named_parameters(optimizer, named_parameters)

@@ -27,18 +27,12 @@ import numpy as np
 import torch
 
 from byteps.common.dtypes import DType
+from byteps.common.frontend.binding import dtype_table
 from byteps.torch import _C
 
-__all__ = ["HostTensor", "byteps_dtype", "check_tensor", "numpy_view", "shares_memory"]
+__all__ = ["HostTensor", "TorchStaging", "byteps_dtype", "check_tensor", "numpy_view", "shares_memory"]
 
-_DTYPES = {
-    torch.float32: DType.FLOAT32,
-    torch.float64: DType.FLOAT64,
-    torch.float16: DType.FLOAT16,
-    torch.bfloat16: DType.BFLOAT16,
-    torch.int32: DType.INT32,
-    torch.int64: DType.INT64,
-}
+_DTYPES = dtype_table(lambda name: getattr(torch, name))
 _SUPPORTED = ", ".join(str(dtype) for dtype in _DTYPES)
 
 
@@ -107,6 +101,33 @@ class HostTensor:
         host = tensor.detach().to("cpu") if staged else tensor.detach()
         return cls(tensor=tensor, host=host, array=numpy_view(host, what), dtype=dtype, staged=staged)
 
+    @property
+    def layout(self) -> tuple:
+        """(shape, dtype) of what is sent: picks the byteps tensor behind a name."""
+        return tuple(self.host.shape), self.host.dtype
+
     def on_device(self) -> torch.Tensor:
         """The host bytes as a tensor on the original tensor's device (a copy if staged)."""
         return self.host.to(self.tensor.device) if self.staged else self.host
+
+
+class TorchStaging:
+    """torch tensors as the front's grouped push_pull sees them (:class:`byteps.common.frontend.group.Staging`)."""
+
+    check = staticmethod(check_tensor)
+    stage = staticmethod(HostTensor.of)
+
+    @staticmethod
+    def detach(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach()
+
+    @staticmethod
+    def on_device(staged: HostTensor) -> torch.Tensor:
+        return staged.on_device()
+
+    @staticmethod
+    def write_back(staged: HostTensor, result: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if not shares_memory(result, target):
+            with torch.no_grad():
+                target.copy_(result)
+        return target

@@ -57,13 +57,13 @@ def _factories(address: str) -> Tuple[Factory, Factory]:
 class Context:
     """The transports' shared state in one process (ZeroMQ's I/O threads)."""
 
-    _shared: "Context | None" = None
+    _shared: Context | None = None
 
     def __init__(self, zmq_context: Any = None) -> None:
         self.zmq: Any = zmq_context if zmq_context is not None else zmq.Context()
 
     @classmethod
-    def shared(cls) -> "Context":
+    def shared(cls) -> Context:
         """One process-wide context that is never closed (for long-lived roles such as the scheduler)."""
         with _lock:
             if cls._shared is None:

@@ -23,9 +23,9 @@ from typing import Any, Optional, Tuple
 
 from byteps.transport.authentication import authenticate
 from byteps.transport.endpoint import Message
-from byteps.transport.zmq_endpoints import Connection
 from byteps.transport.errors import NodeFailure, RemoteError, RendezvousTimeout, TransportError
 from byteps.transport.frames import MAX_CONTROL_PAYLOAD, Command, command_name, json_payload, parse_json_payload
+from byteps.transport.zmq_endpoints import Connection
 
 __all__ = ["NodeInfo", "AddressBook", "SchedulerClient", "BARRIER_WORKERS", "BARRIER_ALL"]
 

@@ -21,7 +21,6 @@ from typing import Any, Dict, List, Optional, Set
 from byteps.transport.authentication import Gate
 from byteps.transport.context import Context
 from byteps.transport.endpoint import Message
-from byteps.transport.zmq_endpoints import Listener
 from byteps.transport.errors import NodeFailure, TransportError
 from byteps.transport.frames import (
     MAX_CONTROL_PAYLOAD,
@@ -32,6 +31,7 @@ from byteps.transport.frames import (
     parse_json_payload,
 )
 from byteps.transport.rendezvous import BARRIER_ALL, BARRIER_WORKERS, AddressBook, NodeInfo
+from byteps.transport.zmq_endpoints import Listener
 
 __all__ = ["SchedulerOptions", "Scheduler"]
 

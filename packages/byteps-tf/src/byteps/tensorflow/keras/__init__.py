@@ -21,9 +21,9 @@ try:
 except ImportError as exc:
     raise ImportError("byteps.tensorflow.keras needs Keras 3: pip install 'keras>=3'") from exc
 
-from byteps.tensorflow import _version
+from byteps.common.frontend.versions import version_tuple
 
-if _version(getattr(keras, "__version__", "0.0")) < (3, 0):
+if version_tuple(getattr(keras, "__version__", "0.0")) < (3, 0):
     raise ImportError(f"byteps.tensorflow.keras needs Keras 3, but keras {getattr(keras, '__version__', '?')} "
                       "is installed (tf_keras / Keras 2 is not supported): pip install --upgrade 'keras>=3'")
 if keras.backend.backend() != "tensorflow":
@@ -35,26 +35,16 @@ from typing import Any, Optional  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from byteps.common import PushPullError  # noqa: E402
+from byteps.common.frontend.process import *  # noqa: E402,F403  (init, shutdown, size, rank, barrier, ...)
+from byteps.common.frontend.reductions import Average, Sum  # noqa: E402
 from byteps.tensorflow import functions as _functions  # noqa: E402
 from byteps.tensorflow import ops as _ops  # noqa: E402
 from byteps.tensorflow.compression import Compression, Compressor  # noqa: E402
 from byteps.tensorflow.keras import callbacks  # noqa: E402
 from byteps.tensorflow.keras.model_io import load_model  # noqa: E402
 from byteps.tensorflow.keras.optimizer import DistributedOptimizer  # noqa: E402
-from byteps.tensorflow.ops import (  # noqa: E402
-    Average,
-    Sum,
-    barrier,
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    rank,
-    shutdown,
-    size,
-)
 
-__all__ = [
+__all__ = [  # noqa: F405  (the process names come from byteps.common.frontend.process)
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "barrier",
     "DistributedOptimizer", "broadcast_global_variables", "push_pull", "allreduce", "broadcast", "allgather",
     "load_model", "callbacks", "Compression", "Compressor", "Average", "Sum", "PushPullError",

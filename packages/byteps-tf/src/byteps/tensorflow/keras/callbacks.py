@@ -18,8 +18,8 @@ import keras
 import numpy as np
 
 from byteps.common import api
+from byteps.common.frontend import size
 from byteps.tensorflow.functions import broadcast_variables
-from byteps.tensorflow.ops import size
 
 __all__ = [
     "BroadcastGlobalVariablesCallback", "MetricAverageCallback",

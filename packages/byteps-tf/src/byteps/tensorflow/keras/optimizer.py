@@ -24,9 +24,11 @@ from typing import Any, Dict, List, Optional
 import keras
 import tensorflow as tf
 
+from byteps.common.frontend import check_passes
+from byteps.common.frontend.reductions import Average
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.gradients import GradientReducer
-from byteps.tensorflow.ops import Average, check_process_set
+from byteps.tensorflow.ops import check_process_set
 
 __all__ = ["DistributedOptimizer", "distributed_class"]
 
@@ -141,9 +143,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     if optimizer.built:
         raise ValueError("the optimizer is already built and its state would be lost: wrap it before training, "
                          "or load a saved model with byteps.tensorflow.keras.load_model")
-    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
-            or backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step!r}")
+    check_passes(backward_passes_per_step)
     reducer = GradientReducer(f"DistributedOptimizer.{name or optimizer.name}", compression, sparse_as_dense, op,
                               gradient_predivide_factor)
     wrapped = distributed_class(type(optimizer)).from_config(optimizer.get_config())

@@ -34,9 +34,12 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import torch
 
+from byteps.common.frontend import size
+from byteps.torch.buckets import Bucket, GradientBuckets
 from byteps.torch.compression import Compression
 from byteps.torch.functions import broadcast_parameters
-from byteps.torch.ops import declare, push_pull_async_inplace, size, synchronize
+from byteps.torch.group_ops import push_pull_group_async
+from byteps.torch.ops import push_pull_async_inplace, synchronize
 
 __all__ = ["DistributedDataParallel"]
 
@@ -77,13 +80,23 @@ class DistributedDataParallel(torch.nn.Module):
         self._pending: Dict[torch.Tensor, Tuple[int, Any]] = {}   # parameter -> (handle, compressor context)
         self._callback_queued = False
         self._communicate = size() > 1
-        for p, name in self._names.items():   # with the size sent, so the servers' load can be balanced
-            declare(self._prefix + "Gradient." + name, p, compression)
+        # Small gradients travel fused, in buckets decided from the parameters (see byteps.torch.buckets).
+        self._buckets = GradientBuckets({p: self._prefix + "Gradient." + name for p, name in self._names.items()},
+                                        compression)
+        self._plan: Optional[Dict[torch.Tensor, Bucket]] = None   # this backward's buckets, once known
         self._hooked: Set[torch.Tensor] = set()
+        self._buckets.declare(self._current_plan() if self._communicate else {})
+        self._plan = None
         tensors = [(self._prefix + name, p.data) for p, name in self._names.items()]
         broadcast_parameters(tensors + self._named_buffers() if broadcast_buffers else tensors, root_rank=0)
         if self._communicate:
             self._register_hooks()
+
+    def _current_plan(self) -> Dict[torch.Tensor, Bucket]:
+        """This backward's buckets, over the parameters requiring grad when its first gradient came."""
+        if self._plan is None:
+            self._plan = self._buckets.plan([p for p in self._names if p.requires_grad])
+        return self._plan
 
     def _register_hooks(self) -> None:
         """Hook each parameter that requires grad (again after each backward: requires_grad may change)."""
@@ -118,27 +131,45 @@ class DistributedDataParallel(torch.nn.Module):
             # Runs once the whole backward pass is done, on the engine's thread.
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
             self._callback_queued = True
-        self._start_push_pull(p)
+        bucket = self._current_plan().get(p)
+        if bucket is None:
+            self._start_push_pull(p)
+        elif bucket.add_ready(p):
+            self._start_bucket(bucket)
 
-    def _start_push_pull(self, p: torch.Tensor) -> None:
+    def _prepare(self, p: torch.Tensor) -> Tuple[torch.Tensor, Any]:
+        """``p``'s gradient as it is sent: (contiguous buffer, compressor context)."""
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         compressed, ctx = self._compression.compress(p.grad)
         # Non-contiguous gradients (channels_last) go through a contiguous copy.
-        buffer = compressed if compressed.is_contiguous() else compressed.contiguous()
-        handle = push_pull_async_inplace(buffer, average=True, name=self._prefix + "Gradient." + self._names[p])
-        self._pending[p] = (handle, ctx)
+        return (compressed if compressed.is_contiguous() else compressed.contiguous()), ctx
+
+    def _start_push_pull(self, p: torch.Tensor) -> None:
+        buffer, ctx = self._prepare(p)
+        self._pending[p] = (push_pull_async_inplace(buffer, average=True, name=self._buckets.names[p]), ctx)
+
+    def _start_bucket(self, bucket: Bucket) -> None:
+        prepared = [self._prepare(p) for p in bucket.members]
+        handles = push_pull_group_async([buffer for buffer, _ in prepared], average=True,
+                                        names=[self._buckets.names[p] for p in bucket.members])
+        bucket.started = True
+        for p, (_, ctx), handle in zip(bucket.members, prepared, handles):
+            self._pending[p] = (handle, ctx)
 
     def _finish_backward(self) -> None:
         self._callback_queued = False
-        # A parameter unused here may have been used on another rank: every
-        # rank must push the same names, so the missing ones go as zeros.
-        for p in self._names:
-            if p.requires_grad and p not in self._pending:
-                self._start_push_pull(p)
+        # A parameter unused here may have been used on another rank: the missing ones go as zeros.
+        plan = self._current_plan()
+        unsent = [p for p in self._names if p.requires_grad and p not in self._pending]
+        self._buckets.start_unsent(plan, unsent, self._start_push_pull, self._start_bucket)
         pending, self._pending = self._pending, {}
-        for p, (handle, ctx) in pending.items():
-            output = self._compression.decompress(synchronize(handle), ctx)
-            if output.data_ptr() != p.grad.data_ptr():
-                p.grad.copy_(output)
+        try:
+            for p, (handle, ctx) in pending.items():
+                output = self._compression.decompress(synchronize(handle), ctx)
+                if output.data_ptr() != p.grad.data_ptr():
+                    p.grad.copy_(output)
+        finally:
+            self._buckets.reset(plan)
+            self._plan = None
         self._register_hooks()

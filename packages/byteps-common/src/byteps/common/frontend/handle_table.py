@@ -1,10 +1,16 @@
-"""Integer handles of asynchronous torch push_pulls, and push_pull telemetry.
+"""Integer handles of an adapter's asynchronous ops, and push_pull telemetry.
 
 A handle stands for one byteps-common :class:`~byteps.common.Handle` plus
-the step that turns its finished host bytes into the tensor the caller gets
+the step that turns its finished host bytes into what the caller gets
 (copy back from a staging buffer, decompress, post-scale). That step runs
-in :func:`synchronize`, on the caller's thread, never on byteps'
-communication thread.
+in the adapter's ``synchronize()``, on the caller's thread, never on
+byteps' communication thread.
+
+Example::
+
+    table = HandleTable()
+    handle = table.add(PendingOp(core, finish=lambda: result, release=lambda: None))
+    table.synchronize(handle)          # waits, frees the handle, returns finish()
 """
 
 from __future__ import annotations
@@ -14,24 +20,24 @@ import dataclasses
 import itertools
 import threading
 import time
-from typing import Callable, Deque, Dict, Tuple
+from typing import Any, Callable, Deque, Dict, Tuple
 
-import torch
+from byteps.common.handle import Handle
 
-from byteps.common import Handle
-
-__all__ = ["PendingOp", "HandleTable", "SpeedMeter"]
+__all__ = ["PendingOp", "HandleTable", "SpeedMeter", "OpTracker"]
 
 
 @dataclasses.dataclass
 class PendingOp:
+    """One asynchronous op: its core handle, its finishing step and what frees its name."""
+
     core: Handle
-    finish: Callable[[], torch.Tensor]
+    finish: Callable[[], Any]
     release: Callable[[], None]  # frees the op's name for the next op
 
 
 class HandleTable:
-    """Thread-safe map from integer handles to pending push_pulls."""
+    """Thread-safe map from integer handles to pending ops."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -58,6 +64,24 @@ class HandleTable:
     def clear(self) -> None:
         with self._lock:
             self._ops.clear()
+
+    def poll(self, handle: int) -> bool:
+        """True once the op behind ``handle`` has finished (synchronize() will not block)."""
+        return self.get(handle).core.poll()
+
+    def synchronize(self, handle: int) -> Any:
+        """Wait for the op, spend its handle, free its name, and return its finished result."""
+        op = self.get(handle)
+        try:
+            op.core.wait()
+        finally:
+            self.pop(handle)
+            op.release()  # done-callbacks may still be running: free the name for the caller now
+        return op.finish()
+
+    def add_done_callback(self, handle: int, callback: Callable[[], None]) -> None:
+        """Run ``callback()`` once the op has finished (on byteps' communication thread, or now)."""
+        self.get(handle).core.add_done_callback(lambda _core: callback())
 
 
 class SpeedMeter:
@@ -97,3 +121,35 @@ class SpeedMeter:
     def clear(self) -> None:
         with self._lock:
             self._records.clear()
+
+
+class OpTracker:
+    """An adapter's bookkeeping of asynchronous ops: its handles, its names in flight and its speed meter.
+
+    :meth:`track` ties one started push_pull to all three: the name is
+    released and the speed recorded when it finishes, and the returned
+    integer handle leads to ``finish()`` in :meth:`HandleTable.synchronize`.
+    """
+
+    def __init__(self, names: Any) -> None:
+        self.names = names          # a TensorNames
+        self.handles = HandleTable()
+        self.speed = SpeedMeter()
+
+    def track(self, core: Handle, name: str, token: object, start: float, nbytes: int,
+              finish: Callable[[], Any]) -> int:
+        def release() -> None:
+            self.names.release(name, token)
+
+        def finished(handle: Handle) -> None:
+            release()
+            if handle.error is None:
+                self.speed.record(start, nbytes)
+
+        core.add_done_callback(finished)
+        return self.handles.add(PendingOp(core, finish, release))
+
+    def forget(self) -> None:
+        """Drop every handle and name (at shutdown)."""
+        self.handles.clear()
+        self.names.forget()

@@ -1,0 +1,162 @@
+"""Grouped push_pulls, small tensors fused, for any framework's tensors.
+
+byteps-common's :func:`byteps.common.fusion.push_pull_group_async` packs the
+small tensors of one call into buckets of at most BYTEPS_FUSION_THRESHOLD
+bytes and push_pulls each bucket once, so a model's hundreds of biases and
+norms cost a few messages instead of hundreds. This module is its front
+for the adapters: :func:`submit_group` turns framework tensors into that
+call (names, in-flight reservation, compression, host staging, integer
+handles), with the framework's part in a :class:`Staging`; and
+:func:`all_done` joins a group's handles into one, for adapters that wait
+on a group as a whole (an engine op, a graph op).
+
+Every rank must make the same call: same names, shapes and dtypes, in the
+same order.
+
+Example (an adapter)::
+
+    handles = submit_group(tracker, TorchStaging, tensors, names, average=True, compression=Compression.none)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, List, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from byteps.common import api
+from byteps.common.dtypes import DType
+from byteps.common.fusion import push_pull_group_async
+from byteps.common.handle import Handle
+
+try:
+    from typing import Protocol
+except ImportError:  # pragma: no cover - Python < 3.8
+    Protocol = object  # type: ignore[assignment,misc]
+
+__all__ = ["Staging", "Staged", "push_pull_group", "submit_group", "all_done"]
+
+FAMILY = "push_pull_group"
+
+
+class Staged(Protocol):
+    """A tensor's bytes where byteps reads and writes them."""
+
+    array: np.ndarray   # numpy view of the host bytes
+    dtype: DType        # their byteps dtype
+    layout: Any         # hashable (shape, dtype): picks the byteps tensor behind a name
+
+
+class Staging(Protocol):
+    """The framework's part of a grouped push_pull."""
+
+    @staticmethod
+    def check(tensor: Any, what: str) -> None:
+        """TypeError/ValueError unless byteps can reduce ``tensor`` (dtype is checked in ``stage``)."""
+
+    @staticmethod
+    def detach(tensor: Any) -> Any:
+        """``tensor`` without autograd history (what is compressed and sent)."""
+
+    @staticmethod
+    def stage(tensor: Any, what: str) -> Staged:
+        """``tensor``'s bytes on the host (a view when it is there already)."""
+
+    @staticmethod
+    def write_back(staged: Staged, result: Any, target: Any) -> Any:
+        """Put ``result`` (decompressed, on the host) into ``target`` unless they share memory; returns target."""
+
+    @staticmethod
+    def on_device(staged: Staged) -> Any:
+        """The staged bytes as a tensor on the original tensor's device."""
+
+
+def push_pull_group(arrays: Sequence[np.ndarray], names: Sequence[str], average: bool = True,
+                    outputs: Optional[Sequence[Optional[np.ndarray]]] = None,
+                    dtypes: Optional[Sequence[DType]] = None) -> List[Handle]:
+    """The fused grouped push_pull of host arrays on this process's worker; one core handle per array.
+
+    For adapters that stage tensors themselves (TensorFlow's py_function
+    body, MXNet's engine op); ``outputs[i]`` None means in place.
+    """
+    return push_pull_group_async(api.worker(), arrays, names, average, outputs, dtypes)
+
+
+class _Member(NamedTuple):
+    name: str           # the user's name (reserved while in flight)
+    token: object       # releases the name
+    tensor: Any
+    staged: Staged      # what byteps reads and writes (after compression, on the host)
+    ctx: Any            # the compressor's context
+    key: str            # the byteps tensor name
+
+
+def submit_group(tracker: Any, staging: Staging, tensors: Sequence[Any], names: Optional[Sequence[str]],
+                 average: bool, compression: Any) -> List[int]:
+    """Start in-place push_pulls of ``tensors``, small ones fused; one integer handle per tensor, in order.
+
+    ``names`` defaults to ``"push_pull_group.noname.<n>.<i>"``. ``tracker`` is
+    the adapter's :class:`~byteps.common.frontend.handle_table.OpTracker`.
+    If anything is refused, nothing is left reserved.
+    """
+    tensors = list(tensors)
+    if names is None:
+        base = tracker.names.default(FAMILY)
+        names = [f"{base}.{i}" for i in range(len(tensors))]
+    names = [tracker.names.resolve(FAMILY, name) for name in names]
+    if len(names) != len(tensors):
+        raise ValueError(f"push_pull_group: {len(tensors)} tensors but {len(names)} names")
+    members: List[_Member] = []
+    try:
+        for name, tensor in zip(names, tensors):
+            what = f"push_pull_group({name!r})"
+            staging.check(tensor, what)
+            sent, ctx = compression.compress(staging.detach(tensor))
+            staged = staging.stage(sent, what)
+            token = tracker.names.reserve(name, what)
+            members.append(_Member(name, token, tensor, staged, ctx, tracker.names.key(name, staged.layout)))
+        start = time.time()
+        cores = push_pull_group_async(api.worker(), [m.staged.array for m in members], [m.key for m in members],
+                                      average, dtypes=[m.staged.dtype for m in members])
+    except BaseException:
+        for member in members:
+            tracker.names.release(member.name, member.token)
+        raise
+    handles = []
+    for core, member in zip(cores, members):
+        def finish(member: _Member = member) -> Any:
+            result = compression.decompress(staging.on_device(member.staged), member.ctx)
+            return staging.write_back(member.staged, result, member.tensor)
+
+        handles.append(tracker.track(core, member.name, member.token, start, member.staged.array.nbytes, finish))
+    return handles
+
+
+class _AllDone(Handle):
+    """Done when every handle of a group is; fails with the first failure among them."""
+
+    def __init__(self, name: str, handles: Sequence[Handle]) -> None:
+        super().__init__(name, None)
+        self._left = len(handles)
+        self._first_error: Optional[BaseException] = None
+        self._count_lock = threading.Lock()
+        if not handles:
+            self.set_done()
+        for handle in handles:
+            handle.add_done_callback(self._one_done)
+
+    def _one_done(self, handle: Handle) -> None:
+        with self._count_lock:
+            if handle.error is not None and self._first_error is None:
+                self._first_error = handle.error
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._finish(self._first_error)
+
+
+def all_done(name: str, handles: Sequence[Handle]) -> Handle:
+    """One handle for a group: done when all of ``handles`` are, failed with the first error among them."""
+    return _AllDone(name, handles)

@@ -1,0 +1,88 @@
+"""Tensor names as users give them, and the byteps tensors behind them.
+
+Three rules every adapter follows, kept here once:
+
+* ``name=None`` becomes ``"<op>.noname.<n>"`` from a per-process counter per
+  op family: the same on every rank only if all ranks issue their unnamed
+  ops in the same order.
+* byteps fixes a tensor name's size and dtype at first use, while Horovod
+  lets a name be reused with another shape (a smaller last batch, two
+  models with the same parameter names). The first layout keeps the name,
+  later ones become ``"<name>#<k>"`` in order of first use, the same on
+  every rank that issues the same ops.
+* A name may not be submitted again while an op of it is in flight
+  (:meth:`TensorNames.reserve`).
+
+Example::
+
+    names = TensorNames()
+    name = names.resolve("allreduce", None)          # "allreduce.noname.0"
+    key = names.key(name, ((3,), "float32"))         # "allreduce.noname.0"
+    token = names.reserve(name, "allreduce('x')")
+    names.release(name, token)
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any, Dict, Hashable, List, Optional
+
+__all__ = ["TensorNames", "check_name"]
+
+
+def check_name(family: str, name: Any) -> str:
+    """``name`` if it is a non-empty string, else a ValueError naming the op family."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{family}: a name must be a non-empty string, got {name!r}")
+    return name
+
+
+class TensorNames:
+    """Default names, per-layout byteps names and names in flight, of one adapter (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counters: Dict[str, itertools.count] = {}
+        self._layouts: Dict[str, List[Hashable]] = {}
+        self._busy: Dict[str, object] = {}  # name -> token of its op in flight
+
+    def default(self, family: str) -> str:
+        """The next ``"<family>.noname.<n>"``."""
+        with self._lock:
+            counter = self._counters.setdefault(family, itertools.count())
+            return f"{family}.noname.{next(counter)}"
+
+    def resolve(self, family: str, name: Optional[str]) -> str:
+        """The user's name (checked), or the next default name of ``family``."""
+        return self.default(family) if name is None else check_name(family, name)
+
+    def key(self, name: str, layout: Hashable) -> str:
+        """The byteps tensor name of ``name`` used with ``layout`` (e.g. ``(shape, dtype)``)."""
+        with self._lock:
+            seen = self._layouts.setdefault(name, [])
+            if layout not in seen:
+                seen.append(layout)
+            index = seen.index(layout)
+        return name if index == 0 else f"{name}#{index}"
+
+    def reserve(self, name: str, what: str) -> object:
+        """Mark ``name`` in flight; returns the token that releases it."""
+        with self._lock:
+            if name in self._busy:
+                raise ValueError(f"{what}: an op of this name is still in flight; synchronize() its handle "
+                                 "before submitting the name again")
+            token = self._busy[name] = object()
+        return token
+
+    def release(self, name: str, token: object) -> None:
+        """Free ``name`` unless a later op holds it already (a late done-callback of an earlier one)."""
+        with self._lock:
+            if self._busy.get(name) is token:
+                del self._busy[name]
+
+    def forget(self) -> None:
+        """Forget layouts and names in flight (at shutdown: a new job starts with fresh tensor ids)."""
+        with self._lock:
+            self._layouts.clear()
+            self._busy.clear()

@@ -1,0 +1,59 @@
+"""broadcast_object: any picklable object from one rank to all, framework-free.
+
+The root pickles the object; its size goes first (-1 when pickling failed,
+so the others raise instead of waiting), then the bytes as int64 words in a
+buffer rounded up to a power of two, so repeated calls reuse a few tensor
+names. Every other rank pushes zeros: the sum is the root's bytes.
+
+Example::
+
+    epoch = broadcast_object(epoch, root_rank=0, name="epoch")
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, Optional
+
+import numpy as np
+
+from byteps.common import api
+from byteps.common.frontend.checks import check_root
+
+__all__ = ["broadcast_object"]
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:
+    """Return the root's ``obj`` on every rank (pickled; its size goes first).
+
+    The root gets its own ``obj`` back; the others may pass anything (None).
+    Without ``name`` all calls share one name (Horovod uses the type's name,
+    which breaks when other ranks pass None).
+    """
+    worker = api.worker()
+    check_root(root_rank, worker.size)
+    name = "broadcast_object" if name is None else f"broadcast_object.{name}"
+    is_root = worker.rank == root_rank
+    payload, failure = b"", None
+    if is_root:
+        try:
+            payload = pickle.dumps(obj)
+        except Exception as exc:  # tell the others (size -1) instead of leaving them waiting
+            failure = exc
+    nbytes = np.array([(-1 if failure else len(payload)) if is_root else 0], dtype=np.int64)
+    worker.push_pull(nbytes, f"{name}.size", average=False)
+    size = int(nbytes[0])
+    if size < 0:
+        if failure is not None:
+            raise failure
+        raise ValueError(f"broadcast_object: rank {root_rank} could not pickle its object (see its error)")
+    capacity = 8
+    while capacity < size:
+        capacity *= 2
+    words = np.zeros(capacity // 8, dtype=np.int64)
+    if is_root:
+        words.view(np.uint8)[:size] = np.frombuffer(payload, dtype=np.uint8)
+    worker.push_pull(words, f"{name}.{capacity}", average=False)
+    if is_root:
+        return obj
+    return pickle.loads(words.view(np.uint8)[:size].tobytes())

@@ -1,0 +1,111 @@
+"""The process-wide calls of every adapter: init, shutdown, size, rank, barrier, join.
+
+All adapters share one byteps-common worker per process, so they share
+these functions too. An adapter that keeps state of its own (handles,
+tensor names, MXNet's engine bridge) registers what to do around init and
+shutdown with :func:`on_init`, :func:`before_shutdown` and
+:func:`after_shutdown`.
+
+Example::
+
+    import byteps.common.frontend as front
+    front.init()
+    front.rank(), front.size()
+    front.shutdown()
+"""
+
+from __future__ import annotations
+
+import atexit
+import time
+from typing import Callable, List
+
+import numpy as np
+
+from byteps.common import api
+
+# What adapters re-export (``from byteps.common.frontend.process import *``); the hooks are for adapters only.
+__all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "barrier", "join"]
+
+_on_init: List[Callable[[], None]] = []
+_before_shutdown: List[Callable[[], None]] = []
+_after_shutdown: List[Callable[[], None]] = []
+
+
+def on_init(callback: Callable[[], None]) -> None:
+    """Run ``callback()`` after every :func:`init` (idempotent callbacks only: init may be called twice)."""
+    _on_init.append(callback)
+
+
+def before_shutdown(callback: Callable[[], None]) -> None:
+    """Run ``callback()`` at :func:`shutdown`, before the worker leaves the job."""
+    _before_shutdown.append(callback)
+
+
+def after_shutdown(callback: Callable[[], None]) -> None:
+    """Run ``callback()`` at :func:`shutdown`, after the worker has left the job."""
+    _after_shutdown.append(callback)
+
+
+def init() -> None:
+    """Join the job that ``bpslaunch`` describes in the environment. Idempotent."""
+    api.init()
+    for callback in _on_init:
+        callback()
+
+
+def shutdown() -> None:
+    """Leave the job (also runs at exit); pending handles become invalid and ops still running fail."""
+    for callback in _before_shutdown:
+        callback()
+    api.shutdown()
+    for callback in _after_shutdown:
+        callback()
+
+
+# Registered after byteps.common's own exit hook, so it runs before it.
+atexit.register(shutdown)
+
+
+def is_initialized() -> bool:
+    return api.is_initialized()
+
+
+def size() -> int:
+    """Number of worker processes in the job."""
+    return api.size()
+
+
+def rank() -> int:
+    """This process's rank, 0 .. size()-1."""
+    return api.rank()
+
+
+def local_size() -> int:
+    """Number of worker processes on this machine."""
+    return api.local_size()
+
+
+def local_rank() -> int:
+    """This process's rank among the worker processes of its machine."""
+    return api.local_rank()
+
+
+def barrier() -> None:
+    """Block until every worker process has called barrier()."""
+    api.barrier()
+
+
+def join() -> int:
+    """Wait until every rank has called join(); returns the rank whose call started last.
+
+    Unlike Horovod, ranks that joined do not keep serving the others'
+    allreduces with zeros: every rank must have issued the same ops before
+    joining (uneven data per rank is not supported). "Last" compares the
+    ranks' wall clocks (``time.time()``) at entry, so across machines it is
+    only as good as their clock synchronisation.
+    """
+    entered = np.zeros(size(), dtype=np.float64)
+    entered[rank()] = time.time()
+    api.worker().push_pull(entered, "byteps.join", average=False)
+    return int(np.argmax(entered))

@@ -1,0 +1,72 @@
+"""Reduction ops with Horovod's values, and how a call's ``op``/``average`` become byteps' average flag.
+
+byteps servers sum; a worker divides the sum to average. So ``Average`` and
+``Sum`` are supported and the other Horovod ops (Adasum, Min, Max, Product)
+keep their values, reserved for later, and are refused with
+NotImplementedError today.
+
+Example::
+
+    from byteps.common.frontend import Sum, average_of
+    average_of(Sum, None)          # False: sum
+    average_of(None, None)         # True: Horovod's default is the average
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+__all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "OP_NAMES", "op_name", "average_of",
+           "check_gradient_op", "OpSpec"]
+
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+
+
+def op_name(op: Any) -> Any:
+    """``"Adasum"`` for 2, ...; an unknown value as it is."""
+    return OP_NAMES.get(op, op)
+
+
+def average_of(op: Optional[int], average: Optional[bool], default: bool = True) -> bool:
+    """Horovod's rule: ``op`` supersedes ``average``; ops other than Average and Sum are not supported."""
+    if op is None:
+        return default if average is None else bool(average)
+    if average is not None:
+        raise ValueError("the op parameter supersedes average: pass only one of them")
+    if op == Average:
+        return True
+    if op == Sum:
+        return False
+    raise NotImplementedError(
+        f"op={op_name(op)} is not supported by byteps, whose servers sum: use op=Average or op=Sum"
+        + (" (Adasum needs its own reduction algorithm, which byteps does not have)" if op == Adasum else ""))
+
+
+def check_gradient_op(op: Any, gradient_predivide_factor: float) -> None:
+    """The checks of every gradient-averaging wrapper (optimizers, tapes) on ``op`` and the predivide factor."""
+    if op == Adasum:
+        raise NotImplementedError("op=Adasum is not supported by byteps, whose servers sum: use Average or Sum")
+    if op not in (Average, Sum):
+        raise ValueError(f"op must be Average or Sum, got {op!r}")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor is only supported with op=Average")
+    if gradient_predivide_factor <= 0:
+        raise ValueError(f"gradient_predivide_factor must be positive, got {gradient_predivide_factor}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """What to do with one tensor: op family (for default names), name, averaging, scaling, engine priority."""
+
+    family: str
+    name: Optional[str]
+    average: bool
+    prescale: float = 1.0
+    postscale: float = 1.0
+    priority: int = 0
+
+    def for_gradient(self) -> OpSpec:
+        """The same reduction of the gradient, under ``"<name>.grad"``."""
+        return dataclasses.replace(self, name=None if self.name is None else self.name + ".grad")
