@@ -3,14 +3,19 @@
 #
 #   list(APPEND CMAKE_MODULE_PATH "${CMAKE_CURRENT_SOURCE_DIR}/../byteps-common/cmake")
 #   find_package(BytepsCommon REQUIRED)
-#   target_link_libraries(_C PRIVATE BytepsCommon::headers)
+#   byteps_add_extension(byteps/torch csrc/dlpack_bridge.cpp)   # the package's private _C
 #
+# It finds pybind11 (with FindPython) first: the build's Python is also how
+# the installed byteps-common is asked where its headers are.
 # Where the headers come from, first match wins (byteps-common's README,
 # "C++ headers for adapters"):
 #   1. -DBYTEPS_COMMON_INCLUDE=<dir>
 #   2. this module's own byteps-common: the monorepo sibling (../csrc/include)
 #      or the installed wheel (byteps/common/include, next to byteps/common/cmake)
 #   3. byteps.common.get_include() in the Python the build runs with
+set(PYBIND11_FINDPYTHON ON)
+find_package(pybind11 CONFIG REQUIRED)
+
 set(BYTEPS_COMMON_INCLUDE "" CACHE PATH "Directory holding byteps/dlpack.h (byteps.common.get_include())")
 if(NOT BYTEPS_COMMON_INCLUDE)
   foreach(_candidate "${CMAKE_CURRENT_LIST_DIR}/../csrc/include" "${CMAKE_CURRENT_LIST_DIR}/../include")
@@ -44,3 +49,16 @@ if(BytepsCommon_FOUND AND NOT TARGET BytepsCommon::headers)
   set_target_properties(BytepsCommon::headers PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${BYTEPS_COMMON_INCLUDE}")
   message(STATUS "byteps-common C++ headers: ${BYTEPS_COMMON_INCLUDE}")
 endif()
+
+# byteps_add_extension(<install dir> <sources>...): the package's extension
+# module _C (C++17, -O3, byteps-common's headers), installed into <install dir>
+# of the wheel. No framework is linked: extensions exchange raw buffers.
+function(byteps_add_extension destination)
+  pybind11_add_module(_C ${ARGN})
+  target_compile_features(_C PRIVATE cxx_std_17)
+  target_link_libraries(_C PRIVATE BytepsCommon::headers)
+  if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+    target_compile_options(_C PRIVATE -O3)
+  endif()
+  install(TARGETS _C DESTINATION "${destination}")
+endfunction()

@@ -245,9 +245,7 @@ class CommLoop(threading.Thread):
                   for part in parts]
         task.network_partitions = sum(Stage.PUSH in route for route in routes)
         for part, route in zip(parts, routes):
-            trip = PartitionTrip(task, part, route, data=None)
-            trip.data = trip.source
-            self.dispatcher.proceed(trip)
+            self.dispatcher.proceed(PartitionTrip(task, part, route))
 
     # --- the stages owned here ------------------------------------------------------------
     def _copy_out(self, trip: PartitionTrip) -> None:

@@ -22,9 +22,7 @@ the dispatcher: nothing else moves.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import functools
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from byteps.common.partition import Partition
@@ -53,16 +51,26 @@ def plan_route(local_root: Optional[bool], has_servers: bool) -> Tuple[Stage, ..
     return (Stage.COPY_IN, Stage.LOCAL_BROADCAST, Stage.COPY_OUT)
 
 
-@dataclasses.dataclass(eq=False)
 class PartitionTrip:
-    """One partition of one push_pull on its route."""
+    """One partition of one push_pull on its route.
 
-    task: Any  # the PushPullTask
-    part: Partition
-    route: Tuple[Stage, ...]
-    data: Any  # the partition's bytes as they stand (input, local sum, server's sum...)
-    position: int = -1  # index of the current stage in ``route``; -1 before the first
-    acked: bool = False  # the server acknowledged the PUSH (its credit is back)
+    A plain class with slots: one is made per partition and round, and its
+    fields are read on every message of the hot path.
+    """
+
+    __slots__ = ("task", "part", "route", "data", "position", "acked", "landing", "source", "output")
+
+    def __init__(self, task: Any, part: Partition, route: Tuple[Stage, ...]) -> None:
+        self.task = task  # the PushPullTask
+        self.part = part
+        self.route = route
+        window = slice(part.offset, part.offset + part.nbytes)
+        self.source = task.source.data[window]  # the window of the task's input this partition starts from
+        self.output = task.output.data[window]  # the window of the task's output it ends in
+        self.data: Any = self.source  # the partition's bytes as they stand (input, local sum, server's sum...)
+        self.position = -1  # index of the current stage in ``route``; -1 before the first
+        self.acked = False  # the server acknowledged the PUSH (its credit is back)
+        self.landing: Any = None  # where PULL receives the sum (None: keep the message)
 
     @property
     def stage(self) -> Stage:
@@ -72,16 +80,6 @@ class PartitionTrip:
     def next_stage(self) -> Optional[Stage]:
         following = self.position + 1
         return self.route[following] if following < len(self.route) else None
-
-    @functools.cached_property
-    def output(self) -> Any:
-        """The window of the task's output this partition ends in (one object: ``data is output`` tells)."""
-        return self.task.output.data[self.part.offset:self.part.offset + self.part.nbytes]
-
-    @functools.cached_property
-    def source(self) -> Any:
-        """The window of the task's input this partition starts from."""
-        return self.task.source.data[self.part.offset:self.part.offset + self.part.nbytes]
 
 
 Handler = Callable[[PartitionTrip], None]
@@ -107,12 +105,11 @@ class RouteDispatcher:
         """
         if trip.task.failed:
             return
-        trip.position += 1
-        if trip.position == len(trip.route):
+        position = trip.position = trip.position + 1
+        if position == len(trip.route):
             self._arrived(trip)
             return
-        try:
-            handler = self._handlers[trip.stage]
-        except KeyError:
-            raise RuntimeError(f"no handler for stage {trip.stage.name} of {trip.route}") from None
+        handler = self._handlers.get(trip.route[position])
+        if handler is None:
+            raise RuntimeError(f"no handler for stage {trip.stage.name} of {trip.route}")
         handler(trip)

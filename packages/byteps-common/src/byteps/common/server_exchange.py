@@ -88,6 +88,7 @@ class ServerExchange:
 
     # --- the PULL stage -----------------------------------------------------------------
     def pull(self, trip: PartitionTrip) -> None:
+        trip.landing = self._landing(trip)
         if self.pipeline:
             self._send_pull(trip)
             return
@@ -115,7 +116,7 @@ class ServerExchange:
         trip = self._in_flight.get((header.key, header.round))
         if trip is None or trip.part.nbytes != header.payload_bytes:
             return None
-        return self._landing(trip)
+        return trip.landing
 
     # --- receiving ----------------------------------------------------------------------
     def receive(self, connection: Endpoint) -> None:
@@ -141,7 +142,7 @@ class ServerExchange:
                 self._proceed(trip)
             self.send_ready()
             return
-        landing = None if trip is None else self._landing(trip)
+        landing = None if trip is None else trip.landing
         if (header.command != Command.PULL_RESPONSE or trip is None or header.payload_bytes != trip.part.nbytes
                 or (message.payload is None) != (landing is not None)):
             raise TransportError(

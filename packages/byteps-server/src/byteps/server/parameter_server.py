@@ -92,11 +92,17 @@ class ParameterServer:
         poller = Poller()
         poller.register(self.listener)
         poller.register(self.scheduler.connection)
+        next_inspection = time.monotonic()
         while self.running:
             wait_s = self.scheduler.pulse()  # heartbeat; NodeFailure if the scheduler went silent
             if self.stall_inspector.enabled:
-                self._inspect_stalls()
-                wait_s = _STALL_POLL_S if wait_s is None else min(wait_s, _STALL_POLL_S)
+                # Once a second, not once a message: the inspection walks every key.
+                now = time.monotonic()
+                if now >= next_inspection:
+                    self._inspect_stalls()
+                    next_inspection = now + _STALL_POLL_S
+                until = max(0.0, next_inspection - now)
+                wait_s = until if wait_s is None else min(wait_s, until)
             for ready in poller.poll(wait_s):
                 if ready is self.listener:
                     self._handle_worker_message()
