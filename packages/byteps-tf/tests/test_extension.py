@@ -6,7 +6,6 @@ the case here (a GPU tensor, an observable deleter).
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import glob
 import os
@@ -22,6 +21,7 @@ import tensorflow as tf
 
 import byteps.tensorflow
 from byteps.tensorflow import _C
+from byteps.testkit import dlpack
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODES = {tf.float32: 0, tf.float64: 1, tf.float16: 2, tf.bfloat16: 3, tf.int32: 4, tf.int64: 5}
@@ -126,51 +126,7 @@ def test_result_buffer_checks():
 # --- fake capsules: devices and deleters -----------------------------------------------------
 
 
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32), ("dtype", DLDataType),
-                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
-                ("byte_offset", ctypes.c_uint64)]
-
-
-class DLManagedTensor(ctypes.Structure):
-    pass
-
-
-DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
-DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER)]
-
-_capsule_new = ctypes.pythonapi.PyCapsule_New
-_capsule_new.restype = ctypes.py_object
-_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-
-
-class FakeTensor:
-    """A DLPack producer made with ctypes: counts how often its deleter runs."""
-
-    NAME = ctypes.create_string_buffer(b"dltensor")
-
-    def __init__(self, array: np.ndarray, device_type: int = 1, strides=None) -> None:
-        self.array = np.ascontiguousarray(array)
-        self.shape = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
-        self.strides = (ctypes.c_int64 * max(array.ndim, 1))(*strides) if strides else None
-        self.deleted = 0
-        self.deleter = DELETER(self._delete)
-        self.managed = DLManagedTensor()
-        self.managed.dl_tensor = DLTensor(self.array.ctypes.data, DLDevice(device_type, 0), array.ndim,
-                                          DLDataType(2, 32, 1), self.shape, self.strides, 0)
-        self.managed.deleter = self.deleter
-        self.capsule = _capsule_new(ctypes.addressof(self.managed), self.NAME, None)
-
-    def _delete(self, _pointer) -> None:
-        self.deleted += 1
+FakeTensor = dlpack.FakeTensor  # a DLPack producer made with ctypes: counts how often its deleter runs
 
 
 def test_deleter_runs_once_when_the_last_view_goes():
