@@ -53,6 +53,10 @@ class JobResult:
                          for name in self.codes if self.codes[name] != 0)
 
 
+#: Seconds the rest of a job may take to exit after its first failure, before finish() kills it.
+FAILURE_GRACE_S = 5.0
+
+
 class RunningJob:
     """The processes of one job, by name (``scheduler``, ``server0``, ``worker1``); ``finish`` leaves none behind."""
 
@@ -79,10 +83,24 @@ class RunningJob:
             if time.monotonic() > deadline:
                 return False
             if stop_on_failure and any(p.poll() not in (None, 0) for p in self.procs.values()):
-                time.sleep(0.5)  # let the others report their view of the failure
+                self._let_the_others_report(min(FAILURE_GRACE_S, max(0.0, deadline - time.monotonic())))
                 return True
             time.sleep(0.05)
         return True
+
+    def _let_the_others_report(self, grace_s: float) -> None:
+        """After one process failed, give the workers up to ``grace_s`` to exit with their own view of it.
+
+        Workers that learn of a failure (an error from a server or a local
+        peer) exit within about a second; on a loaded machine a fixed short
+        pause killed some before they printed. The scheduler and servers
+        are not waited for: they notice a lost worker only after the
+        heartbeat timeout, and finish() ends them.
+        """
+        until = time.monotonic() + grace_s
+        workers = [p for name, p in self.procs.items() if name.startswith("worker")]
+        while time.monotonic() < until and any(p.poll() is None for p in workers):
+            time.sleep(0.05)
 
     def finish(self, timed_out: bool = False) -> JobResult:
         """Kill the process group of whatever still runs, collect the outputs, remove the log files."""
