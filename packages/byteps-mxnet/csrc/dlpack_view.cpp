@@ -33,13 +33,9 @@ py::tuple from_dlpack(py::object capsule) {
 py::tuple take_view(DLManagedTensor*& managed) { return dl::take_tensor(managed, mxnet_wording()); }
 
 void register_dlpack_view(py::module_& m) {
-  m.attr("SUPPORTED_DTYPES") = py::make_tuple("float16", "float32", "float64", "bfloat16", "int32", "int64");
-  dl::register_owner(m, "DLPackBuffer",
-                     "Owner of one DLManagedTensor; exports its bytes, calls MXNet's deleter when freed.");
-  m.def("from_dlpack", &from_dlpack, py::arg("capsule"),
-        "Consume a 'dltensor' capsule of a contiguous CPU array; returns (memoryview of its bytes, "
-        "byteps dtype code, shape). ValueError for another device or dtype, a non-contiguous array, a "
-        "size that overflows or a used capsule (which is then left unconsumed).");
+  dl::register_reader(m, "DLPackBuffer",
+                      "Owner of one DLManagedTensor; exports its bytes, calls MXNet's deleter when freed.",
+                      &from_dlpack, "array");
 }
 
 }  // namespace byteps_mxnet

@@ -166,16 +166,10 @@ class HostBuffer {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "DLPack bridge of byteps.tensorflow: tensor bytes in, aligned result buffers out; no TensorFlow inside";
-  m.attr("SUPPORTED_DTYPES") = py::make_tuple("float32", "float64", "float16", "bfloat16", "int32", "int64");
   m.attr("ALIGNMENT") = kAlignment;
-
-  dl::register_owner(m, "ImportedTensor",
-                     "Owner of one consumed DLManagedTensor; exports its bytes, calls its deleter when freed.");
-
-  m.def("from_dlpack", &from_dlpack, py::arg("capsule"),
-        "Consume a 'dltensor' capsule of a contiguous CPU tensor; returns (memoryview of its bytes, "
-        "byteps dtype code, shape). ValueError for another device, dtype, a non-contiguous tensor or a "
-        "size that overflows (the capsule is then left unconsumed).");
+  dl::register_reader(m, "ImportedTensor",
+                      "Owner of one consumed DLManagedTensor; exports its bytes, calls its deleter when freed.",
+                      &from_dlpack, "tensor");
 
   py::class_<HostBuffer>(m, "HostBuffer", py::buffer_protocol(),
                          "64-byte aligned host memory that byteps writes a result into and TensorFlow adopts "

@@ -40,13 +40,7 @@ py::tuple from_dlpack(py::object capsule) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "DLPack bridge of byteps.torch: a CPU tensor's bytes as a memoryview, no libtorch";
-  m.attr("SUPPORTED_DTYPES") = py::make_tuple("float32", "float64", "float16", "bfloat16", "int32", "int64");
-
-  byteps::dlpack::register_owner(m, "DLPackBuffer",
-                                 "Owner of one DLManagedTensor; exports its bytes, calls its deleter when freed.");
-
-  m.def("from_dlpack", &from_dlpack, py::arg("capsule"),
-        "Consume a 'dltensor' capsule of a contiguous CPU tensor; returns (memoryview of its bytes, "
-        "byteps dtype code, shape). ValueError for another device, dtype, a non-contiguous tensor or "
-        "a size that overflows (the capsule is then left unconsumed).");
+  byteps::dlpack::register_reader(m, "DLPackBuffer",
+                                  "Owner of one DLManagedTensor; exports its bytes, calls its deleter when freed.",
+                                  &from_dlpack, "tensor");
 }

@@ -73,6 +73,22 @@ inline void register_owner(pybind11::module_& m, const char* name, const char* d
       .def_property_readonly("nbytes", &TensorOwner::nbytes);
 }
 
+// Registers an adapter's reader in its module m: SUPPORTED_DTYPES, the owner class
+// (`owner`, each adapter keeps its class name) and from_dlpack(capsule) -> (memoryview,
+// byteps dtype code, shape). `what` names the adapter's tensors in the docstring.
+template <typename FromDLPack>
+inline void register_reader(pybind11::module_& m, const char* owner, const char* owner_doc,
+                            FromDLPack from_dlpack, const char* what) {
+  m.attr("SUPPORTED_DTYPES") =
+      pybind11::make_tuple("float32", "float64", "float16", "bfloat16", "int32", "int64");
+  register_owner(m, owner, owner_doc);
+  const std::string doc = std::string("Consume a 'dltensor' capsule of a contiguous CPU ") + what +
+                          "; returns (memoryview of its bytes, byteps dtype code, shape). ValueError for "
+                          "another device or dtype, a non-contiguous " + what +
+                          ", a size that overflows or a used capsule (the capsule is then left unconsumed).";
+  m.def("from_dlpack", from_dlpack, pybind11::arg("capsule"), doc.c_str());
+}
+
 namespace detail {
 
 // The Python side of one tensor, built before the hand-over: nothing owned yet.

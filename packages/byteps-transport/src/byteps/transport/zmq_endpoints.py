@@ -106,7 +106,8 @@ class ZmqListener(_ZmqEndpoint):
         except zmq.ZMQError as exc:
             self.socket.close(linger=0)
             if exc.errno == zmq.EADDRINUSE:
-                raise TransportError(f"cannot bind {address}: the address is in use") from None
+                what = f"port {rest.rpartition(':')[2]}" if scheme == "tcp" else "the address"
+                raise TransportError(f"cannot bind {address}: {what} is in use") from None
             raise TransportError(f"cannot bind {address}: {exc}") from None
         self.address = address
 
@@ -128,12 +129,7 @@ class Listener(ZmqListener):
     """A TCP listener on ``host``, at ``port`` or (0) any free port."""
 
     def __init__(self, context: Any, host: str, port: int = 0, max_payload_bytes: int = 1 << 32) -> None:
-        try:
-            super().__init__(context, tcp_address(host, port), max_payload_bytes)
-        except TransportError as exc:
-            if port and "in use" in str(exc):
-                raise TransportError(f"cannot bind {tcp_address(host, port)}: port {port} is in use") from None
-            raise
+        super().__init__(context, tcp_address(host, port), max_payload_bytes)
 
 
 class Connection(ZmqConnection):
