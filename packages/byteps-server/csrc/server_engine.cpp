@@ -40,8 +40,14 @@ SummationEngine::KeyState& SummationEngine::state(uint64_t key) {
   return it->second;
 }
 
-void SummationEngine::declare(uint64_t key, size_t nbytes, int dtype) {
+void SummationEngine::declare(uint64_t key, size_t nbytes, int dtype, int contributors) {
   check_dtype(dtype);
+  if (contributors == 0) contributors = num_workers_;
+  if (contributors < 1 || contributors > num_workers_) {
+    throw std::invalid_argument("key " + std::to_string(key) + ": " + std::to_string(contributors) +
+                                " contributors, but the engine sums for 1.." +
+                                std::to_string(num_workers_) + " workers");
+  }
   if (nbytes == 0 || nbytes % itemsize(dtype) != 0) {
     throw std::invalid_argument("key " + std::to_string(key) + ": nbytes " +
                                 std::to_string(nbytes) + " must be a positive multiple of the " +
@@ -52,7 +58,7 @@ void SummationEngine::declare(uint64_t key, size_t nbytes, int dtype) {
   auto it = keys_.find(key);
   if (it != keys_.end()) {
     const KeyState& s = it->second;
-    if (s.nbytes == nbytes && s.dtype == dtype) return;
+    if (s.nbytes == nbytes && s.dtype == dtype && s.contributors == contributors) return;
     throw std::invalid_argument("key " + std::to_string(key) + " is already declared as " +
                                 pair_str(s.nbytes, s.dtype) + ", cannot redeclare it as " +
                                 pair_str(nbytes, dtype));
@@ -60,7 +66,8 @@ void SummationEngine::declare(uint64_t key, size_t nbytes, int dtype) {
   KeyState s;
   s.nbytes = nbytes;
   s.dtype = dtype;
-  if (num_workers_ > 1) {
+  s.contributors = contributors;
+  if (contributors > 1) {
     s.out[0] = std::make_shared<AlignedBuffer>(nbytes);
     s.out[1] = std::make_shared<AlignedBuffer>(nbytes);
     if (is_half(dtype)) {
@@ -95,7 +102,7 @@ bool SummationEngine::push(uint64_t key, int64_t round, const SharedBytes& data,
     // whatever the slot holds.
     s.out_round[parity] = -1;
     if (s.result[parity]) released.push_back(std::exchange(s.result[parity], SharedBytes{}));
-    if (num_workers_ == 1) {
+    if (s.contributors == 1) {
       // The sum of one push is the push, bit for bit, halves included.
       s.result[parity] = data;
       s.out_round[parity] = round;
@@ -113,7 +120,7 @@ bool SummationEngine::push(uint64_t key, int64_t round, const SharedBytes& data,
   // The round's last push into a wider accumulator finalizes block by block,
   // while each block is still in L1, instead of re-reading the whole
   // accumulator from memory afterwards.
-  const bool finalize_now = s.pushes + 1 == num_workers_ && out != acc;
+  const bool finalize_now = s.pushes + 1 == s.contributors && out != acc;
   if (s.pushes == 1) {
     sum_pair(s, acc, out, static_cast<const char*>(s.first.data), src, finalize_now);
     released.push_back(std::exchange(s.first, SharedBytes{}));
@@ -133,7 +140,7 @@ bool SummationEngine::push(uint64_t key, int64_t round, const SharedBytes& data,
       }
     });
   }
-  if (++s.pushes < num_workers_) return false;
+  if (++s.pushes < s.contributors) return false;
 
   s.result[parity] = SharedBytes{s.out[parity], out, s.nbytes};
   s.out_round[parity] = round;
@@ -331,12 +338,13 @@ Per-key summation store and thread pool of a byteps server.
       .def_property_readonly("num_threads", &SummationEngine::num_threads)
       .def_property_readonly("num_workers", &SummationEngine::num_workers)
       .def("declare",
-           [](SummationEngine& e, uint64_t key, size_t nbytes, int dtype) {
+           [](SummationEngine& e, uint64_t key, size_t nbytes, int dtype, int contributors) {
              py::gil_scoped_release release;
-             e.declare(key, nbytes, dtype);
+             e.declare(key, nbytes, dtype, contributors);
            },
-           py::arg("key"), py::arg("nbytes"), py::arg("dtype"),
-           "Allocate a key's buffers; idempotent for the same (nbytes, dtype).")
+           py::arg("key"), py::arg("nbytes"), py::arg("dtype"), py::arg("contributors") = 0,
+           "Allocate a key's buffers; idempotent for the same (nbytes, dtype, contributors). "
+           "`contributors` pushes complete a round (0: num_workers).")
       .def("push", &py_push, py::arg("key"), py::arg("round"), py::arg("data"),
            "Sum one worker's push (the engine may keep a reference to it); True when it "
            "was the round's last.")

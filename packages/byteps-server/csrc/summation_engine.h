@@ -126,7 +126,9 @@ class SummationEngine {
   size_t num_threads() const { return pool_.size(); }
   int num_workers() const { return num_workers_; }
 
-  void declare(uint64_t key, size_t nbytes, int dtype);
+  // `contributors` pushes complete a round of this key (0: num_workers); a
+  // process set's keys are summed over fewer workers than the job has.
+  void declare(uint64_t key, size_t nbytes, int dtype, int contributors = 0);
 
   // Sums one worker's push for `round`; true when it completed the round.
   // The engine may keep `data` (a copy of its owner) past the call: a
@@ -156,7 +158,8 @@ class SummationEngine {
     int64_t out_round[2] = {-1, -1};  // -1: slot i holds no finished round
     SharedBytes first;                // the round's first push, until the second arrives
     int64_t completed = -1;
-    int pushes = 0;  // pushes received for round completed + 1
+    int pushes = 0;        // pushes received for round completed + 1
+    int contributors = 1;  // pushes that complete a round
   };
 
   KeyState& state(uint64_t key);

@@ -8,6 +8,10 @@ Each job runs one worker script that checks many things on every rank
   of the ops, broadcasts, broadcast_variables, allgather,
   DistributedGradientTape (dense and IndexedSlices), the TF1 optimizer, and
   errors, including ranks that disagree on a shape or dtype;
+* scripts/collectives_checks.py under both layouts: allgather of any dtype,
+  alltoall, reducescatter, grouped ops, Min/Max/Product, narrow integers,
+  process sets and mismatches (FailedPreconditionError), eagerly and in
+  tf.function;
 * scripts/keras_checks.py with two servers: equivalence of 2 workers on half
   batches with 1 process on whole batches, Keras model.fit with every
   callback, load_model, the Keras API.
@@ -35,7 +39,7 @@ def test_ops_under_bpslaunch(layout):
         eager = next(line for line in lines if line.startswith("MISMATCH eager"))
         assert "shape 4, 16 bytes of float32" in eager and "shape 2x2, 16 bytes of float32" in eager, eager
         graph = next(line for line in lines if line.startswith("MISMATCH tf.function"))
-        assert "PushPullError" in graph and "of int32" in graph and "of float32" in graph, graph
+        assert "MismatchError" in graph and "of int32" in graph and "of float32" in graph, graph
 
 
 def test_keras_under_bpslaunch(tmp_path):
@@ -48,3 +52,9 @@ def test_keras_under_bpslaunch(tmp_path):
         for line in reports:
             difference = float(re.search(r"reference (\S+)$", line).group(1))
             assert difference < 1e-5, line
+
+
+@pytest.mark.parametrize("layout", JOB_LAYOUTS)
+def test_collectives_under_bpslaunch(layout):
+    result = launch_tf_job(JOB_LAYOUTS[layout], f"{SCRIPTS}/collectives_checks.py")
+    assert_all_ok(result, checks=8)

@@ -157,10 +157,10 @@ def errors():
     expect_error(ValueError, "torch.complex64", lambda: bps.allreduce(torch.ones(3, dtype=torch.complex64)))
     expect_error(NotImplementedError, "Adasum", lambda: bps.allreduce(torch.ones(3), op=bps.Adasum, name="ad"))
     expect_error(NotImplementedError, "Adasum", lambda: bps.allreduce_async_(torch.ones(3), op=bps.Adasum))
-    expect_error(NotImplementedError, "Max", lambda: bps.allreduce(torch.ones(3), op=bps.Max))
     expect_error(ValueError, "supersedes", lambda: bps.allreduce(torch.ones(3), average=True, op=bps.Sum))
-    expect_error(ValueError, "floating-point", lambda: bps.allreduce(torch.ones(3, dtype=torch.int32),
-                                                                     prescale_factor=2.0))
+    # Integers scale as in Horovod: in float64, truncated (int(3 * 0.5) == 1 on every rank).
+    scaled = bps.allreduce(torch.full((3,), 3, dtype=torch.int32), op=bps.Sum, prescale_factor=0.5, name="int.scale")
+    assert torch.equal(scaled, torch.full((3,), bps.size(), dtype=torch.int32)), scaled
     expect_error(TypeError, "torch.Tensor", lambda: bps.push_pull([1.0, 2.0], name="list"))
     expect_error(ValueError, "root_rank", lambda: bps.broadcast(torch.ones(2), root_rank=bps.size()))
     # A refused op must leave nothing behind: the same name works afterwards on every rank.

@@ -29,35 +29,64 @@ from byteps.common.logging_setup import configure_logging
 from byteps.common.worker import Worker
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "init", "shutdown", "suspend", "is_initialized", "rank", "size", "local_rank", "local_size",
     "declare", "push_pull", "push_pull_async", "push_pull_group_async", "poll", "synchronize", "barrier", "worker",
 ]
 
 _lock = threading.Lock()
 _worker: Optional[Worker] = None
+_suspended: Optional[Worker] = None  # left by suspend(): still in the job, resumed by init()
 _handles: Dict[int, Handle] = {}
 _handle_ids = itertools.count(1)
 
 
 def init(config: Optional[Config] = None) -> None:
-    """Join the job described by the environment (or ``config``). Idempotent."""
-    global _worker
+    """Join the job described by the environment (or ``config``). Idempotent.
+
+    After :func:`suspend`, the same configuration resumes the suspended
+    worker (same rank, same tensors); another one leaves that job first.
+    """
+    global _worker, _suspended
     with _lock:
         if _worker is not None:
             return
         config = config or Config.from_env()
-        configure_logging(config, f"worker {config.rank}")
-        _worker = Worker(config)
+        parked, _suspended = _suspended, None
+        if parked is not None and parked.config == config:
+            _worker = parked
+            return
+    if parked is not None:
+        parked.shutdown()
+    with _lock:
+        if _worker is None:
+            configure_logging(config, f"worker {config.rank}")
+            _worker = Worker(config)
+
+
+def suspend() -> None:
+    """Stop serving this process's calls (as if shut down) but stay in the job, for a later init().
+
+    Horovod lets a process shut down and init again; a byteps worker cannot
+    leave its job and join it again, so the frameworks' shutdown() suspends
+    it, and it leaves the job at :func:`shutdown` or at exit.
+    """
+    global _worker, _suspended
+    with _lock:
+        if _worker is not None:
+            _suspended, _worker = _worker, None
+        _handles.clear()
 
 
 def shutdown() -> None:
     """Leave the job; safe to call twice; also runs at interpreter exit."""
-    global _worker
+    global _worker, _suspended
     with _lock:
         current, _worker = _worker, None
+        parked, _suspended = _suspended, None
         _handles.clear()
-    if current is not None:
-        current.shutdown()
+    for leaving in (current, parked):
+        if leaving is not None:
+            leaving.shutdown()
 
 
 atexit.register(shutdown)

@@ -47,6 +47,9 @@ class PushPullTask:
     plan: PartitionPlan
     average_over: int  # 0 for a sum, else the number of workers to divide by
     handle: Handle
+    members: Optional[Tuple[int, ...]] = None  # a process set's global ranks; None: every worker
+    machines: int = 0  # how many machines the members live on (0 with every worker)
+    tag: int = 0  # what every rank must agree on besides averaging: 1 + the root of a broadcast, else 0
     remaining: int = 0  # partitions not yet in the output
     network_partitions: int = 0  # partitions this process pushes
     failed: bool = False  # nothing more happens to its partitions
@@ -237,15 +240,28 @@ class CommLoop(threading.Thread):
             task.handle.set_done()
             return
         self._active[id(task)] = task
-        if self.local is not None and not self.local.prepare(task):
+        local_members = self._local_members(task)
+        aggregates = self.local is not None and len(local_members) > 1
+        if aggregates and not self.local.prepare(task):
             return
-        has_servers = self.exchange is not None
-        routes = [plan_route(None if self.local is None else
-                             self.local.root_of(task.plan.tensor_id, part) == self.options.local_rank, has_servers)
+        has_servers = self.exchange is not None and self._spans_machines(task)
+        routes = [plan_route(self.local.root_of(task.plan.tensor_id, part, local_members) == self.options.local_rank
+                             if aggregates else None, has_servers)
                   for part in parts]
         task.network_partitions = sum(Stage.PUSH in route for route in routes)
         for part, route in zip(parts, routes):
             self.dispatcher.proceed(PartitionTrip(task, part, route))
+
+    def _local_members(self, task: PushPullTask) -> Tuple[int, ...]:
+        """The local ranks of this machine that take part in ``task``."""
+        size = self.options.local_size
+        if task.members is None:
+            return tuple(range(size))
+        return tuple(r % size for r in task.members if r // size == self.options.machine)
+
+    def _spans_machines(self, task: PushPullTask) -> bool:
+        """Whether ``task``'s ranks live on more than one machine (else the local sum is the result)."""
+        return task.members is None or task.machines > 1
 
     # --- the stages owned here ------------------------------------------------------------
     def _copy_out(self, trip: PartitionTrip) -> None:
@@ -272,15 +288,23 @@ class CommLoop(threading.Thread):
         if not failed:
             raise error
         for task in failed:
-            self._fail_task(task, error, True)
+            self._fail_task(task, error, True, tell_servers=False)
 
-    def _fail_task(self, task: PushPullTask, error: BaseException, tell_peers: bool = True) -> None:
+    def _fail_task(self, task: PushPullTask, error: BaseException, tell_peers: bool = True,
+                   tell_servers: bool = True) -> None:
+        """Fail ``task`` here, and where others wait on it: this machine's other ranks (``tell_peers``)
+        and, for a failure found on this machine, the servers, which fail the round on the other machines."""
         if self._active.pop(id(task), None) is None:
             return  # finished or failed already
         task.remaining = -1  # nothing more completes it
         task.failed = True
         if self.exchange is not None:
             self.exchange.abandon(task)
+            if tell_servers and self._spans_machines(task):
+                members = self._local_members(task)
+                mine = [part for part in task.plan.partitions if self.local is None
+                        or self.local.root_of(task.plan.tensor_id, part, members) == self.local.local_rank]
+                self.exchange.report_failure(task, mine, error)
         if self.local is not None:
             self.local.abandon(task)
             if tell_peers:

@@ -272,15 +272,17 @@ def _views(tensors: Sequence[Any], names: Sequence[str], outputs: Optional[Seque
 
 def push_pull_group_async(worker: Any, tensors: Sequence[Any], names: Sequence[str], average: bool = True,
                           outputs: Optional[Sequence[Any]] = None,
-                          dtypes: Optional[Sequence[Any]] = None) -> List[Handle]:
+                          dtypes: Optional[Sequence[Any]] = None, root: Optional[int] = None) -> List[Handle]:
     """Start push_pulls of many tensors at once, small ones fused; one handle per tensor, in order.
 
     Every worker must make the same call: the same names, sizes and dtypes
     in the same order (servers refuse a bucket whose membership differs,
     on every rank). Results go into ``outputs`` (default: in place), as
     with :meth:`Worker.push_pull_async`; ``dtypes`` overrides element
-    types (``"bfloat16"`` over 16-bit integer storage). Thresholds come
-    from ``worker.config`` (``fusion_threshold``, ``fusion_max_tensor_bytes``).
+    types (``"bfloat16"`` over 16-bit integer storage); ``root`` marks a
+    group of broadcasts from that rank (see :meth:`Worker.push_pull_async`).
+    Thresholds come from ``worker.config`` (``fusion_threshold``,
+    ``fusion_max_tensor_bytes``).
 
     A fused tensor is copied into its bucket's staging buffer (kept per
     bucket, reused every round) during the call; its output is written when
@@ -295,7 +297,7 @@ def push_pull_group_async(worker: Any, tensors: Sequence[Any], names: Sequence[s
     if not worker.is_distributed:
         # One worker alone: push_pull is a copy, and packing would only add one.
         return [worker.push_pull_async(source.array, name, average, None if target is source else target.array,
-                                       source.dtype) for name, (source, target) in zip(names, views)]
+                                       source.dtype, root=root) for name, (source, target) in zip(names, views)]
     state = _state_of(worker)
     key = tuple((name, source.nbytes, source.dtype) for name, (source, _) in zip(names, views))
     groups = state.plan(key, config.fusion_threshold, config.fusion_max_tensor_bytes)
@@ -306,13 +308,14 @@ def push_pull_group_async(worker: Any, tensors: Sequence[Any], names: Sequence[s
         try:
             if group.fused:
                 members = [(names[i], views[i]) for i in group.members]
-                for index, handle in zip(group.members, _submit_bucket(worker, state, group, members, average)):
+                for index, handle in zip(group.members, _submit_bucket(worker, state, group, members, average, root)):
                     handles[index] = handle
                 continue
             index = group.members[0]
             source, target = views[index]
             handle = worker.push_pull_async(
-                source.array, names[index], average, None if target is source else target.array, source.dtype)
+                source.array, names[index], average, None if target is source else target.array, source.dtype,
+                root=root)
         except BaseException:
             for name in push_pull_names[position:]:
                 state.release(name)
@@ -323,11 +326,12 @@ def push_pull_group_async(worker: Any, tensors: Sequence[Any], names: Sequence[s
 
 
 def _submit_bucket(worker: Any, state: _FusionState, group: FusionGroup,
-                   members: List[Tuple[str, Tuple[TensorView, TensorView]]], average: bool) -> List[Handle]:
+                   members: List[Tuple[str, Tuple[TensorView, TensorView]]], average: bool,
+                   root: Optional[int] = None) -> List[Handle]:
     bucket = state.staging(group)
     for offset, (_, (source, _)) in zip(group.offsets, members):
         bucket.data[offset:offset + source.nbytes] = source.data
-    core = worker.push_pull_async(bucket.typed, group.name, average, dtype=group.dtype)
+    core = worker.push_pull_async(bucket.typed, group.name, average, dtype=group.dtype, root=root)
     shared = _BucketDone()
     handles: List[Handle] = [_MemberHandle(name, target.array, shared) for name, (_, target) in members]
 

@@ -39,7 +39,7 @@ from byteps.common.local_channel import LocalChannel
 from byteps.common.partition import PARTITION_INDEX_BITS, Partition
 from byteps.common.route import PartitionTrip
 from byteps.common.shared_segment import SharedSegment, segment_name
-from byteps.common.tensor_description import MISMATCH_ADVICE, TensorDescription, dtype_name
+from byteps.common.tensor_description import MISMATCH_ADVICE, TensorDescription, describe_op, dtype_name
 from byteps.transport import (
     FLAG_AVERAGE,
     Command,
@@ -111,8 +111,17 @@ class LocalGroup:
     def inbox(self):
         return self.channel.inbox
 
-    def root_of(self, tensor_id: int, part: Partition) -> int:
-        return (tensor_id + part.index) % self.local_size
+    def root_of(self, tensor_id: int, part: Partition, members: Optional[Tuple[int, ...]] = None) -> int:
+        """The local rank that sums ``part`` (one of ``members``, the local ranks taking part; default all)."""
+        if members is None:
+            return (tensor_id + part.index) % self.local_size
+        return members[(tensor_id + part.index) % len(members)]
+
+    def members_of(self, task) -> Tuple[int, ...]:
+        """The local ranks taking part in ``task`` (a process set's may be fewer than all)."""
+        if task.members is None:
+            return tuple(range(self.local_size))
+        return tuple(r % self.local_size for r in task.members if r // self.local_size == self.machine)
 
     # --- a task arrives ----------------------------------------------------------------
     def prepare(self, task) -> bool:
@@ -148,8 +157,9 @@ class LocalGroup:
         self._segments[task.plan.tensor_id].slot(self.local_rank, part)[:] = trip.data
         # The first round says what the tensor is, as INIT_KEY does to a server.
         about = json_payload(_description(task, self.global_rank).to_json()) if task.round == 0 else None
-        self.channel.send(self.root_of(task.plan.tensor_id, part), Command.LOCAL_READY, part.key, task.round,
-                          part.nbytes, int(task.source.dtype), _flags(task), about)
+        root = self.root_of(task.plan.tensor_id, part, self.members_of(task))
+        self.channel.send(root, Command.LOCAL_READY, part.key, task.round, part.nbytes, int(task.source.dtype),
+                          _flags(task), about)
         self._proceed(trip)
 
     def local_reduce(self, trip: PartitionTrip) -> None:
@@ -161,10 +171,13 @@ class LocalGroup:
     def local_broadcast(self, trip: PartitionTrip) -> None:
         """LOCAL_BROADCAST: the root tells the others the result is in its slot; they wait for that."""
         task, part = trip.task, trip.part
-        if self.root_of(task.plan.tensor_id, part) != self.local_rank:
+        members = self.members_of(task)
+        if self.root_of(task.plan.tensor_id, part, members) != self.local_rank:
             self._waiting[(part.key, task.round)] = trip
             return
-        for rank in self.channel.peers:
+        for rank in members:
+            if rank == self.local_rank:
+                continue
             self.channel.send(rank, Command.LOCAL_DONE, part.key, task.round, part.nbytes, int(task.source.dtype))
         self._proceed(trip)
 
@@ -196,7 +209,7 @@ class LocalGroup:
     def _maybe_reduce(self, entry: Tuple[int, int]) -> None:
         trip = self._waiting.get(entry)
         ready = self._ready.get(entry, [])
-        if trip is None or len(ready) < self.local_size - 1:
+        if trip is None or len(ready) < len(self.members_of(trip.task)) - 1:
             return
         del self._waiting[entry]
         task, part = trip.task, trip.part
@@ -244,7 +257,9 @@ class LocalGroup:
     def tell_peers(self, task, error: BaseException) -> None:
         """Fail this push_pull on the other local ranks too (they may be waiting on us)."""
         key = task.plan.tensor_id << PARTITION_INDEX_BITS
-        for rank in self.channel.peers:
+        for rank in self.members_of(task):
+            if rank == self.local_rank:
+                continue
             self.channel.send(rank, Command.ERROR, key, task.round, payload=str(error).encode())
 
     def close(self) -> None:
@@ -257,7 +272,9 @@ class LocalGroup:
 
 
 def _flags(task) -> int:
-    return FLAG_AVERAGE if task.average_over else 0
+    """FLAG_AVERAGE, and the task's tag in the other 7 bits (a broadcast's root, modulo 127, plus 1)."""
+    tag = (task.tag - 1) % 127 + 1 if task.tag else 0
+    return (FLAG_AVERAGE if task.average_over else 0) | tag << 1
 
 
 def _description(task, rank: int) -> TensorDescription:
@@ -265,4 +282,4 @@ def _description(task, rank: int) -> TensorDescription:
 
 
 def _describe(nbytes: int, dtype: int, flags: int) -> str:
-    return f"{nbytes} bytes of {dtype_name(dtype)} ({'average' if flags & FLAG_AVERAGE else 'sum'})"
+    return f"{nbytes} bytes of {dtype_name(dtype)} ({describe_op(bool(flags & FLAG_AVERAGE), flags >> 1)})"

@@ -44,7 +44,8 @@ def partition_spec(trip: PartitionTrip) -> PartitionSpec:
     """What INIT_KEY tells a server about a partition; the server checks every worker's against the first."""
     task, part = trip.task, trip.part
     return PartitionSpec(name=task.name, partition=part.index, shape=tuple(task.source.shape),
-                         tensor_nbytes=task.plan.nbytes, nbytes=part.nbytes, dtype=int(task.source.dtype))
+                         tensor_nbytes=task.plan.nbytes, nbytes=part.nbytes, dtype=int(task.source.dtype),
+                         contributors=task.machines)
 
 
 class ServerExchange:
@@ -82,7 +83,7 @@ class ServerExchange:
             self._initialized.add(part.key)
         self._in_flight[(part.key, task.round)] = trip
         connection.send(Command.PUSH, self.rank, part.key, task.round, payload=trip.data,
-                        dtype=int(task.source.dtype), flags=FLAG_AVERAGE if task.average_over else 0)
+                        dtype=int(task.source.dtype), flags=FLAG_AVERAGE if task.average_over else 0, aux=task.tag)
         if self.pipeline:
             self._proceed(trip)
 
@@ -155,6 +156,13 @@ class ServerExchange:
         self._proceed(trip)
 
     # --- failures -----------------------------------------------------------------------
+    def report_failure(self, task, parts, error: BaseException) -> None:
+        """Tell the servers of ``parts`` that this round failed here, so the other machines fail it too
+        instead of waiting for a push that will not come."""
+        text = f"worker {self.rank}: {error}".encode()
+        for part in parts:
+            self.connections[part.server].send(Command.ERROR, self.rank, part.key, task.round, payload=text)
+
     def abandon(self, task) -> None:
         """Forget a failed task's trips; answers still on their way are dropped."""
         for part in task.plan.partitions:

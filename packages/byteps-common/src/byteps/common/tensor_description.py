@@ -73,17 +73,20 @@ class PartitionSpec:
     tensor_nbytes: int
     nbytes: int
     dtype: int
+    contributors: int = 0  # pushes per round: 0 for every worker machine; a process set's machines otherwise
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
 
     def describe(self) -> str:
+        among = f", summed over {self.contributors} machine(s)" if self.contributors else ""
         return (f"{describe_tensor(self.name, self.shape, self.tensor_nbytes, self.dtype)}, "
-                f"partition {self.partition} of {self.nbytes} bytes")
+                f"partition {self.partition} of {self.nbytes} bytes{among}")
 
     def to_json(self) -> dict:
         return {"name": self.name, "partition": self.partition, "shape": list(self.shape),
-                "tensor_nbytes": self.tensor_nbytes, "nbytes": self.nbytes, "dtype": self.dtype}
+                "tensor_nbytes": self.tensor_nbytes, "nbytes": self.nbytes, "dtype": self.dtype,
+                **({"contributors": self.contributors} if self.contributors else {})}
 
     def check(self, max_partition_bytes: int) -> None:
         """Refuse a description that is inconsistent or asks for too much memory (before allocating)."""
@@ -101,5 +104,12 @@ class PartitionSpec:
         if not 0 < self.nbytes <= max_partition_bytes or self.nbytes % dtype.itemsize:
             raise ValueError(f"partition of {self.nbytes} bytes: it must be a positive multiple of "
                              f"{dtype.itemsize} and at most {max_partition_bytes} bytes")
-        if self.tensor_nbytes != elements * dtype.itemsize or not 0 <= self.partition:
+        if self.tensor_nbytes != elements * dtype.itemsize or not 0 <= self.partition or self.contributors < 0:
             raise ValueError(f"inconsistent description: {self.describe()}")
+
+
+def describe_op(average: bool, tag: int) -> str:
+    """What a worker does with a tensor, for mismatch messages: ``tag`` is 0, or 1 + the root of a broadcast."""
+    if tag:
+        return f"broadcasts from rank {tag - 1}"
+    return "averages" if average else "sums"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Dict, List, Optional, Set, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Union
 
 import numpy as np
 
@@ -39,6 +39,10 @@ from byteps.transport.addressing import resolve_host
 __all__ = ["Worker"]
 
 log = logging.getLogger("byteps.common.worker")
+#: A tensor id is its process set's id above this many bits of the set's own tensor number.
+_SET_ID_SHIFT = 32
+#: Set-id bit of derived ids (:meth:`Worker.derived_id`); process set ids stay below it.
+_DERIVED_SETS = 1 << 15
 
 
 class Worker:
@@ -54,6 +58,7 @@ class Worker:
         self.config = config
         self._lock = threading.Lock()
         self._tensor_ids: Dict[str, int] = {}
+        self._next_ids: Dict[int, int] = {}  # process set id -> its next tensor number
         self._rounds: Dict[str, int] = {}
         self._in_flight: Set[str] = set()
         self._closed = False
@@ -124,23 +129,54 @@ class Worker:
                 self._assigner.plan(tensor_id, nbytes, itemsize or 1, balanced=is_new)
             return tensor_id
 
-    def _declare_locked(self, name: str) -> int:
+    def _declare_locked(self, name: str, set_id: int = 0, tensor_id: Optional[int] = None) -> int:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a tensor name must be a non-empty string, got {name!r}")
+        if tensor_id is not None:
+            known = self._tensor_ids.setdefault(name, tensor_id)
+            if known != tensor_id:
+                raise ValueError(f"tensor {name!r} has id {known}, not {tensor_id}")
+            self._rounds.setdefault(name, 0)
+            return tensor_id
         if name not in self._tensor_ids:
-            self._tensor_ids[name] = len(self._tensor_ids)
+            # Each process set numbers its own tensors: ranks outside a set never
+            # see its tensors, and must still agree on the numbers of the others.
+            number = self._next_ids.get(set_id, 0)
+            self._next_ids[set_id] = number + 1
+            self._tensor_ids[name] = set_id << _SET_ID_SHIFT | number
             self._rounds[name] = 0
         return self._tensor_ids[name]
 
     def push_pull_async(self, tensor: Any, name: str, average: bool = True, output: Any = None,
-                        dtype: Optional[Union[str, DType]] = None) -> Handle:
+                        dtype: Optional[Union[str, DType]] = None, members: Optional[Sequence[int]] = None,
+                        set_id: int = 0, root: Optional[int] = None, tensor_id: Optional[int] = None) -> Handle:
         """Start summing (or averaging) ``tensor`` over all workers.
 
         The result goes into ``output`` (default: ``tensor`` itself, in
         place). Neither may be touched until the handle is done. Integers
         average with floor division, like numpy's ``//``.
+
+        ``members`` (global ranks, this one among them) with ``set_id`` (a
+        process set's id, above 0) sums over those ranks only: the others
+        neither take part nor are waited for. Every member must pass the
+        same set; its tensors are numbered apart from every other set's.
+
+        ``root`` marks a broadcast from that rank (the caller pushes zeros
+        elsewhere): ranks that name different roots fail, on every rank.
+
+        ``tensor_id`` (from :meth:`derived_id`) gives a new name its id
+        instead of the next one in declaration order: such a push_pull may
+        be started from any thread at any time, e.g. from a done-callback.
         """
         source, target = input_and_output_views(tensor, output, f"push_pull({name!r})", dtype)
+        ranks, machines = None, 0
+        if members is not None:
+            ranks = tuple(sorted(int(r) for r in members))
+            if self.rank not in ranks or not 0 < set_id < _DERIVED_SETS or any(not 0 <= r < self.size for r in ranks):
+                raise ValueError(f"push_pull({name!r}): members {list(ranks)} (set {set_id}) must be ranks of this "
+                                 f"job including this one ({self.rank}), with a set id in 1..{_DERIVED_SETS - 1}")
+            machines = len({r // self.local_size for r in ranks})
+            name = f"{name} (process set {set_id})"
         with self._lock:
             if self._closed:
                 raise RuntimeError("push_pull after shutdown(): call init() again first")
@@ -148,11 +184,15 @@ class Worker:
                 raise ValueError(
                     f"push_pull({name!r}): a push_pull of this name is still in flight; "
                     "wait for its handle before submitting it again")
-            is_new = name not in self._tensor_ids
-            tensor_id = self._declare_locked(name)
+            is_new, derived = name not in self._tensor_ids, tensor_id is not None
+            tensor_id = self._declare_locked(name, set_id if ranks is not None else 0, tensor_id)
             plan = None
             if self._assigner is not None:  # raises if the size changed: before the round is counted
-                plan = self._assigner.plan(tensor_id, source.nbytes, source.dtype.itemsize, balanced=is_new)
+                # A set's tensors, and tensors with derived ids, are placed by hash: the
+                # balanced placement follows the order in which a rank declares tensors,
+                # which differs between sets and for tensors started from callbacks.
+                plan = self._assigner.plan(tensor_id, source.nbytes, source.dtype.itemsize,
+                                           balanced=is_new and ranks is None and not derived)
             round_ = self._rounds[name]
             self._rounds[name] = round_ + 1
             self._in_flight.add(name)
@@ -162,15 +202,33 @@ class Worker:
                 np.copyto(target.data, source.data)
             handle.set_done()
             return handle
+        count = self.size if ranks is None else len(ranks)
         task = PushPullTask(name=name, round=round_, source=source, output=target, plan=plan,
-                            average_over=self.size if average else 0, handle=handle)
+                            average_over=count if average else 0, handle=handle, members=ranks, machines=machines,
+                            tag=0 if root is None else int(root) + 1)
         self._comm.submit(task)
         return handle
 
+    def derived_id(self, name: str, variant: int, set_id: int = 0) -> int:
+        """An id for a tensor that belongs to the declared tensor ``name`` (of process set ``set_id``), e.g. a
+        collective's buffer of one size class (``variant`` < 64): the same on every rank, whatever the order
+        in which ranks start such tensors, and never an id that declaration order gives out."""
+        if set_id:
+            name = f"{name} (process set {set_id})"
+        with self._lock:
+            base = self._tensor_ids.get(name)
+        if base is None or not 0 <= variant < 64:
+            raise ValueError(f"derived_id({name!r}, {variant}): declare the tensor first; variant below 64")
+        number = base & ((1 << _SET_ID_SHIFT) - 1)
+        if number >= 1 << (_SET_ID_SHIFT - 6):
+            raise ValueError(f"derived_id({name!r}): too many tensors declared before it")
+        return (_DERIVED_SETS | base >> _SET_ID_SHIFT) << _SET_ID_SHIFT | number << 6 | variant
+
     def push_pull(self, tensor: Any, name: str, average: bool = True, output: Any = None,
-                  dtype: Optional[Union[str, DType]] = None) -> Any:
+                  dtype: Optional[Union[str, DType]] = None, members: Optional[Sequence[int]] = None,
+                  set_id: int = 0, root: Optional[int] = None, tensor_id: Optional[int] = None) -> Any:
         """Synchronous push_pull; returns the output array."""
-        return self.push_pull_async(tensor, name, average, output, dtype).wait()
+        return self.push_pull_async(tensor, name, average, output, dtype, members, set_id, root, tensor_id).wait()
 
     def _finished(self, name: str) -> None:
         with self._lock:

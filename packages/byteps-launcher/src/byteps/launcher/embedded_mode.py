@@ -22,7 +22,15 @@ import secrets
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from byteps.common.config import Config
-from byteps.launcher.job_plan import SERVER_ARGV, JobPlan, ProcessSpec, UsageError, child_environment
+from byteps.launcher.job_plan import (
+    HOROVOD_VARIABLES,
+    SERVER_ARGV,
+    JobPlan,
+    ProcessSpec,
+    UsageError,
+    child_environment,
+    horovod_variables,
+)
 from byteps.launcher.ports import free_port
 
 __all__ = ["EmbeddedOptions", "embedded_plan", "OWNED_VARIABLES", "LOCALHOST"]
@@ -42,6 +50,7 @@ OWNED_VARIABLES = (
     "DMLC_NODE_HOST",
     "BYTEPS_LOCAL_RANK",
     "BYTEPS_LOCAL_SIZE",
+    *HOROVOD_VARIABLES,
 )
 
 
@@ -123,6 +132,7 @@ def embedded_plan(
                 "DMLC_NUM_SERVER": "0",
                 "BYTEPS_LOCAL_RANK": "0",
                 "BYTEPS_LOCAL_SIZE": "1",
+                **horovod_variables(0, 1, 0, 1),
             },
         )
         worker = ProcessSpec("worker", tuple(command), env, rank=0, local_rank=0)
@@ -158,6 +168,7 @@ def embedded_plan(
                 "DMLC_WORKER_ID": str(worker_id),
                 "BYTEPS_LOCAL_RANK": str(local_rank),
                 "BYTEPS_LOCAL_SIZE": str(size),
+                **horovod_variables(worker_id, options.num_worker, local_rank, size),
             }
             rank = worker_id * size + local_rank
             processes.append(spec("worker", tuple(command), extra, rank=rank, local_rank=local_rank))

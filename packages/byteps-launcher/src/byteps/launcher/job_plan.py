@@ -21,7 +21,8 @@ from typing import Iterable, Mapping, Optional, Tuple
 
 from byteps.common.config import Config
 
-__all__ = ["ProcessSpec", "JobPlan", "UsageError", "SERVER_ARGV", "child_environment"]
+__all__ = ["ProcessSpec", "JobPlan", "UsageError", "SERVER_ARGV", "child_environment", "horovod_variables",
+           "HOROVOD_VARIABLES"]
 
 #: Scheduler and servers both run the byteps server entry point; ps-lite
 #: style, the role comes from DMLC_ROLE.
@@ -122,3 +123,18 @@ def child_environment(
     env["PYTHONUNBUFFERED"] = "1"
     env.update(updates)
     return env
+
+
+#: What ``horovodrun`` tells each process about its place in the job; bpslaunch sets them too.
+HOROVOD_VARIABLES = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+                     "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")
+
+
+def horovod_variables(machine: int, machines: int, local_rank: int, local_size: int) -> dict:
+    """Horovod's rank variables for worker ``local_rank`` of machine ``machine``, as horovodrun sets them.
+
+    Scripts (and Horovod's own tests) read them before init; the worker's
+    rank is ``machine * local_size + local_rank``, as the scheduler assigns it.
+    """
+    values = (machine * local_size + local_rank, machines * local_size, local_rank, local_size, machine, machines)
+    return {name: str(value) for name, value in zip(HOROVOD_VARIABLES, values)}

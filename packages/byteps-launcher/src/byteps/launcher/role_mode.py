@@ -20,7 +20,14 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from byteps.common.config import Config
-from byteps.launcher.job_plan import SERVER_ARGV, JobPlan, ProcessSpec, UsageError, child_environment
+from byteps.launcher.job_plan import (
+    SERVER_ARGV,
+    JobPlan,
+    ProcessSpec,
+    UsageError,
+    child_environment,
+    horovod_variables,
+)
 
 __all__ = ["role_plan"]
 
@@ -41,7 +48,8 @@ def role_plan(command: Sequence[str], environ: Mapping[str, str]) -> JobPlan:
     processes = []
     for local_rank in range(size):
         env = child_environment(
-            environ, {"BYTEPS_LOCAL_RANK": str(local_rank), "BYTEPS_LOCAL_SIZE": str(size)}
+            environ, {"BYTEPS_LOCAL_RANK": str(local_rank), "BYTEPS_LOCAL_SIZE": str(size),
+                      **horovod_variables(config.worker_id, config.num_worker, local_rank, size)}
         )
         rank = config.worker_id * size + local_rank
         processes.append(ProcessSpec("worker", tuple(command), env, rank=rank, local_rank=local_rank))

@@ -30,8 +30,10 @@ class ServerEngine:
     def num_threads(self) -> int: ...
     @property
     def num_workers(self) -> int: ...
-    def declare(self, key: int, nbytes: int, dtype: int) -> None:
-        """Allocate the key's buffers; idempotent for the same (nbytes, dtype)."""
+    def declare(self, key: int, nbytes: int, dtype: int, contributors: int = 0) -> None:
+        """Allocate the key's buffers; idempotent for the same (nbytes, dtype, contributors).
+
+        ``contributors`` pushes complete a round (0: num_workers; fewer for a process set's keys)."""
     def push(self, key: int, round: int, data: Buffer) -> bool:
         """Sum one worker's push into `round` (the round the key is accumulating);
         True when it was the num_workers-th push and the round is finalized.

@@ -21,7 +21,7 @@ import time
 from typing import Dict, List, Set, Tuple
 
 from byteps.common.config import Config
-from byteps.common.tensor_description import MISMATCH_ADVICE, PartitionSpec
+from byteps.common.tensor_description import MISMATCH_ADVICE, PartitionSpec, describe_op
 from byteps.server.engine import create_engine
 from byteps.server.stall_inspector import PartialRound, StallInspector
 from byteps.transport import (
@@ -59,6 +59,7 @@ class KeyState:
     pushed: Set[bytes] = dataclasses.field(default_factory=set)  # who pushed in the round being summed
     round_started: float = 0.0  # time.monotonic() of the first push of the round being summed
     round_flags: int = 0  # flags of that first push (FLAG_AVERAGE): every push of a round must agree
+    round_tag: int = 0  # and its aux (1 + a broadcast's root, else 0), which must agree too
 
 
 class ParameterServer:
@@ -82,6 +83,8 @@ class ParameterServer:
         self.engine = create_engine(config.server_engine_threads, self.num_workers)
         self.gate = Gate(config.secret, self.rank, log)
         self.keys: Dict[int, KeyState] = {}
+        # (key, round) -> why a worker failed it: later pushes of that round are refused with the reason
+        self.failed_rounds: Dict[Tuple[int, int], str] = {}
         self.stall_inspector = StallInspector(config.stall_check_s, config.stall_shutdown_s, self.num_workers,
                                               "worker ranks" if self.local_size == 1 else "worker machines")
         self.running = True
@@ -149,6 +152,8 @@ class ParameterServer:
                 self._pull(message)
             elif header.command == Command.INIT_KEY:
                 self._init_key(message)
+            elif header.command == Command.ERROR:
+                self._fail_round(message)
             else:
                 raise TransportError(f"unexpected command {command_name(header.command)} at a server")
         except (TransportError, FrameError, ValueError, KeyError, TypeError) as exc:
@@ -165,11 +170,14 @@ class ParameterServer:
         spec = PartitionSpec(**fields)
         spec.check(self.max_partition_bytes)
         state = self.keys.get(key)
+        contributors = spec.contributors or self.num_workers
+        if contributors > self.num_workers:
+            raise ValueError(f"{spec.describe()}: more contributors than the job's {self.num_workers} worker machines")
         if state is not None and message.identity not in state.declared_by \
-                and len(state.declared_by) >= self.num_workers:
-            raise ValueError(f"key {key} already has its {self.num_workers} workers")
+                and len(state.declared_by) >= contributors:
+            raise ValueError(f"key {key} already has its {contributors} workers")
         if state is None:
-            self.engine.declare(key, spec.nbytes, spec.dtype)
+            self.engine.declare(key, spec.nbytes, spec.dtype, contributors)
             state = self.keys[key] = KeyState(spec)
         elif spec != state.spec:
             text = (f"mismatch for key {key}: worker {message.header.sender} declares {spec.describe()}, "
@@ -186,15 +194,31 @@ class ParameterServer:
             raise ValueError(f"key {message.header.key} was not initialized by this worker (INIT_KEY first)")
         return state
 
+    def _fail_round(self, message: Message) -> None:
+        """A worker failed a round before pushing it (a mismatch among its machine's ranks): fail it everywhere."""
+        header = message.header
+        text = bytes(message.payload).decode(errors="replace") if message.payload is not None else "(no reason)"
+        self.failed_rounds[(header.key, header.round)] = text
+        state = self.keys.get(header.key)
+        if state is None:
+            return
+        for identity in state.declared_by:
+            if identity != message.identity:
+                self._send_error(identity, header.key, text, header.round)
+        state.pending_pulls = [(i, r) for i, r in state.pending_pulls if r != header.round]
+
     def _push(self, message: Message) -> None:
         header = message.header
+        failed = self.failed_rounds.get((header.key, header.round))
+        if failed is not None:
+            raise ValueError(failed)
         state = self._state_for(message)
         if header.dtype != state.spec.dtype:
             raise ValueError(f"push of dtype code {header.dtype} for {state.spec.describe()}")
         if message.identity in state.pushed:
             raise ValueError(f"second push of round {header.round} for {state.spec.describe()}")
-        if state.pushed and header.flags != state.round_flags:
-            self._refuse_round(header.key, state, message, header.flags)
+        if state.pushed and (header.flags, header.aux) != (state.round_flags, state.round_tag):
+            self._refuse_round(header.key, state, message)
         payload = message.payload if message.payload is not None else b""
         if wire_log.isEnabledFor(logging.DEBUG):
             wire_log.debug("PUSH key %d round %d from worker %d (%s)", header.key, header.round, header.sender,
@@ -204,26 +228,29 @@ class ParameterServer:
         # but this push, so no worker's credit waits on another worker.
         self.listener.send(Command.PUSH_ACK, self.rank, header.key, header.round, identity=message.identity)
         if not state.pushed:
-            state.round_started, state.round_flags = time.monotonic(), header.flags
+            state.round_started, state.round_flags, state.round_tag = time.monotonic(), header.flags, header.aux
         state.pushed.add(message.identity)
         if complete:
             state.pushed.clear()
             self._answer_pulls(header.key, state)
 
-    def _refuse_round(self, key: int, state: KeyState, message: Message, flags: int) -> None:
-        """A push that averages where the round's others sum (or the reverse): fail them all."""
-        def op(f: int) -> str:
-            return "averages" if f & FLAG_AVERAGE else "sums"
-
+    def _refuse_round(self, key: int, state: KeyState, message: Message) -> None:
+        """A push that averages where the round's others sum, or names another broadcast root: fail them all."""
+        header = message.header
         first = state.declared_by[next(iter(state.pushed))]
-        text = (f"mismatch for {state.spec.describe()}: worker {message.header.sender} {op(flags)} "
-                f"but worker {first} {op(state.round_flags)}; every worker must use the same op for a tensor")
+        mine = describe_op(bool(header.flags & FLAG_AVERAGE), header.aux)
+        theirs = describe_op(bool(state.round_flags & FLAG_AVERAGE), state.round_tag)
+        text = (f"mismatch for {state.spec.describe()}: worker {header.sender} {mine} "
+                f"but worker {first} {theirs}; every worker must use the same op (and root) for a tensor")
         for identity in state.pushed:
             self._send_error(identity, key, text, message.header.round)
         raise ValueError(text)
 
     def _pull(self, message: Message) -> None:
         header = message.header
+        failed = self.failed_rounds.get((header.key, header.round))
+        if failed is not None:
+            raise ValueError(failed)
         state = self._state_for(message)
         completed = self.engine.completed_round(header.key)
         # A worker pulls round r after pushing it, and pushes r + 1 only after

@@ -44,9 +44,24 @@ from byteps.common.frontend.versions import require_framework  # noqa: E402
 require_framework("byteps-tf", "tensorflow", getattr(tf, "__version__", "unknown"), MINIMUM_TENSORFLOW)
 
 from byteps.common import PushPullError  # noqa: E402
+from byteps.common.frontend import builds as _builds  # noqa: E402
 from byteps.common.frontend import process as _process  # noqa: E402
+from byteps.common.frontend.builds import *  # noqa: E402,F403  (mpi_built, gloo_built, nccl_built, ...)
 from byteps.common.frontend.process import *  # noqa: E402,F403  (init, shutdown, size, rank, barrier, join, ...)
+from byteps.common.frontend.process_sets import (  # noqa: E402
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
 from byteps.common.frontend.reductions import Adasum, Average, Max, Min, Product, Sum  # noqa: E402
+from byteps.tensorflow.collectives import (  # noqa: E402
+    allgather_object,
+    alltoall,
+    grouped_allgather,
+    grouped_reducescatter,
+    reducescatter,
+)
 from byteps.tensorflow.compression import Compression, Compressor  # noqa: E402
 from byteps.tensorflow.functions import (  # noqa: E402
     broadcast_global_variables,
@@ -54,7 +69,8 @@ from byteps.tensorflow.functions import (  # noqa: E402
     broadcast_variables,
 )
 from byteps.tensorflow.gradient_tape import DistributedGradientTape  # noqa: E402
-from byteps.tensorflow.ops import allgather, allreduce, broadcast, global_process_set, push_pull  # noqa: E402
+from byteps.tensorflow.grouped import grouped_allreduce  # noqa: E402
+from byteps.tensorflow.ops import allgather, allreduce, broadcast, push_pull  # noqa: E402
 from byteps.tensorflow.optimizer import DistributedOptimizer  # noqa: E402
 
 #: This package's interface, for packages built on it (byteps.common.interface).
@@ -65,7 +81,10 @@ __all__ = [
     *_process.__all__,  # init, shutdown, is_initialized, size, rank, local_size, local_rank, barrier, join
     # reductions
     "push_pull", "allreduce", "broadcast", "allgather", "Average", "Sum", "Adasum", "Min", "Max", "Product",
-    "Compression", "Compressor", "global_process_set",
+    "grouped_allreduce", "grouped_allgather", "alltoall", "reducescatter", "grouped_reducescatter", "allgather_object",
+    "Compression", "Compressor",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    *_builds.__all__,  # mpi_built, gloo_built, nccl_built, ..., HorovodInternalError, start/stop_timeline
     # variables and objects
     "broadcast_variables", "broadcast_global_variables", "broadcast_object",
     # training

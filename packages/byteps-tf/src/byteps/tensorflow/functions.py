@@ -45,7 +45,8 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int, process_set: A
         value = tf.convert_to_tensor(variable)
         values.append(tf.cast(value, widen(value.dtype)) if widen(value.dtype) != value.dtype else value)
     contribute = rank() == root_rank
-    specs = [Reduce(f"broadcast_variables.{i}", average=False, contribute=contribute) for i in range(len(values))]
+    specs = [Reduce(f"broadcast_variables.{i}", average=False, contribute=contribute, root=int(root_rank))
+             for i in range(len(values))]
     results = run_group(specs, values)
     assigns = [variable.assign(tf.cast(result, tf.as_dtype(variable.dtype)))
                for variable, result in zip(variables, results)]
@@ -77,8 +78,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: Op
     so repeated calls reuse a few tensor names (byteps-common's front,
     :func:`byteps.common.frontend.broadcast_object`).
     """
-    check_process_set(process_set)
     _check_root(root_rank)
     if not tf.executing_eagerly():
         raise RuntimeError("broadcast_object() runs eagerly only (it pickles Python objects)")
-    return _broadcast_object(obj, root_rank, name)
+    return _broadcast_object(obj, root_rank, name, process_set)

@@ -20,14 +20,14 @@ using byteps need ``jit_compile=False``.
 from __future__ import annotations
 
 import weakref
-from typing import List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
 from byteps.tensorflow.reduction import Gather, Reduce, Spec, execute
 from byteps.tensorflow.tensors import byteps_dtype
 
-__all__ = ["run_group"]
+__all__ = ["run_group", "run_eagerly"]
 
 _last_op: weakref.WeakKeyDictionary[object, tf.Operation] = weakref.WeakKeyDictionary()
 
@@ -64,8 +64,8 @@ def run_group(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]) -> List[tf.Ten
     if tf.executing_eagerly():
         return execute(specs, inputs)
     position = 0
-    for spec in specs:  # at trace time: the error points at the user's call
-        for tensor in inputs[position:position + spec.inputs]:
+    for spec in specs:  # at trace time: the error points at the user's call (a gather moves any dtype)
+        for tensor in inputs[position:position + spec.inputs] if isinstance(spec, Reduce) else ():
             byteps_dtype(tensor.dtype, f"push_pull({spec.name!r})")
         position += spec.inputs
     specs = list(specs)
@@ -73,12 +73,22 @@ def run_group(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]) -> List[tf.Ten
     def body(*eager_inputs: tf.Tensor) -> List[tf.Tensor]:
         return execute(specs, eager_inputs)
 
+    return run_eagerly(body, inputs, _output_dtypes(specs, inputs), _static_shapes(specs, inputs))
+
+
+def run_eagerly(body: Callable[..., List[tf.Tensor]], inputs: Sequence[tf.Tensor], dtypes: Sequence[tf.DType],
+                shapes: Optional[Sequence[tf.TensorShape]] = None) -> List[tf.Tensor]:
+    """``body(*inputs)`` now when eager; in a graph, one ``py_function`` op ordered after the previous one."""
+    inputs = [tf.convert_to_tensor(tensor) for tensor in inputs]
+    if tf.executing_eagerly():
+        return list(body(*inputs))
     graph = tf.compat.v1.get_default_graph()
     previous = _last_op.get(graph)
     with tf.control_dependencies([previous] if previous is not None else []):
-        outputs = tf.py_function(body, inputs, _output_dtypes(specs, inputs), name="BytePSPushPull")
+        outputs = tf.py_function(body, inputs, list(dtypes), name="BytePSPushPull")
     outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
     _last_op[graph] = outputs[0].op
-    for output, shape in zip(outputs, _static_shapes(specs, inputs)):
-        output.set_shape(shape)
+    for output, shape in zip(outputs, shapes or [None] * len(outputs)):
+        if shape is not None:
+            output.set_shape(shape)
     return outputs

@@ -32,37 +32,53 @@ Rules every rank follows, as in Horovod and BytePS:
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, List, Optional
 
+import numpy as np
 import tensorflow as tf
 
 from byteps.common.frontend.checks import check_root, check_scale
+from byteps.common.frontend.collectives import RankView
 from byteps.common.frontend.process import rank, size
-from byteps.common.frontend.reductions import average_of
+from byteps.common.frontend.process_sets import rank_view
+from byteps.common.frontend.reductions import Max, Min, Product, average_of
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.graph_ops import run_group
-from byteps.tensorflow.reduction import Gather, Reduce, tensor_names
+from byteps.tensorflow.reduction import Gather, Reduce, key_name, tensor_names
 from byteps.tensorflow.tensors import byteps_dtype, widen
 
 __all__ = [
-    "global_process_set",
     "push_pull", "allreduce", "broadcast", "allgather", "average_of", "resolve_name", "check_process_set",
 ]
 
 
-class _GlobalProcessSet:
-    """Horovod's ``global_process_set``: all workers, the only process set byteps has."""
-
-    def __repr__(self) -> str:
-        return "global_process_set"
-
-
-global_process_set = _GlobalProcessSet()
-
-
 def check_process_set(process_set: Any) -> None:
-    if process_set is not None and process_set is not global_process_set:
-        raise ValueError("byteps has no process sets: pass process_set=global_process_set (or nothing)")
+    """For the gradient wrappers (tape, optimizers), which reduce over every rank only so far."""
+    if rank_view(process_set).set_id:
+        raise NotImplementedError("byteps.tensorflow's gradient wrappers reduce over every rank; process sets work "
+                                  "with the collectives (allreduce, allgather, broadcast, ...) so far")
+
+
+def _in_set(process_set: Any) -> Optional[RankView]:
+    """The view of a process set other than the global one, else None (checked either way)."""
+    view = rank_view(process_set)
+    return view if view.set_id else None
+
+
+def _reduce_in_set(tensor: tf.Tensor, name: str, average: bool, view: RankView, root: Optional[int] = None) -> Any:
+    """Sum, average or (``root``) broadcast ``tensor`` among a process set's ranks only."""
+    from byteps.tensorflow.collectives import run_collective
+    byteps_dtype(tensor.dtype, f"allreduce({name!r})")
+
+    def body(x: tf.Tensor) -> List[tf.Tensor]:
+        dtype = byteps_dtype(x.dtype, f"allreduce({name!r})")
+        array = np.array(x.numpy()).view(dtype.storage)
+        if root is not None and rank() != root:
+            array[...] = 0
+        view.push_pull(key_name(name, array.shape, dtype), array, average=average, dtype=dtype, root=root)
+        return [tf.convert_to_tensor(array.view(x.dtype.as_numpy_dtype), dtype=x.dtype)]
+
+    return run_collective(body, [tensor], [tensor.dtype], [tensor.shape])[0]
 
 
 def resolve_name(family: str, name: Optional[str], tensor: Any) -> str:
@@ -110,23 +126,47 @@ def _differentiable(tensor: tf.Tensor, spec: Reduce, gradient: Reduce,
     return forward(tensor)
 
 
+def _differentiable_group(tensors: List[tf.Tensor], names: List[str], average: bool) -> List[tf.Tensor]:
+    """Reduce ``tensors`` as one group (fused where small); the gradient is the same group reduction."""
+    specs = [Reduce(n, average) for n in names]
+    if not all(t.dtype.is_floating for t in tensors) or (tf.executing_eagerly() and not _tape_may_record()):
+        return run_group(specs, tensors)
+
+    @tf.custom_gradient
+    def forward(*xs: tf.Tensor):
+        def backward(*upstream: Any) -> List[tf.Tensor]:
+            return run_group([Reduce(n + ".grad", average) for n in names], [tf.convert_to_tensor(u) for u in upstream])
+
+        return run_group(specs, list(xs)), backward
+
+    return list(forward(*tensors))
+
+
 def _allreduce(family: str, tensor: Any, average: bool, name: Optional[str], compression: Any,
-               prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Any:
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set: Any = None) -> Any:
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_slices(family, tensor, average, name, prescale_factor, postscale_factor)
+    from byteps.tensorflow.collectives import _scaled
+    view = _in_set(process_set)
     tensor = tf.convert_to_tensor(tensor)
     name = resolve_name(family, name, tensor)
     what = f"{family}({name!r})"
-    check_scale(prescale_factor, postscale_factor, tensor.dtype.is_floating, what, tensor.dtype.name)
-    byteps_dtype(tensor.dtype, what)
-    sent = tensor * tf.cast(prescale_factor, tensor.dtype) if prescale_factor != 1.0 else tensor
+    narrow = widen(tensor.dtype) != tensor.dtype and tensor.dtype != tf.bool
+    if not narrow:
+        byteps_dtype(tensor.dtype, what)
+    sent = _scaled(tensor, prescale_factor)
+    if narrow:  # int8/uint8/int16/uint16/uint32: summed exactly in a wider integer, wrapped back on the way out
+        sent = tf.cast(sent, widen(tensor.dtype))
     sent, ctx = compression.compress(sent)
     byteps_dtype(sent.dtype, what)
-    reduced = _differentiable(sent, Reduce(name, average), Reduce(name + ".grad", average))
+    if view is not None:
+        reduced = _reduce_in_set(sent, name, average, view)
+    else:
+        reduced = _differentiable(sent, Reduce(name, average), Reduce(name + ".grad", average))
     reduced = compression.decompress(reduced, ctx)
-    if postscale_factor != 1.0:
-        reduced = reduced * tf.cast(postscale_factor, reduced.dtype)
-    return reduced
+    if narrow:
+        reduced = tf.cast(reduced, tensor.dtype)
+    return _scaled(reduced, postscale_factor)
 
 
 def _allreduce_slices(family: str, slices: tf.IndexedSlices, average: bool, name: Optional[str],
@@ -170,9 +210,13 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
     A ``tf.IndexedSlices`` gives a ``tf.IndexedSlices`` holding every rank's
     values and indices.
     """
-    check_process_set(process_set)
+    if op in (Min, Max, Product):
+        from byteps.tensorflow.collectives import reduce_by_gather
+        if average is not None:
+            raise ValueError("the op parameter supersedes average: pass only one of them")
+        return reduce_by_gather(tensor, op, name, prescale_factor, postscale_factor, process_set)
     return _allreduce("allreduce", tensor, average_of(op, average), name, compression, prescale_factor,
-                      postscale_factor)
+                      postscale_factor, process_set)
 
 
 def _check_root(root_rank: Any) -> None:
@@ -187,16 +231,21 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_na
     BytePS's broadcast: the root pushes its tensor, every other rank zeros.
     bool and 8/16-bit integers travel as int32, uint32 as int64 (exact).
     """
-    check_process_set(process_set)
     _check_root(root_rank)
+    view = _in_set(process_set)
+    if view is not None and root_rank not in view.ranks:
+        raise ValueError(f"broadcast: root_rank {root_rank} is not in {process_set}")
     tensor = tf.convert_to_tensor(tensor)
     name = resolve_name("broadcast", name, tensor)
     sent = tensor
     if widen(tensor.dtype) != tensor.dtype:
         sent = tf.cast(tensor, widen(tensor.dtype))
     byteps_dtype(sent.dtype, f"broadcast({name!r})")
+    if view is not None:
+        result = _reduce_in_set(sent, name, False, view, root=int(root_rank))
+        return result if result.dtype == tensor.dtype else tf.cast(result, tensor.dtype)
     contribute = rank() == root_rank
-    result = _differentiable(sent, Reduce(name, average=False, contribute=contribute),
+    result = _differentiable(sent, Reduce(name, average=False, contribute=contribute, root=int(root_rank)),
                              Reduce(name + ".grad", average=False), gradient_root=int(root_rank))
     return result if result.dtype == tensor.dtype else tf.cast(result, tensor.dtype)
 
@@ -206,17 +255,16 @@ def allgather(tensor: Any, name: Optional[str] = None, ignore_name_scope: bool =
     """Concatenate every rank's ``tensor`` along the first dimension, in rank order.
 
     The first dimension may differ between ranks; the others must not.
-    Built on push_pull (byteps servers only sum): row counts first, then a
-    zero buffer with each rank's rows in its place, so it moves
-    ``size()`` times the bytes of an allreduce. Differentiable (the gradient
-    of each rank's rows is the sum over ranks).
+    Built on push_pull (byteps servers only sum; see
+    :mod:`byteps.common.frontend.collectives`), for any dtype. Differentiable
+    (the gradient of each rank's rows is the sum over ranks).
     """
-    check_process_set(process_set)
+    view = _in_set(process_set)
     tensor = tf.convert_to_tensor(tensor)
     if tensor.shape.rank == 0:
         raise ValueError("allgather: the tensor needs at least one dimension")
     name = resolve_name("allgather", name, tensor)
-    spec = Gather(name)
+    spec = Gather(name, view=view)
     if not tensor.dtype.is_floating:
         return run_group([spec], [tensor])[0]
 
@@ -225,8 +273,12 @@ def allgather(tensor: Any, name: Optional[str] = None, ignore_name_scope: bool =
         gathered, counts = run_group([spec], [x])
 
         def backward(upstream: Any) -> tf.Tensor:
-            summed = _reduce_one(tf.convert_to_tensor(upstream), Reduce(name + ".grad", average=False))
-            offset = tf.reduce_sum(counts[:rank()])
+            upstream = tf.convert_to_tensor(upstream)
+            if view is not None:
+                summed = _reduce_in_set(upstream, name + ".grad", False, view)
+            else:
+                summed = _reduce_one(upstream, Reduce(name + ".grad", average=False))
+            offset = tf.reduce_sum(counts[:rank() if view is None else view.position])
             return summed[offset:offset + tf.shape(x, out_type=tf.int64)[0]]
 
         return gathered, backward

@@ -7,11 +7,11 @@ A group is a list of specs, each with its input tensors:
   (BytePS's broadcast);
 * :class:`Gather` concatenates every rank's rows of one or more tensors with
   the same leading dimension (an allgather, e.g. an IndexedSlices' values and
-  indices). byteps servers only sum, so a gather is two push_pulls: the
-  ranks' row counts (each rank fills its own slot of a zero vector), then a
-  zero buffer in which each rank fills its own rows. Adding zeros is exact,
-  so the result is the concatenation, bit for bit. Buffers are rounded up
-  to a power of two rows, so a varying row count reuses a few tensor names.
+  indices), through the front's allgather
+  (:func:`byteps.common.frontend.collectives.allgather`: the ranks' layouts
+  first, then a zero buffer in which each rank writes its own bytes; adding
+  zeros is exact, so the result is the concatenation, bit for bit, for any
+  dtype).
 
 Everything of a group is in flight at once (pipelined by byteps' comm
 thread) and the group returns when all of it is done. Consecutive Reduce
@@ -36,22 +36,33 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 import tensorflow as tf
 
-from byteps.common import Handle, api
+from byteps.common import Handle, PushPullError, api
 from byteps.common.dtypes import DType
 from byteps.common.frontend import TensorNames, after_shutdown
+from byteps.common.frontend.collectives import RankView, allgather
 from byteps.common.frontend.group import push_pull_group
-from byteps.tensorflow.tensors import HostView, ResultBuffer, byteps_dtype, host_view
+from byteps.tensorflow.tensors import ResultBuffer, _on_cpu, byteps_dtype, from_piece, host_view, to_piece
 
-__all__ = ["Reduce", "Gather", "Spec", "execute", "key_name", "forget_names", "tensor_names"]
+__all__ = ["Reduce", "Gather", "Spec", "MismatchError", "execute", "key_name", "forget_names", "tensor_names"]
+
+
+class MismatchError(PushPullError, tf.errors.FailedPreconditionError):
+    """A failed op (ranks that disagree, or a broken job): byteps' PushPullError and, as Horovod raises it,
+    TensorFlow's FailedPreconditionError at once. Inside a ``tf.function`` TensorFlow's py_function turns it
+    into an UnknownError whose message starts with ``MismatchError``."""
+
+    def __init__(self, message: str) -> None:
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
 
 
 @dataclasses.dataclass(frozen=True)
 class Reduce:
-    """Sum or average one tensor over all workers; ``contribute=False`` pushes zeros."""
+    """Sum or average one tensor over all workers; ``contribute=False`` pushes zeros (a broadcast from ``root``)."""
 
     name: str
     average: bool
     contribute: bool = True
+    root: Optional[int] = None  # a broadcast's root: ranks that name different roots fail
 
     inputs = 1
 
@@ -61,7 +72,7 @@ class Reduce:
 
 @dataclasses.dataclass(frozen=True)
 class Gather:
-    """Concatenate ``parts`` tensors of equal leading dimension over all ranks, in rank order.
+    """Concatenate ``parts`` tensors of equal leading dimension over the ranks (of ``view``), in rank order.
 
     Outputs: the ``parts`` gathered tensors, then the int64 vector of every
     rank's row count.
@@ -69,6 +80,7 @@ class Gather:
 
     name: str
     parts: int = 1
+    view: Optional[RankView] = None  # a process set's ranks; None: every rank
 
     @property
     def inputs(self) -> int:
@@ -122,7 +134,7 @@ def _push_pull(source: np.ndarray, result: ResultBuffer, name: str, shape: Tuple
 
 
 def _submit_reduces(run: Sequence[Tuple[Reduce, tf.Tensor]]) -> List[_Pending]:
-    """Start consecutive Reduce specs of one averaging flag as one grouped push_pull, small tensors fused.
+    """Start consecutive Reduce specs of one averaging flag and root as one grouped push_pull, small tensors fused.
 
     A spec that does not contribute (a broadcast's other ranks) is reduced
     in place in a zeroed buffer: no second buffer.
@@ -144,52 +156,36 @@ def _submit_reduces(run: Sequence[Tuple[Reduce, tf.Tensor]]) -> List[_Pending]:
         dtypes.append(result.dtype)
         sent.append(pending)
     if sources:
-        for pending, core in zip(sent, push_pull_group(sources, keys, run[0][0].average, outputs, dtypes)):
+        first = run[0][0]
+        for pending, core in zip(sent, push_pull_group(sources, keys, first.average, outputs, dtypes, first.root)):
             pending.core = core
     return pendings
 
 
 class _GatherInFlight:
-    """A gather between its two rounds: counts first, then the rows."""
+    """A gather through the front's allgather (:mod:`byteps.common.frontend.collectives`), one per part."""
 
     def __init__(self, spec: Gather, tensors: Sequence[tf.Tensor]) -> None:
         self.spec = spec
         what = f"gather({spec.name!r})"
-        self.views: List[HostView] = [host_view(t, what) for t in tensors]
-        rows = {view.shape[0] if view.shape else None for view in self.views}
+        rows = {int(t.shape[0]) if t.shape.rank else None for t in tensors}
         if None in rows or len(rows) != 1:
             raise ValueError(f"{what}: every part needs the same leading dimension, got shapes "
-                             f"{[view.shape for view in self.views]}")
-        self.rows = rows.pop()
-        counts = ResultBuffer.empty(DType.INT64, api.size(), zero=True)
-        counts.array[api.rank()] = self.rows
-        self.counts = _push_pull(counts.array, counts, f"{spec.name}.counts", (api.size(),), average=False)
-        self.parts: List[_Pending] = []
-        self.total = 0
+                             f"{[tuple(t.shape) for t in tensors]}")
+        self.kinds = [(t.dtype, "" if _on_cpu(t) else t.device) for t in tensors]
+        self.started = [allgather(f"{spec.name}.{j}", to_piece(t), spec.view) for j, t in enumerate(tensors)]
 
-    def submit_rows(self) -> None:
-        self.counts.wait()
-        counts = self.counts.result.array
-        self.total = int(counts.sum())
-        offset = int(counts[:api.rank()].sum())
-        capacity = 1
-        while capacity < self.total:
-            capacity *= 2
-        for j, view in enumerate(self.views):
-            trailing = view.shape[1:]
-            row = int(np.prod(trailing, dtype=np.int64))
-            buffer = ResultBuffer.empty(view.dtype, capacity * row, zero=True)
-            buffer.buffer.write_at(offset * row * view.dtype.itemsize, view.array)
-            self.parts.append(_push_pull(buffer.array, buffer, f"{self.spec.name}.{j}", (capacity, *trailing),
-                                         average=False, device=view.device))
+    def waiting(self) -> List[Handle]:
+        return [started.core for started in self.started]
 
     def tensors(self) -> List[tf.Tensor]:
-        outputs = []
-        for pending, view in zip(self.parts, self.views):
-            pending.wait()
-            outputs.append(pending.result.to_tensor((self.total, *view.shape[1:]), view.device))
-        self.counts.wait()
-        outputs.append(self.counts.result.to_tensor((api.size(),)))
+        outputs, counts = [], ()
+        for started, (dtype, device) in zip(self.started, self.kinds):
+            started.core.wait()
+            piece = started.finish()
+            outputs.append(from_piece(piece, dtype, device))
+            counts = piece.counts
+        outputs.append(tf.constant(counts, dtype=tf.int64))
         return outputs
 
 
@@ -201,13 +197,14 @@ def execute(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]) -> List[tf.Tenso
     no name stays busy.
     """
     for spec, tensors in _split(specs, inputs):
-        for tensor in tensors:
+        for tensor in tensors if isinstance(spec, Reduce) else ():  # a gather moves any dtype
             byteps_dtype(tensor.dtype, f"push_pull({spec.name!r})")
     started: List[Union[_Pending, _GatherInFlight]] = []
-    run: List[Tuple[Reduce, tf.Tensor]] = []  # consecutive Reduce specs of one averaging flag
+    run: List[Tuple[Reduce, tf.Tensor]] = []  # consecutive Reduce specs of one averaging flag and root
     try:
         for spec, tensors in _split(specs, inputs):
-            if isinstance(spec, Reduce) and (not run or run[0][0].average == spec.average):
+            joins = not run or (run[0][0].average, run[0][0].root) == (spec.average, getattr(spec, "root", None))
+            if isinstance(spec, Reduce) and joins:
                 run.append((spec, tensors[0]))
                 continue
             started.extend(_submit_reduces(run))
@@ -217,9 +214,6 @@ def execute(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]) -> List[tf.Tenso
             else:
                 started.append(_GatherInFlight(spec, tensors))
         started.extend(_submit_reduces(run))
-        for item in started:
-            if isinstance(item, _GatherInFlight):
-                item.submit_rows()
     except BaseException:
         _drain(started)
         raise
@@ -230,6 +224,8 @@ def execute(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]) -> List[tf.Tenso
             outputs.extend([item.tensor()] if isinstance(item, _Pending) else item.tensors())
         except BaseException as exc:  # keep waiting for the rest, then raise the first error
             failure = failure or exc
+    if isinstance(failure, PushPullError) and not isinstance(failure, MismatchError):
+        raise MismatchError(str(failure)) from failure
     if failure is not None:
         raise failure
     return outputs
@@ -246,7 +242,7 @@ def _split(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]):
 
 def _drain(started: Sequence[Union[_Pending, _GatherInFlight]]) -> None:
     for item in started:
-        pendings = [item] if isinstance(item, _Pending) else [item.counts, *item.parts]
+        pendings = [item] if isinstance(item, _Pending) else item.waiting()
         for pending in pendings:
             try:
                 pending.wait()

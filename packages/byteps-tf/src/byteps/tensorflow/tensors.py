@@ -29,9 +29,10 @@ import tensorflow as tf
 
 from byteps.common.dtypes import DType
 from byteps.common.frontend.binding import dtype_table
+from byteps.common.frontend.collectives import Piece
 from byteps.tensorflow import _C
 
-__all__ = ["byteps_dtype", "HostView", "host_view", "ResultBuffer", "widen", "SUPPORTED"]
+__all__ = ["byteps_dtype", "HostView", "host_view", "ResultBuffer", "widen", "SUPPORTED", "to_piece", "from_piece"]
 
 _DTYPES = dtype_table(lambda name: getattr(tf, name))
 SUPPORTED = ", ".join(dtype.name for dtype in _DTYPES)
@@ -115,3 +116,19 @@ class ResultBuffer:
             with tf.device(device):
                 tensor = tf.identity(tensor)
         return tensor
+
+
+def to_piece(tensor: tf.Tensor) -> Piece:
+    """An eager tensor's bytes (a host copy), shape and dtype name, for the front's collectives (any dtype)."""
+    if tensor.dtype == tf.string:
+        raise ValueError("string tensors cannot be gathered or scattered: their elements have no fixed size")
+    array = np.ascontiguousarray(tensor.numpy())
+    raw = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
+    return Piece(raw, tuple(int(d) for d in array.shape), tensor.dtype.name)
+
+
+def from_piece(piece: Piece, dtype: tf.DType, device: str = "") -> tf.Tensor:
+    """A new tensor of ``dtype`` from a piece's bytes (on ``device`` if given)."""
+    array = np.frombuffer(piece.data.tobytes(), dtype=tf.as_dtype(dtype).as_numpy_dtype).reshape(piece.shape)
+    with tf.device(device or "/CPU:0"):
+        return tf.convert_to_tensor(array, dtype=dtype)

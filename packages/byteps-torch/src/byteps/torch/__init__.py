@@ -36,10 +36,32 @@ from byteps.common.frontend.versions import require_framework  # noqa: E402
 require_framework("byteps-torch", "torch", torch.__version__, MINIMUM_TORCH)
 
 from byteps.common import PushPullError  # noqa: E402
+from byteps.common.frontend import builds as _builds  # noqa: E402
 from byteps.common.frontend import process as _process  # noqa: E402
+from byteps.common.frontend.builds import *  # noqa: E402,F403  (mpi_built, gloo_built, nccl_built, ...)
 from byteps.common.frontend.process import *  # noqa: E402,F403  (init, shutdown, size, rank, barrier, join, ...)
+from byteps.common.frontend.process_sets import (  # noqa: E402
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
 from byteps.common.frontend.reductions import Adasum, Average, Max, Min, Product, Sum  # noqa: E402
 from byteps.torch import parallel  # noqa: E402
+from byteps.torch.collectives import (  # noqa: E402
+    allgather,
+    allgather_async,
+    allgather_object,
+    alltoall,
+    alltoall_async,
+    grouped_allgather,
+    grouped_allgather_async,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+    reducescatter,
+    reducescatter_async,
+    sparse_allreduce_async,
+)
 from byteps.torch.compression import Compression, Compressor  # noqa: E402
 from byteps.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters  # noqa: E402
 from byteps.torch.group_ops import push_pull_group_async  # noqa: E402
@@ -52,6 +74,10 @@ from byteps.torch.horovod_ops import (  # noqa: E402
     broadcast_,
     broadcast_async,
     broadcast_async_,
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
 )
 from byteps.torch.ops import (  # noqa: E402
     declare,
@@ -77,7 +103,13 @@ __all__ = [
     "push_pull_group_async", "poll", "synchronize", "handle_done_callback", "get_pushpull_speed",
     # Horovod names
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async", "allgather_object",
+    "alltoall", "alltoall_async",
+    "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
+    "sparse_allreduce_async", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    *_builds.__all__,  # mpi_built, gloo_built, nccl_built, ..., HorovodInternalError, start/stop_timeline
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "Compression", "Compressor",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",

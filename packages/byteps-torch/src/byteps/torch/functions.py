@@ -118,7 +118,7 @@ def _adopt(optimizer: torch.optim.Optimizer, root: List[Dict[str, Any]]) -> None
             optimizer.state[param] = state
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model: Any = None) -> None:
     """Make every rank's optimizer state and hyperparameters equal to the root's.
 
     Covers state the optimizer creates lazily (on its first step) and
@@ -129,10 +129,19 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
     it is a number) and ``param_groups`` options (lr, momentum, betas, ...)
     are taken from the root. Horovod instead forces state into existence
     with a zero-gradient ``step()``, which can move parameters (weight decay)
-    and advances existing state; this does neither.
+    and advances existing state; this does neither. What that step leaves
+    behind, and scripts come to rely on, is kept: an optimizer with no state
+    yet gets a zero gradient for every parameter that requires one and has
+    none. ``model`` is accepted for Horovod's signature (sparse parameters
+    are broadcast like dense ones).
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state (it is not per parameter)")
+    if not optimizer.state:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if param.requires_grad and param.grad is None:
+                    param.grad = torch.zeros_like(param)
     is_root = rank() == root_rank
     root = broadcast_object(_describe(optimizer) if is_root else None, root_rank,
                             name="broadcast_optimizer_state.layout")

@@ -36,18 +36,17 @@ is the root's tensor. Tensors on a GPU are staged through host copies
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
 from byteps.common import api
-from byteps.common.frontend.checks import check_scale
 from byteps.common.frontend.handle_table import OpTracker
 from byteps.common.frontend.names import TensorNames
 from byteps.common.frontend.process import after_shutdown
 from byteps.common.frontend.reductions import OpSpec, average_of
 from byteps.torch.compression import Compression
-from byteps.torch.tensors import HostTensor, check_tensor, numpy_view, shares_memory
+from byteps.torch.tensors import HostTensor, check_tensor, numpy_view, scaled, shares_memory
 
 __all__ = [
     "declare",
@@ -106,10 +105,7 @@ def submit(tensor: torch.Tensor, spec: OpSpec, inplace: bool, compression: Any =
     name = _names.resolve(spec.family, spec.name)
     what = f"{spec.family}({name!r})"
     check_tensor(tensor, what)
-    check_scale(spec.prescale, spec.postscale, tensor.dtype.is_floating_point, what, tensor.dtype)
-    sent = tensor.detach()
-    if spec.prescale != 1.0:
-        sent = sent * spec.prescale
+    sent = scaled(tensor.detach(), spec.prescale)
     sent, ctx = compression.compress(sent)
     host = HostTensor.of(sent, what)
     key = _key_name(name, host.host)
@@ -129,7 +125,8 @@ def submit(tensor: torch.Tensor, spec: OpSpec, inplace: bool, compression: Any =
         else:
             result, output = host.host, None
         start = time.time()
-        core = api.worker().push_pull_async(host.array, key, spec.average, output, host.dtype)
+        core = api.worker().push_pull_async(host.array, key, spec.average, output, host.dtype,
+                                            members=spec.members, set_id=spec.set_id, root=spec.root)
     except BaseException:
         _names.release(name, token)
         raise
@@ -137,8 +134,7 @@ def submit(tensor: torch.Tensor, spec: OpSpec, inplace: bool, compression: Any =
     def finish() -> torch.Tensor:
         out = result.to(tensor.device) if host.staged else result
         out = compression.decompress(out, ctx)
-        if spec.postscale != 1.0:
-            out = out * spec.postscale
+        out = scaled(out, spec.postscale)
         if not inplace:
             return out
         if not shares_memory(out, tensor):
@@ -147,6 +143,11 @@ def submit(tensor: torch.Tensor, spec: OpSpec, inplace: bool, compression: Any =
         return tensor
 
     return _tracker.track(core, name, token, start, host.array.nbytes, finish)
+
+
+def group_handles(handles: List[int]) -> int:
+    """One handle for several ops' handles (spent); synchronize() returns their results as a list."""
+    return _handles.group(handles)
 
 
 def poll(handle: int) -> bool:

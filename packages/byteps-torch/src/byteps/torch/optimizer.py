@@ -49,10 +49,13 @@ from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Se
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from byteps.common.frontend import Average, check_gradient_op, check_passes, size
+from byteps.common.frontend import Average, check_gradient_op, check_passes
+from byteps.common.frontend.process_sets import global_process_set, rank_view
 from byteps.torch.buckets import Bucket, GradientBuckets
+from byteps.torch.collectives import sparse_allreduce_async
 from byteps.torch.compression import Compression
 from byteps.torch.group_ops import push_pull_group_async
+from byteps.torch.horovod_ops import allreduce_async_
 from byteps.torch.ops import push_pull_async_inplace, synchronize
 
 __all__ = ["DistributedOptimizer"]
@@ -79,8 +82,15 @@ class _DistributedOptimizer:
     """Mixed in front of the wrapped optimizer's class; see :func:`DistributedOptimizer`."""
 
     def _setup_distributed(self, named_parameters: List[Tuple[str, torch.Tensor]], compression: Any,
-                           backward_passes_per_step: int, op: Any, gradient_predivide_factor: float) -> None:
+                           backward_passes_per_step: int, op: Any, gradient_predivide_factor: float,
+                           sparse_as_dense: bool = False, process_set: Any = global_process_set) -> None:
         self._compression = compression
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        # A rank outside the set steps on its own gradients, as in Horovod.
+        included = process_set is None or process_set.included()
+        self._view = rank_view(process_set) if included else None
+        self._sparse: Set[torch.Tensor] = set()   # gradients that were sparse this step (returned sparse)
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
@@ -95,7 +105,7 @@ class _DistributedOptimizer:
         self._hooked: Set[torch.Tensor] = set()
         self._synchronized = False
         self._should_synchronize = True
-        self._communicate = size() > 1   # one worker: nothing to average (as Horovod)
+        self._communicate = included and self._view.size > 1   # one worker: nothing to average (as Horovod)
         self._buckets = GradientBuckets({p: GRADIENT_PREFIX + name for p, name in self._parameter_names.items()},
                                         compression)
         self._plan: Optional[Dict[torch.Tensor, Bucket]] = None   # this step's buckets, once known
@@ -147,7 +157,11 @@ class _DistributedOptimizer:
         servers (bucket names encode their members), not a wrong sum.
         """
         if self._plan is None:
-            self._plan = self._buckets.plan([p for p in self._parameter_names if p in self._hooked and p.requires_grad])
+            if self._view.set_id:   # a process set's gradients go one by one (fusion spans every rank)
+                self._plan = {}
+            else:
+                self._plan = self._buckets.plan([p for p in self._parameter_names
+                                                 if p in self._hooked and p.requires_grad])
         return self._plan
 
     def _prepare(self, p: torch.Tensor) -> Tuple[torch.Tensor, Any, bool, float]:
@@ -157,20 +171,31 @@ class _DistributedOptimizer:
             # requires_grad switched): every rank must submit the same names.
             p.grad = torch.zeros_like(p)
         elif p.grad.is_sparse:
+            # Reduced densely (the same sum), handed back sparse at synchronize.
+            self._sparse.add(p)
             p.grad = p.grad.to_dense()
         grad, average, postscale = p.grad, self.op == Average, 1.0
         if average and self.gradient_predivide_factor != 1.0:
             # Horovod: divide by f before the sum, multiply by f / size after.
             grad = grad / self.gradient_predivide_factor
-            average, postscale = False, self.gradient_predivide_factor / size()
+            average, postscale = False, self.gradient_predivide_factor / self._view.size
         compressed, ctx = self._compression.compress(grad)
         # Non-contiguous gradients (channels_last) go through a contiguous copy.
         buffer = compressed if compressed.is_contiguous() else compressed.contiguous()
         return buffer, ctx, average, postscale
 
     def _start_push_pull(self, p: torch.Tensor) -> None:
+        name = GRADIENT_PREFIX + self._parameter_names[p]
+        if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense:
+            # Horovod's sparse allreduce: indices and values gathered, the sum stays sparse.
+            handle = sparse_allreduce_async(p.grad, name, self.op, self.process_set)
+            self._pending[p] = _PendingGradient(handle, None, 1.0)
+            return
         buffer, ctx, average, postscale = self._prepare(p)
-        handle = push_pull_async_inplace(buffer, average=average, name=GRADIENT_PREFIX + self._parameter_names[p])
+        if self._view.set_id:
+            handle = allreduce_async_(buffer, average=average, name=name, process_set=self.process_set)
+        else:
+            handle = push_pull_async_inplace(buffer, average=average, name=name)
         self._pending[p] = _PendingGradient(handle, ctx, postscale)
 
     def _start_bucket(self, bucket: Bucket) -> None:
@@ -199,12 +224,19 @@ class _DistributedOptimizer:
         pending, self._pending = self._pending, {}
         try:
             for p, item in pending.items():
-                output = self._compression.decompress(synchronize(item.handle), item.ctx)
+                result = synchronize(item.handle)
+                if result.is_sparse:
+                    p.grad = result
+                    continue
+                output = self._compression.decompress(result, item.ctx)
                 if item.postscale != 1.0:
                     output = output * item.postscale
                 if output.data_ptr() != p.grad.data_ptr():
                     p.grad.copy_(output)
+                if p in self._sparse:
+                    p.grad = p.grad.to_sparse()
         finally:
+            self._sparse.clear()
             for p in self._parameter_names:
                 self._passes_left[p] = self.backward_passes_per_step
             self._touched.clear()
@@ -269,7 +301,9 @@ def _named_parameters(optimizer: torch.optim.Optimizer,
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
                          compression: Any = Compression.none, backward_passes_per_step: int = 1,
-                         op: Any = Average, gradient_predivide_factor: float = 1.0) -> torch.optim.Optimizer:
+                         op: Any = Average, gradient_predivide_factor: float = 1.0, groups: Any = None,
+                         sparse_as_dense: bool = False,
+                         process_set: Any = global_process_set) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all workers.
 
     Returns an instance of a subclass of ``optimizer``'s class (so
@@ -296,6 +330,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     BYTEPS_FUSION_THRESHOLD). With one worker
     nothing is communicated, as in Horovod. Wrapping the same parameters
     again moves their hooks to the new optimizer.
+
+    Sparse gradients (``nn.Embedding(sparse=True)``) are reduced as Horovod
+    does: a gradient sent alone by a sparse allreduce (indices and values
+    gathered) unless ``sparse_as_dense``; a fused one, or any with
+    ``sparse_as_dense=True``, densely, then handed back sparse.
+    ``process_set`` averages over that set's ranks only (its gradients are
+    not fused). ``groups`` (Horovod's explicit fusion groups: a number, or
+    lists of parameters) is checked and otherwise left to byteps' own
+    fusion, which groups small gradients by itself (docs/horovod-compatibility.md).
     """
     check_gradient_op(op, gradient_predivide_factor)
     check_passes(backward_passes_per_step)
@@ -308,5 +351,24 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     # Share everything (param groups, state, defaults, hook tables) rather
     # than building a second optimizer: a state loaded before wrapping survives.
     wrapped.__dict__.update(optimizer.__dict__)
-    wrapped._setup_distributed(named, compression, backward_passes_per_step, op, gradient_predivide_factor)
+    _check_groups(groups, optimizer)
+    wrapped._setup_distributed(named, compression, backward_passes_per_step, op, gradient_predivide_factor,
+                               sparse_as_dense, process_set)
     return wrapped
+
+
+def _check_groups(groups: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Horovod's ``groups``: None, a positive number of groups, or lists of the optimizer's parameters."""
+    if groups is None:
+        return
+    if isinstance(groups, int) and not isinstance(groups, bool):
+        if groups < 1:
+            raise ValueError(f"groups must be a positive number of groups, got {groups}")
+        return
+    known = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    try:
+        listed = [p for group in groups for p in group]
+    except TypeError:
+        raise ValueError("groups must be a number or a list of lists of parameters") from None
+    if any(not isinstance(p, torch.Tensor) or id(p) not in known for p in listed):
+        raise ValueError("groups must list parameters of the optimizer")

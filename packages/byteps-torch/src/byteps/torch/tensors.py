@@ -30,7 +30,7 @@ from byteps.common.dtypes import DType
 from byteps.common.frontend.binding import dtype_table
 from byteps.torch import _C
 
-__all__ = ["HostTensor", "TorchStaging", "byteps_dtype", "check_tensor", "numpy_view", "shares_memory"]
+__all__ = ["HostTensor", "TorchStaging", "byteps_dtype", "check_tensor", "numpy_view", "shares_memory", "scaled"]
 
 _DTYPES = dtype_table(lambda name: getattr(torch, name))
 _SUPPORTED = ", ".join(str(dtype) for dtype in _DTYPES)
@@ -69,6 +69,19 @@ def numpy_view(tensor: torch.Tensor, what: str) -> np.ndarray:
     except ValueError as exc:
         raise ValueError(f"{what}: {exc}") from None
     return np.frombuffer(view, dtype=DType(code).storage).reshape(shape)
+
+
+def scaled(tensor: torch.Tensor, factor: float) -> torch.Tensor:
+    """``tensor * factor`` in ``tensor``'s dtype, as Horovod scales: integers in float64, halves in float32.
+
+    The same tensor when ``factor`` is 1; integer results are truncated toward zero.
+    """
+    if factor == 1.0:
+        return tensor
+    if tensor.dtype.is_floating_point and tensor.element_size() >= 4:
+        return tensor * factor
+    wide = torch.float32 if tensor.dtype.is_floating_point else torch.float64
+    return (tensor.to(wide) * factor).to(tensor.dtype)
 
 
 def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -75,13 +75,14 @@ class Staging(Protocol):
 
 def push_pull_group(arrays: Sequence[np.ndarray], names: Sequence[str], average: bool = True,
                     outputs: Optional[Sequence[Optional[np.ndarray]]] = None,
-                    dtypes: Optional[Sequence[DType]] = None) -> List[Handle]:
+                    dtypes: Optional[Sequence[DType]] = None, root: Optional[int] = None) -> List[Handle]:
     """The fused grouped push_pull of host arrays on this process's worker; one core handle per array.
 
     For adapters that stage tensors themselves (TensorFlow's py_function
-    body, MXNet's engine op); ``outputs[i]`` None means in place.
+    body, MXNet's engine op); ``outputs[i]`` None means in place; ``root``
+    marks broadcasts from that rank.
     """
-    return push_pull_group_async(api.worker(), arrays, names, average, outputs, dtypes)
+    return push_pull_group_async(api.worker(), arrays, names, average, outputs, dtypes, root)
 
 
 class _Member(NamedTuple):

@@ -20,11 +20,11 @@ import dataclasses
 import itertools
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, Tuple
+from typing import Any, Callable, Deque, Dict, List, Tuple
 
 from byteps.common.handle import Handle
 
-__all__ = ["PendingOp", "HandleTable", "SpeedMeter", "OpTracker"]
+__all__ = ["PendingOp", "HandleTable", "AllOf", "SpeedMeter", "OpTracker"]
 
 
 @dataclasses.dataclass
@@ -34,6 +34,29 @@ class PendingOp:
     core: Handle
     finish: Callable[[], Any]
     release: Callable[[], None]  # frees the op's name for the next op
+
+
+class AllOf(Handle):
+    """Done when every one of ``parts`` is; fails with the first part's error."""
+
+    def __init__(self, parts: List[Handle]) -> None:
+        super().__init__("+".join(part.name for part in parts) or "(none)", None)
+        self._left = len(parts)
+        self._count_lock = threading.Lock()
+        self._first_error: Any = None
+        if not parts:
+            self.set_done()
+        for part in parts:
+            part.add_done_callback(self._part_done)
+
+    def _part_done(self, part: Handle) -> None:
+        with self._count_lock:
+            if part.error is not None and self._first_error is None:
+                self._first_error = part.error
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self.set_error(self._first_error) if self._first_error is not None else self.set_done()
 
 
 class HandleTable:
@@ -64,6 +87,24 @@ class HandleTable:
     def clear(self) -> None:
         with self._lock:
             self._ops.clear()
+
+    def then(self, handle: int, transform: Callable[[Any], Any]) -> int:
+        """A new handle for the same op whose synchronize() returns ``transform(result)``; ``handle`` is spent."""
+        op = self.get(handle)
+        self.pop(handle)
+        return self.add(PendingOp(op.core, lambda: transform(op.finish()), op.release))
+
+    def group(self, handles: List[int]) -> int:
+        """One handle for several ops (spent): synchronize() waits for all and returns their results, in order."""
+        ops = [self.get(handle) for handle in handles]
+        for handle in handles:
+            self.pop(handle)
+
+        def release() -> None:
+            for op in ops:
+                op.release()
+
+        return self.add(PendingOp(AllOf([op.core for op in ops]), lambda: [op.finish() for op in ops], release))
 
     def poll(self, handle: int) -> bool:
         """True once the op behind ``handle`` has finished (synchronize() will not block)."""

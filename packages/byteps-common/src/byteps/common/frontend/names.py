@@ -3,8 +3,12 @@
 Three rules every adapter follows, kept here once:
 
 * ``name=None`` becomes ``"<op>.noname.<n>"`` from a per-process counter per
-  op family: the same on every rank only if all ranks issue their unnamed
-  ops in the same order.
+  op family, counting modulo :data:`DEFAULT_NAME_WINDOW`: the same on every
+  rank only if all ranks issue their unnamed ops in the same order. Unnamed
+  ops reuse a few names (and so a few byteps tensors per shape), so a
+  script that allreduces an unnamed metric every step keeps server and
+  worker memory flat; an unnamed op whose name is still in flight from
+  :data:`DEFAULT_NAME_WINDOW` unnamed ops ago waits for it.
 * byteps fixes a tensor name's size and dtype at first use, while Horovod
   lets a name be reused with another shape (a smaller last batch, two
   models with the same parameter names). The first layout keeps the name,
@@ -28,7 +32,10 @@ import itertools
 import threading
 from typing import Any, Dict, Hashable, List, Optional
 
-__all__ = ["TensorNames", "check_name"]
+__all__ = ["TensorNames", "check_name", "DEFAULT_NAME_WINDOW"]
+
+#: How many default names each op family cycles through.
+DEFAULT_NAME_WINDOW = 16
 
 
 def check_name(family: str, name: Any) -> str:
@@ -43,15 +50,19 @@ class TensorNames:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._released = threading.Condition(self._lock)
         self._counters: Dict[str, itertools.count] = {}
+        self._defaults: set = set()  # the default names handed out (at most DEFAULT_NAME_WINDOW per family)
         self._layouts: Dict[str, List[Hashable]] = {}
         self._busy: Dict[str, object] = {}  # name -> token of its op in flight
 
     def default(self, family: str) -> str:
-        """The next ``"<family>.noname.<n>"``."""
+        """The next ``"<family>.noname.<n>"``, n counting modulo :data:`DEFAULT_NAME_WINDOW`."""
         with self._lock:
             counter = self._counters.setdefault(family, itertools.count())
-            return f"{family}.noname.{next(counter)}"
+            name = f"{family}.noname.{next(counter) % DEFAULT_NAME_WINDOW}"
+            self._defaults.add(name)
+            return name
 
     def resolve(self, family: str, name: Optional[str]) -> str:
         """The user's name (checked), or the next default name of ``family``."""
@@ -67,8 +78,15 @@ class TensorNames:
         return name if index == 0 else f"{name}#{index}"
 
     def reserve(self, name: str, what: str) -> object:
-        """Mark ``name`` in flight; returns the token that releases it."""
+        """Mark ``name`` in flight; returns the token that releases it.
+
+        A default name still in flight is waited for (its earlier op is
+        ahead in every rank's order, so it finishes); a user's name in
+        flight is an error.
+        """
         with self._lock:
+            if name in self._defaults:
+                self._released.wait_for(lambda: name not in self._busy)
             if name in self._busy:
                 raise ValueError(f"{what}: an op of this name is still in flight; synchronize() its handle "
                                  "before submitting the name again")
@@ -80,9 +98,11 @@ class TensorNames:
         with self._lock:
             if self._busy.get(name) is token:
                 del self._busy[name]
+                self._released.notify_all()
 
     def forget(self) -> None:
-        """Forget layouts and names in flight (at shutdown: a new job starts with fresh tensor ids)."""
+        """Forget names in flight (at shutdown). Layouts stay: a later init() resumes the same worker,
+        whose tensors keep their sizes (see :func:`byteps.common.api.suspend`)."""
         with self._lock:
-            self._layouts.clear()
             self._busy.clear()
+            self._released.notify_all()

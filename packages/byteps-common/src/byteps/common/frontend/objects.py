@@ -23,15 +23,19 @@ from byteps.common.frontend.checks import check_root
 __all__ = ["broadcast_object"]
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:
-    """Return the root's ``obj`` on every rank (pickled; its size goes first).
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None, process_set: Any = None) -> Any:
+    """Return the root's ``obj`` on every rank (of ``process_set``; pickled, its size goes first).
 
     The root gets its own ``obj`` back; the others may pass anything (None).
     Without ``name`` all calls share one name (Horovod uses the type's name,
     which breaks when other ranks pass None).
     """
+    from byteps.common.frontend.process_sets import rank_view
     worker = api.worker()
     check_root(root_rank, worker.size)
+    view = rank_view(process_set)
+    if root_rank not in view.ranks:
+        raise ValueError(f"broadcast_object: root_rank {root_rank} is not in {process_set}")
     name = "broadcast_object" if name is None else f"broadcast_object.{name}"
     is_root = worker.rank == root_rank
     payload, failure = b"", None
@@ -41,7 +45,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -
         except Exception as exc:  # tell the others (size -1) instead of leaving them waiting
             failure = exc
     nbytes = np.array([(-1 if failure else len(payload)) if is_root else 0], dtype=np.int64)
-    worker.push_pull(nbytes, f"{name}.size", average=False)
+    view.push_pull(f"{name}.size", nbytes, root=root_rank)
     size = int(nbytes[0])
     if size < 0:
         if failure is not None:
@@ -53,7 +57,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -
     words = np.zeros(capacity // 8, dtype=np.int64)
     if is_root:
         words.view(np.uint8)[:size] = np.frombuffer(payload, dtype=np.uint8)
-    worker.push_pull(words, f"{name}.{capacity}", average=False)
+    view.push_pull(f"{name}.{capacity}", words, root=root_rank)
     if is_root:
         return obj
     return pickle.loads(words.view(np.uint8)[:size].tobytes())

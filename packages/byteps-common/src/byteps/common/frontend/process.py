@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import atexit
 import time
-from typing import Callable, List
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -47,24 +47,47 @@ def after_shutdown(callback: Callable[[], None]) -> None:
     _after_shutdown.append(callback)
 
 
-def init() -> None:
-    """Join the job that ``bpslaunch`` describes in the environment. Idempotent."""
+def init(comm: Any = None, process_sets: Optional[Sequence[Any]] = None) -> None:
+    r"""Join the job that ``bpslaunch`` describes in the environment. Idempotent.
+
+    ``process_sets`` (:class:`~byteps.common.frontend.process_sets.ProcessSet`\ s)
+    are registered in order, as Horovod's ``init(process_sets=...)`` does.
+    ``comm`` (an MPI communicator or rank list in Horovod) is not supported:
+    byteps has no MPI.
+    """
+    if comm is not None:
+        raise ValueError("init(comm=...): byteps has no MPI; its ranks are the worker processes bpslaunch starts "
+                         "(use process sets for subsets)")
+    from byteps.common.frontend import process_sets as sets
     api.init()
     for callback in _on_init:
         callback()
+    sets.register_initial(process_sets)
 
 
 def shutdown() -> None:
-    """Leave the job (also runs at exit); pending handles become invalid and ops still running fail."""
+    """Stop byteps in this process; a later init() picks up where it left off (Horovod's re-init).
+
+    Pending handles become invalid. The process stays in the job until it
+    exits (or the job's end): see :func:`byteps.common.api.suspend`.
+    """
+    from byteps.common.frontend import process_sets as sets
     for callback in _before_shutdown:
         callback()
-    api.shutdown()
+    api.suspend()
+    sets.reset()
     for callback in _after_shutdown:
         callback()
 
 
+def _leave_at_exit() -> None:
+    if api.is_initialized():
+        shutdown()
+    api.shutdown()
+
+
 # Registered after byteps.common's own exit hook, so it runs before it.
-atexit.register(shutdown)
+atexit.register(_leave_at_exit)
 
 
 def is_initialized() -> bool:
@@ -91,9 +114,14 @@ def local_rank() -> int:
     return api.local_rank()
 
 
-def barrier() -> None:
-    """Block until every worker process has called barrier()."""
-    api.barrier()
+def barrier(process_set: Any = None) -> None:
+    """Block until every rank (of ``process_set``, default all) has called barrier()."""
+    from byteps.common.frontend.process_sets import rank_view
+    view = rank_view(process_set)
+    if view.set_id == 0:
+        api.barrier()
+        return
+    view.push_pull("byteps.barrier", np.ones(1, dtype=np.int32))
 
 
 def join() -> int:

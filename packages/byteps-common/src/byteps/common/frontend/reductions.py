@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "OP_NAMES", "op_name", "average_of",
            "check_gradient_op", "OpSpec"]
@@ -66,6 +66,9 @@ class OpSpec:
     prescale: float = 1.0
     postscale: float = 1.0
     priority: int = 0
+    members: Optional[Tuple[int, ...]] = None  # a process set's ranks; None: every rank
+    set_id: int = 0                            # that process set's id
+    root: Optional[int] = None                 # a broadcast's root rank
 
     def for_gradient(self) -> OpSpec:
         """The same reduction of the gradient, under ``"<name>.grad"``."""

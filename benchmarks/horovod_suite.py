@@ -1,0 +1,168 @@
+"""Run one of Horovod's own test files against a byteps adapter, with only the import changed.
+
+This measures Horovod compatibility as a user would meet it: Horovod's
+``test/parallel/<suite>`` (from a Horovod checkout, e.g. tag v0.28.1) with
+``import horovod.<framework> as hvd`` replaced by ``import byteps.<framework>
+as hvd``, run under ``bpslaunch``. Nothing of Horovod is copied into this
+project: the checkout is read at run time, and the copy is written to a
+temporary directory.
+
+Each test runs as its own ``bpslaunch`` job (``pytest -k`` on the exact
+test), so that one hanging or crashing test cannot take every later test
+with it; a test passes when it passes on every rank. The helper module the
+suites import (``test/utils/common.py``) imports Horovod's runner for one
+thread helper; the copy gets that helper from :mod:`threading` instead.
+
+Usage::
+
+    python benchmarks/horovod_suite.py --horovod /path/to/horovod --suite test_torch.py \\
+        --mode np2 --results /tmp/torch_np2.json
+    python benchmarks/horovod_suite.py ... --mode ps    # --workers 2 --servers 1
+
+It prints one line per test (pass/fail/skip) and a summary; ``--results``
+writes them as JSON for docs/horovod-compatibility.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+MODES = {
+    "np2": ["-np", "2"],
+    "ps": ["--workers", "2", "--servers", "1"],
+}
+IMPORTS = {
+    "test_torch.py": ("horovod.torch", "byteps.torch"),
+    "test_tensorflow.py": ("horovod.tensorflow", "byteps.tensorflow"),
+    "test_tensorflow2_keras.py": ("horovod.tensorflow.keras", "byteps.tensorflow.keras"),
+    "test_keras.py": ("horovod.keras", "byteps.keras"),
+    "test_mxnet1.py": ("horovod.mxnet", "byteps.mxnet"),
+    "test_mxnet2.py": ("horovod.mxnet", "byteps.mxnet"),
+}
+#: Horovod's own helpers some suites import besides the framework module: the same few lines, written here.
+HELPERS = {
+    "from horovod.tensorflow.util import _executing_eagerly":
+        "def _executing_eagerly():\n    import tensorflow\n    return tensorflow.executing_eagerly()",
+    "from horovod.common.util import is_version_greater_equal_than":
+        "def is_version_greater_equal_than(ver, target):\n"
+        "    from packaging import version\n    return version.parse(ver) >= version.parse(target)",
+    "import horovod.keras as hvd_keras": "import byteps.keras as hvd_keras",
+}
+IN_THREAD = '''
+import threading as _threading
+
+
+def in_thread(target, args=(), name=None, daemon=True, silent=False):
+    """Start ``target(*args)`` on a daemon thread (stands in for Horovod's runner helper)."""
+    thread = _threading.Thread(target=target, args=args, name=name, daemon=daemon)
+    thread.start()
+    return thread
+'''
+
+
+def prepare(horovod: pathlib.Path, suite: str, into: pathlib.Path) -> pathlib.Path:
+    """Copy the suite (import changed) and its helper module into ``into``; returns the suite's path."""
+    old, new = IMPORTS[suite]
+    source = (horovod / "test" / "parallel" / suite).read_text()
+    changed = re.sub(rf"^import {re.escape(old)} as hvd$", f"import {new} as hvd", source, flags=re.M)
+    if changed == source:
+        raise SystemExit(f"{suite}: no line 'import {old} as hvd' to change")
+    for line, replacement in HELPERS.items():
+        changed = changed.replace(line, replacement)
+    (into / suite).write_text(changed)
+    for helper in (horovod / "test" / "parallel").glob("base_test_*.py"):
+        text = helper.read_text()
+        for line, replacement in HELPERS.items():
+            text = text.replace(line, replacement)
+        (into / helper.name).write_text(text)
+    common = (horovod / "test" / "utils" / "common.py").read_text()
+    common = common.replace("from horovod.runner.util.threads import in_thread", IN_THREAD)
+    (into / "common.py").write_text(common)
+    return into / suite
+
+
+def collect(python: str, suite_path: pathlib.Path) -> List[str]:
+    out = subprocess.run([python, "-m", "pytest", "--collect-only", "-q", str(suite_path)],
+                         capture_output=True, text=True, cwd=suite_path.parent)
+    ids = [line.split("::")[-1] for line in out.stdout.splitlines() if "::" in line]
+    if not ids:
+        raise SystemExit(f"collected no tests from {suite_path}:\n{out.stdout}\n{out.stderr}")
+    return ids
+
+
+def outcome(report_dir: pathlib.Path, ranks: int) -> str:
+    """pass/skip/fail from each rank's junit report ('fail' if any rank failed or wrote none)."""
+    results = []
+    for rank in range(ranks):
+        path = report_dir / f"rank{rank}.xml"
+        if not path.exists():
+            return "fail"
+        text = path.read_text()
+        if "<failure" in text or "<error" in text:
+            results.append("fail")
+        elif "<skipped" in text:
+            results.append("skip")
+        else:
+            results.append("pass")
+    if "fail" in results:
+        return "fail"
+    return "skip" if "skip" in results else "pass"
+
+
+def run_test(python: str, suite_path: pathlib.Path, test: str, mode: str, timeout_s: float) -> Dict:
+    report_dir = pathlib.Path(tempfile.mkdtemp(prefix="hvd-report-"))
+    pytest = (f"{python} -m pytest -q -x -p no:cacheprovider {suite_path.name} -k '{test} and not {test}_' "
+              f"--junitxml={report_dir}/rank$HOROVOD_RANK.xml")
+    command = [python, "-m", "byteps.launcher", *MODES[mode], "--", "sh", "-c", pytest]
+    start = time.monotonic()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, cwd=suite_path.parent, timeout=timeout_s)
+        log, rc = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        log, rc = f"timed out after {timeout_s:g} s\n{exc.stdout or ''}{exc.stderr or ''}", -1
+    result = outcome(report_dir, 2) if rc in (0, 1) else "fail"
+    shutil.rmtree(report_dir, ignore_errors=True)
+    reason = ""
+    if result == "fail":
+        errors = [line for line in log.splitlines() if re.search(r"Error|assert|timed out|Exception", line)]
+        reason = (errors[-1] if errors else log.strip().splitlines()[-1] if log.strip() else f"exit {rc}")[:300]
+    return {"test": test, "result": result, "seconds": round(time.monotonic() - start, 1), "reason": reason}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--horovod", type=pathlib.Path, required=True, help="a Horovod checkout (e.g. tag v0.28.1)")
+    parser.add_argument("--suite", default="test_torch.py", choices=sorted(IMPORTS))
+    parser.add_argument("--mode", default="np2", choices=sorted(MODES))
+    parser.add_argument("-k", dest="only", default=None, help="run only tests whose name contains this")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per test job")
+    parser.add_argument("--results", type=pathlib.Path, default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="hvd-suite-") as work:
+        suite_path = prepare(args.horovod, args.suite, pathlib.Path(work))
+        tests = [t for t in collect(sys.executable, suite_path) if args.only is None or args.only in t]
+        results = []
+        for test in tests:
+            result = run_test(sys.executable, suite_path, test, args.mode, args.timeout)
+            results.append(result)
+            print(f"{result['result']:4}  {test}  ({result['seconds']} s)  {result['reason']}", flush=True)
+    counts = {kind: sum(r["result"] == kind for r in results) for kind in ("pass", "fail", "skip")}
+    print(f"{args.suite} {args.mode}: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped "
+          f"of {len(results)}")
+    if args.results:
+        args.results.write_text(json.dumps({"suite": args.suite, "mode": args.mode, "counts": counts,
+                                            "tests": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Horovod's ``grouped_allreduce`` for TensorFlow: several tensors reduced as one group.
+
+Over every rank, the tensors go as one grouped push_pull (small ones fused,
+see :mod:`byteps.tensorflow.reduction`); with ``op=Min/Max/Product`` or a
+process set, one op each. Differentiable (by Average and Sum), eager or in
+``tf.function``::
+
+    a, b = bps.grouped_allreduce([tf.ones(3), tf.ones([2, 2])], op=bps.Sum)
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+import tensorflow as tf
+
+from byteps.common.frontend.process_sets import rank_view
+from byteps.common.frontend.reductions import Max, Min, Product, average_of
+from byteps.tensorflow.compression import Compression
+from byteps.tensorflow.ops import allreduce, resolve_name
+from byteps.tensorflow.tensors import byteps_dtype
+
+__all__ = ["grouped_allreduce"]
+
+
+def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None, device_dense: str = "",
+                      device_sparse: str = "", compression: Any = Compression.none, op: Optional[int] = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0, name: Optional[str] = None,
+                      process_set: Any = None, ignore_name_scope: bool = False) -> List[tf.Tensor]:
+    """:func:`byteps.tensorflow.allreduce` of each tensor, as one group where byteps can fuse them."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    base = resolve_name("grouped_allreduce", name, tensors[0])
+    names = [f"{base}.{i}" for i in range(len(tensors))]
+    fusable = (op not in (Min, Max, Product) and rank_view(process_set).set_id == 0 and prescale_factor == 1.0
+               and postscale_factor == 1.0 and compression is Compression.none
+               and all(_reduced_as_is(t) for t in tensors))
+    if not fusable:
+        return [allreduce(t, average, compression=compression, op=op, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor, name=n, process_set=process_set)
+                for t, n in zip(tensors, names)]
+    from byteps.tensorflow.ops import _differentiable_group
+    return _differentiable_group(tensors, names, average_of(op, average))
+
+
+def _reduced_as_is(tensor: tf.Tensor) -> bool:
+    try:
+        byteps_dtype(tensor.dtype, "")
+    except ValueError:
+        return False
+    return True

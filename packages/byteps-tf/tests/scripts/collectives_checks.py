@@ -1,0 +1,146 @@
+"""Worker script: Horovod's collectives beyond allreduce in byteps.tensorflow (allgather of any dtype,
+alltoall, reducescatter, grouped allreduce, Min/Max/Product, narrow integers, objects, process sets,
+mismatches as FailedPreconditionError), eagerly and inside tf.function, checked by every rank.
+
+Run under bpslaunch with 2 ranks. Prints ``OK <check>`` per check and ``ALL OK <n>``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+from check_runner import Checks, assert_equal, expect_error
+
+import byteps.tensorflow as bps
+
+checks = Checks()
+
+
+def allgather_any_dtype():
+    n, r = bps.size(), bps.rank()
+    for dtype in (tf.uint8, tf.int8, tf.int16, tf.bool, tf.float16, tf.bfloat16, tf.float64, tf.int64):
+        mine = tf.cast(tf.fill([r + 1, 2], r % 2 if dtype == tf.bool else r + 1), dtype)
+        got = bps.allgather(mine, name=f"ag.{dtype.name}")
+        want = tf.concat([tf.cast(tf.fill([k + 1, 2], k % 2 if dtype == tf.bool else k + 1), dtype)
+                          for k in range(n)], axis=0)
+        assert got.dtype == dtype, got.dtype
+        assert_equal(got, want, f"allgather {dtype.name}")
+    assert bps.allgather_object({"rank": r}) == [{"rank": k} for k in range(n)]
+    parts = bps.grouped_allgather([tf.fill([1], r), tf.fill([r + 1], 1.0)], name="ag.grouped")
+    assert_equal(parts[0], tf.range(n), "grouped allgather")
+
+
+def alltoall_and_reducescatter():
+    n, r = bps.size(), bps.rank()
+    send = tf.concat([tf.fill([k + 1, 2], float(10 * r + k)) for k in range(n)], axis=0)
+    got, received = bps.alltoall(send, splits=[k + 1 for k in range(n)], name="a2a")
+    assert_equal(received, tf.fill([n], r + 1), "received splits")
+    assert_equal(got, tf.concat([tf.fill([r + 1, 2], float(10 * k + r)) for k in range(n)], axis=0), "alltoall")
+    rows = 2 * n + 1
+    x = tf.reshape(tf.range(rows * 3) + r, [rows, 3])
+    counts = [rows // n + (1 if k < rows % n else 0) for k in range(n)]
+    first = sum(counts[:r])
+    total = sum(tf.reshape(tf.range(rows * 3) + k, [rows, 3]) for k in range(n))
+    assert_equal(bps.reducescatter(x, op=bps.Sum, name="rs"), total[first:first + counts[r]], "reducescatter")
+    scaled = bps.reducescatter(tf.ones([2 * n]), name="rs.avg", prescale_factor=4.0, postscale_factor=0.5)
+    assert_equal(scaled, tf.fill([2], 2.0), "reducescatter average with scaling")
+    expect_error(NotImplementedError, "Average or Sum", lambda: bps.reducescatter(tf.ones([n]), op=bps.Max))
+
+
+def ops_and_dtypes():
+    n, r = bps.size(), bps.rank()
+    x = tf.constant([float(r), -float(r), 2.0])
+    assert_equal(bps.allreduce(x, op=bps.Min, name="min"), tf.constant([0.0, -(n - 1.0), 2.0]), "Min")
+    assert_equal(bps.allreduce(x, op=bps.Max, name="max"), tf.constant([n - 1.0, 0.0, 2.0]), "Max")
+    assert_equal(bps.allreduce(x + 1, op=bps.Product, name="prod"),
+                 tf.constant([float(np.prod(np.arange(1, n + 1))), float(np.prod(1.0 - np.arange(n))), 3.0 ** n]),
+                 "Product")
+    narrow = bps.allreduce(tf.constant([100, 1], dtype=tf.int8), op=bps.Sum, name="int8")
+    assert_equal(narrow, tf.constant(np.array([100 * n, n]).astype(np.int8)), "int8 sum wraps like int8")
+    ints = bps.allreduce(tf.constant([3, 5]), op=bps.Sum, prescale_factor=0.5, name="int.scale")
+    assert_equal(ints, tf.constant([n, 2 * n]), "integer prescale truncates")
+    a, b = bps.grouped_allreduce([tf.ones(2), tf.ones([2, 2])], op=bps.Sum, name="grouped")
+    assert_equal(a, tf.fill([2], float(n)), "grouped a")
+    assert_equal(b, tf.fill([2, 2], float(n)), "grouped b")
+
+
+def inside_tf_function():
+    n, r = bps.size(), bps.rank()
+
+    @tf.function
+    def step(x):
+        return (bps.alltoall(x, name="f.a2a"), bps.allreduce(x, op=bps.Min, name="f.min"),
+                bps.reducescatter(x, op=bps.Sum, name="f.rs"), bps.allgather(x, name="f.ag"))
+
+    for i in range(2):
+        x = tf.range(2 * n, dtype=tf.float32) + r + i
+        a2a, smallest, scattered, gathered = step(x)
+        assert_equal(smallest, tf.range(2 * n, dtype=tf.float32) + i, "tf.function Min")
+        assert_equal(scattered, tf.constant([2.0 * r + j for j in range(2)]) * n + sum(range(n)) + n * i,
+                     "tf.function reducescatter")
+        assert gathered.shape == (2 * n * n,) and a2a.shape == (2 * n,)
+
+
+def gradients():
+    n = bps.size()
+    x = tf.ones([n * 2, 2])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = bps.alltoall(x, name="grad.a2a")
+        loss = tf.reduce_sum(y * 3.0)
+    assert_equal(tape.gradient(loss, x), tf.fill([n * 2, 2], 3.0), "alltoall gradient")
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        a, b = bps.grouped_allreduce([x, x * 2.0], op=bps.Sum, name="grad.grouped")
+        loss = tf.reduce_sum(a) + tf.reduce_sum(b)
+    assert_equal(tape.gradient(loss, x), tf.fill([n * 2, 2], 3.0 * n), "grouped allreduce gradient")
+
+
+def process_sets():
+    n, r = bps.size(), bps.rank()
+    sets = [bps.add_process_set([k]) for k in range(n)]   # every rank adds the same sets in the same order
+    mine = sets[r]                                          # a set of one: nothing waits for the other ranks
+    assert_equal(bps.allreduce(tf.fill([2], float(r)), op=bps.Sum, name="ps", process_set=mine),
+                 tf.fill([2], float(r)), "set allreduce")
+    assert_equal(bps.allgather(tf.fill([1], r), name="ps.ag", process_set=mine), tf.fill([1], r), "set allgather")
+    assert_equal(bps.broadcast(tf.fill([1], float(r)), r, name="ps.bc", process_set=mine), tf.fill([1], float(r)),
+                 "set broadcast")
+    bps.barrier(process_set=mine)
+    other = sets[(r + 1) % n]
+    expect_error(ValueError, "is not in", lambda: bps.allreduce(tf.ones(1), name="x", process_set=other))
+    expect_error(ValueError, "exists already", lambda: bps.add_process_set([r]))
+    for process_set in sets:
+        assert bps.remove_process_set(process_set)
+    bps.barrier()
+
+
+def mismatches():
+    r = bps.rank()
+    text = expect_error(tf.errors.FailedPreconditionError, "shape after the first dimension",
+                        lambda: bps.allgather(tf.ones([2, 3 + r]), name="bad.cols"))
+    assert "rank 0 has (3,)" in text and "rank 1 has (4,)" in text, text
+    expect_error(bps.PushPullError, "broadcasts from rank",
+                 lambda: bps.broadcast(tf.ones(3), root_rank=r, name="bad.root"))
+    bps.barrier()
+
+
+def build_flags():
+    assert not any(f() for f in (bps.mpi_built, bps.gloo_built, bps.nccl_built, bps.cuda_built))
+
+
+def main():
+    bps.init()
+    checks.run("allgather of any dtype, objects, grouped", allgather_any_dtype)
+    checks.run("alltoall and reducescatter", alltoall_and_reducescatter)
+    checks.run("Min/Max/Product, narrow integers, integer scaling, grouped allreduce", ops_and_dtypes)
+    checks.run("inside tf.function", inside_tf_function)
+    checks.run("gradients", gradients)
+    checks.run("process sets", process_sets)
+    checks.run("mismatches", mismatches)
+    checks.run("build flags", build_flags)
+    bps.shutdown()
+    checks.done()
+
+
+if __name__ == "__main__":
+    main()
