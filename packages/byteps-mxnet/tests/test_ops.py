@@ -124,3 +124,10 @@ def test_public_api_is_complete():
                    "byteps_push_pull", "allreduce", "allreduce_", "broadcast", "broadcast_", "broadcast_parameters",
                    "DistributedOptimizer", "DistributedTrainer", "Compression"]
     assert set(issue_names) <= set(bps.__all__)
+
+
+@pytest.mark.parametrize("layout", JOB_LAYOUTS)
+def test_collectives_under_bpslaunch(layout):
+    """allgather, alltoall, reducescatter, Min/Max/Product, objects, process sets and join (collectives_checks.py)."""
+    result = launch_mxnet_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "collectives_checks.py"))
+    assert_all_ok(result, checks=5)

@@ -57,4 +57,4 @@ def test_keras_under_bpslaunch(tmp_path):
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
 def test_collectives_under_bpslaunch(layout):
     result = launch_tf_job(JOB_LAYOUTS[layout], f"{SCRIPTS}/collectives_checks.py")
-    assert_all_ok(result, checks=8)
+    assert_all_ok(result, checks=9)

@@ -128,6 +128,18 @@ def build_flags():
     assert not any(f() for f in (bps.mpi_built, bps.gloo_built, bps.nccl_built, bps.cuda_built))
 
 
+def uneven_join():
+    """Rank r runs 2 + r steps; a joined rank counts as zeros; then every rank agrees on a new tensor."""
+    r, n = bps.rank(), bps.size()
+    for step in range(2 + r):
+        y = bps.allreduce(tf.fill([3], float(r + 1)), op=bps.Sum, name="uneven")
+        assert_equal(y, tf.fill([3], float(sum(k + 1 for k in range(n) if 2 + k > step))), f"step {step}")
+        bps.allreduce(tf.ones([2]), op=bps.Sum)   # unnamed: counters differ until the join
+    assert bps.join() == n - 1
+    y = bps.allreduce(tf.fill([2], float(r)), op=bps.Sum)
+    assert_equal(y, tf.fill([2], float(sum(range(n)))), "unnamed allreduce after join")
+
+
 def main():
     bps.init()
     checks.run("allgather of any dtype, objects, grouped", allgather_any_dtype)
@@ -138,6 +150,7 @@ def main():
     checks.run("process sets", process_sets)
     checks.run("mismatches", mismatches)
     checks.run("build flags", build_flags)
+    checks.run("join with uneven data", uneven_join)
     bps.shutdown()
     checks.done()
 

@@ -32,7 +32,7 @@ def value(shape, dtype, r):
 def expected(shape, dtype, average):
     total = sum(value(shape, torch.float64 if dtype.is_floating_point else torch.int64, r) for r in range(bps.size()))
     if average:
-        total = total / bps.size() if dtype.is_floating_point else torch.div(total, bps.size(), rounding_mode="floor")
+        total = total / bps.size() if dtype.is_floating_point else torch.div(total, bps.size(), rounding_mode="trunc")
     return total.to(dtype)
 
 

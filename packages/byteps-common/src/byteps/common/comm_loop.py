@@ -31,7 +31,7 @@ from byteps.common.server_exchange import ServerExchange
 from byteps.transport import Command, Context, NodeFailure, Poller, SchedulerClient, TransportError, command_name
 from byteps.transport.rendezvous import BARRIER_WORKERS
 
-__all__ = ["PushPullTask", "BarrierRequest", "CommLoop", "CommOptions"]
+__all__ = ["PushPullTask", "BarrierRequest", "JoinRequest", "CommLoop", "CommOptions"]
 
 log = logging.getLogger("byteps.common.comm_loop")
 
@@ -67,6 +67,20 @@ class BarrierRequest:
         self.done.set()
 
 
+@dataclasses.dataclass
+class JoinRequest(BarrierRequest):
+    """hvd.join(): once this worker's tasks are done, tell the servers or local peers, then a barrier.
+
+    Done when the barrier is released (``last``: the rank whose arrival
+    released it) and, with local peers, when every peer's LOCAL_JOINED is
+    in (so every round started before the join is complete here).
+    """
+
+    started: bool = False
+    released: bool = False
+    last: int = -1
+
+
 @dataclasses.dataclass(frozen=True)
 class CommOptions:
     """What the comm thread needs to know about the job (from Config and the address book)."""
@@ -81,6 +95,7 @@ class CommOptions:
     local_size: int = 1
     secret: Optional[bytes] = dataclasses.field(default=None, repr=False)  # authenticates local ranks too
     handshake_timeout_s: float = 120.0
+    partition_bytes: int = 4096000  # BYTEPS_PARTITION_BYTES (a joined local root re-cuts partitions with it)
 
 
 class CommLoop(threading.Thread):
@@ -110,12 +125,13 @@ class CommLoop(threading.Thread):
         if options.local_size > 1:
             self.local = LocalGroup(context, options.job_id, options.machine, options.local_rank,
                                     options.local_size, proceed, self._fail_task, options.secret,
-                                    options.handshake_timeout_s)
+                                    options.handshake_timeout_s, options.partition_bytes)
             self.dispatcher.register(Stage.COPY_IN, self.local.copy_in)
             self.dispatcher.register(Stage.LOCAL_REDUCE, self.local.local_reduce)
             self.dispatcher.register(Stage.LOCAL_BROADCAST, self.local.local_broadcast)
         self.scheduler = scheduler
         self._barriers: List[BarrierRequest] = []  # sent, waiting for BARRIER_RELEASE
+        self._join: Optional[JoinRequest] = None  # a join in progress
         self._tasks: queue.SimpleQueue[Union[PushPullTask, BarrierRequest, None]] = queue.SimpleQueue()
         self._wake_read, self._wake_write = os.pipe()
         self._active: Dict[int, PushPullTask] = {}  # id(task) -> task, started and not finished
@@ -147,6 +163,19 @@ class CommLoop(threading.Thread):
             raise TransportError(f"barrier: the other workers did not arrive within {timeout_s:g} s")
         if request.error is not None:
             raise request.error
+
+    def join_job(self) -> int:
+        """hvd.join(): block until every worker joined, serving the others' rounds with zeros meanwhile;
+        returns the rank whose join completed the barrier (the last to join)."""
+        request = JoinRequest()
+        if self._fatal is not None or not self.is_alive():
+            raise self._fatal or TransportError("the worker's communication thread is not running")
+        self._enqueue(request)
+        while not request.done.wait(1.0):  # as long as the others train: a dead node fails it
+            pass
+        if request.error is not None:
+            raise request.error
+        return request.last
 
     def _enqueue(self, item: Union[PushPullTask, BarrierRequest]) -> None:
         self._tasks.put(item)
@@ -200,6 +229,7 @@ class CommLoop(threading.Thread):
                         self._receive_from_scheduler()
                     elif ready is inbox:
                         self.local.receive()
+                        self._maybe_finish_join()
                     else:
                         self.exchange.receive(ready)
         except NodeFailure as exc:
@@ -214,7 +244,12 @@ class CommLoop(threading.Thread):
     def _receive_from_scheduler(self) -> None:
         message = self.scheduler.recv()  # raises NodeFailure when the scheduler reports a dead node
         if message.header.command == Command.BARRIER_RELEASE and self._barriers:
-            self._barriers.pop(0).done.set()
+            request = self._barriers.pop(0)
+            if isinstance(request, JoinRequest):
+                request.released, request.last = True, message.header.key
+                self._maybe_finish_join()
+            else:
+                request.done.set()
         elif message.header.command != Command.HEARTBEAT:
             log.error("unexpected %s from the scheduler", command_name(message.header.command))
 
@@ -227,7 +262,10 @@ class CommLoop(threading.Thread):
             if task is None:
                 self._stopping = True
                 return
-            if isinstance(task, BarrierRequest):
+            if isinstance(task, JoinRequest):
+                self._join = task
+                self._maybe_start_join()
+            elif isinstance(task, BarrierRequest):
                 self.scheduler.connection.send(Command.BARRIER, self.rank, aux=BARRIER_WORKERS)
                 self._barriers.append(task)
             else:
@@ -251,6 +289,30 @@ class CommLoop(threading.Thread):
         task.network_partitions = sum(Stage.PUSH in route for route in routes)
         for part, route in zip(parts, routes):
             self.dispatcher.proceed(PartitionTrip(task, part, route))
+
+    # --- join -------------------------------------------------------------------------------
+    def _maybe_start_join(self) -> None:
+        """Start a requested join once this worker's own tasks are all done: its JOIN (to the servers)
+        or LOCAL_JOINED (to its peers) must follow its last push or LOCAL_READY."""
+        request = self._join
+        if request is None or request.started or self._active or self._fatal is not None:
+            return
+        request.started = True
+        if self.local is not None:
+            self.local.join()
+        if self.exchange is not None:
+            self.exchange.send_join()
+        self.scheduler.connection.send(Command.BARRIER, self.rank, aux=BARRIER_WORKERS)
+        self._barriers.append(request)
+
+    def _maybe_finish_join(self) -> None:
+        request = self._join
+        if request is None or not request.released or (self.local is not None and not self.local.all_joined):
+            return
+        if self.local is not None:
+            self.local.end_join()
+        self._join = None
+        request.done.set()
 
     def _local_members(self, task: PushPullTask) -> Tuple[int, ...]:
         """The local ranks of this machine that take part in ``task``."""
@@ -279,6 +341,7 @@ class CommLoop(threading.Thread):
         if task.remaining == 0:
             self._active.pop(id(task), None)
             task.handle.set_done()
+            self._maybe_start_join()
 
     # --- failures -------------------------------------------------------------------
     def _fail_key(self, key: int, round_: int, error: BaseException) -> None:
@@ -310,6 +373,7 @@ class CommLoop(threading.Thread):
             if tell_peers:
                 self.local.tell_peers(task, error)
         task.handle.set_error(error)
+        self._maybe_start_join()
 
     def _fail_all(self, error: BaseException) -> None:
         if self._fatal is None:
@@ -319,6 +383,9 @@ class CommLoop(threading.Thread):
         for barrier in self._barriers:
             barrier.fail(error)
         self._barriers.clear()
+        if self._join is not None:
+            self._join.fail(error)
+            self._join = None
         while True:
             try:
                 task = self._tasks.get_nowait()

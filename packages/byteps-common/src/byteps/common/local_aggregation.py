@@ -25,18 +25,27 @@ Control messages go through :class:`~byteps.common.local_channel.LocalChannel`
 (authenticated with the job secret). A failure on one local rank (a size
 or dtype that differs, an error from a server) is sent to the others as
 ERROR, so every rank fails the push_pull instead of waiting.
+
+Join (Horovod's ``hvd.join()``, on a machine without servers): a rank out
+of data sends LOCAL_JOINED after its last LOCAL_READY. A root then counts
+a joined rank missing from a round as zeros, and a joined rank that roots
+a partition sums the others' slots for rounds it never started (its own
+contribution zero) and answers LOCAL_DONE. A LOCAL_READY from a rank that
+joined comes after every rank joined (join returns only then): such a
+round is a new one and waits for everybody.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
 from byteps.common import kernels
+from byteps.common.dtypes import DType
 from byteps.common.local_channel import LocalChannel
-from byteps.common.partition import PARTITION_INDEX_BITS, Partition
+from byteps.common.partition import MAX_PARTITIONS, PARTITION_INDEX_BITS, Partition, PartitionPlan
 from byteps.common.route import PartitionTrip
 from byteps.common.shared_segment import SharedSegment, segment_name
 from byteps.common.tensor_description import MISMATCH_ADVICE, TensorDescription, describe_op, dtype_name
@@ -93,7 +102,7 @@ class LocalGroup:
 
     def __init__(self, context: Context, job_id: str, machine: int, local_rank: int, local_size: int,
                  proceed: Callable[[PartitionTrip], None], fail_task: Callable,
-                 secret: Optional[bytes] = None, timeout_s: float = 120.0) -> None:
+                 secret: Optional[bytes] = None, timeout_s: float = 120.0, partition_bytes: int = 4096000) -> None:
         self.job_id, self.machine = job_id, machine
         self.local_rank, self.local_size = local_rank, local_size
         self.global_rank = machine * local_size + local_rank
@@ -106,6 +115,13 @@ class LocalGroup:
         self._ready: Dict[Tuple[int, int], List[_Ready]] = {}
         # (key, round) -> the trip this process waits on, as root (for READY) or not (for DONE)
         self._waiting: Dict[Tuple[int, int], PartitionTrip] = {}
+        # join: the local ranks that joined (this one included once it did), and the rounds started after
+        # every rank joined (a joined rank sent a LOCAL_READY for them), in which nobody counts as zeros
+        self.partition_bytes = partition_bytes
+        self.joining = False
+        self._joined: Set[int] = set()
+        self._after_join: Set[Tuple[int, int]] = set()
+        self._sizes: Dict[int, int] = {}  # tensor id -> nbytes, from first-round descriptions
 
     @property
     def inbox(self):
@@ -138,16 +154,17 @@ class LocalGroup:
         return True
 
     def _segment_for(self, task) -> _TensorSegment:
-        tensor_id = task.plan.tensor_id
+        return self._segment_of(task.plan.tensor_id, task.plan.nbytes, f"push_pull({task.name!r})")
+
+    def _segment_of(self, tensor_id: int, nbytes: int, what: str) -> _TensorSegment:
         segment = self._segments.get(tensor_id)
-        if segment is not None and segment.nbytes != task.plan.nbytes:
-            raise ValueError(
-                f"push_pull({task.name!r}): {task.plan.nbytes} bytes, but earlier rounds had {segment.nbytes}; "
-                "a tensor keeps its size for the whole job")
+        if segment is not None and segment.nbytes != nbytes:
+            raise ValueError(f"{what}: {nbytes} bytes, but earlier rounds had {segment.nbytes}; "
+                             "a tensor keeps its size for the whole job")
         if segment is None:
             name = segment_name(self.job_id, self.machine, tensor_id)
-            shared = SharedSegment.open_or_create(name, self.local_size * _slot_bytes(task.plan.nbytes))
-            segment = self._segments[tensor_id] = _TensorSegment(shared, task.plan.nbytes)
+            shared = SharedSegment.open_or_create(name, self.local_size * _slot_bytes(nbytes))
+            segment = self._segments[tensor_id] = _TensorSegment(shared, nbytes)
         return segment
 
     # --- the stages ----------------------------------------------------------------------
@@ -191,6 +208,10 @@ class LocalGroup:
         if header.command == Command.LOCAL_READY:
             about = TensorDescription.from_json(parse_json_payload(message.payload)) \
                 if message.payload is not None else None
+            if about is not None:
+                self._sizes[header.key >> PARTITION_INDEX_BITS] = about.nbytes
+            if header.sender in self._joined:
+                self._after_join.add(entry)
             self._ready.setdefault(entry, []).append(
                 _Ready(header.sender, header.aux, header.dtype, header.flags, about))
             self._maybe_reduce(entry)
@@ -203,17 +224,31 @@ class LocalGroup:
             text = bytes(message.payload).decode(errors="replace") if message.payload is not None else "(no text)"
             error = TransportError(f"local rank {header.sender}: {text}")
             self._peer_failed(header.key >> PARTITION_INDEX_BITS, header.round, error)
+        elif header.command == Command.LOCAL_JOINED:
+            self._joined.add(header.sender)
+            self._revisit()
         else:
             log.error("unexpected %s from local rank %d", command_name(header.command), header.sender)
 
     def _maybe_reduce(self, entry: Tuple[int, int]) -> None:
         trip = self._waiting.get(entry)
         ready = self._ready.get(entry, [])
-        if trip is None or len(ready) < len(self.members_of(trip.task)) - 1:
+        if trip is None:
+            if self.joining and ready:
+                self._sum_for_joined(entry)
+            return
+        task, part = trip.task, trip.part
+        members = self.members_of(task)
+        if self.root_of(task.plan.tensor_id, part, members) != self.local_rank:
+            return  # this rank waits for the root's LOCAL_DONE
+        absent = self._absent(entry, members, ready)
+        if absent is None:
             return
         del self._waiting[entry]
-        task, part = trip.task, trip.part
-        del self._ready[entry]
+        self._ready.pop(entry, None)
+        if absent and task.tag:
+            self._fail_task(task, RuntimeError(_joined_text(task.name, absent)), True)
+            return
         dtype, flags = int(task.source.dtype), _flags(task)
         for peer in ready:
             if peer.about is not None:  # first round only
@@ -235,11 +270,83 @@ class LocalGroup:
         slot[:] = trip.data
         for peer in ready:
             kernels.sum_into(slot, segment.slot(peer.rank, part), task.source.dtype)
-        if task.round == 0 and part.index == 0:
+        if task.round == 0 and part.index == 0 and not absent:
             # Every local rank has mapped the segment (they wrote into it): the name can go.
+            # (A rank that joined before mapping it opens it later: the name stays until close().)
             segment.segment.unlink()
         trip.data = slot
         self._proceed(trip)
+
+    # --- join -------------------------------------------------------------------------
+    def join(self) -> None:
+        """This rank joined (after its last LOCAL_READY): tell the others, sum as zeros from now on."""
+        self.joining = True
+        self._joined.add(self.local_rank)
+        for rank in range(self.local_size):
+            if rank != self.local_rank:
+                self.channel.send(rank, Command.LOCAL_JOINED, 0, 0)
+        self._revisit()
+
+    @property
+    def all_joined(self) -> bool:
+        """Every local rank's LOCAL_JOINED is in, so every round started before it is complete."""
+        return len(self._joined) == self.local_size
+
+    def end_join(self) -> None:
+        self.joining = False
+        self._joined.clear()
+        self._after_join.clear()
+
+    def _revisit(self) -> None:
+        """Rounds that waited for a rank that has joined since: complete them with its zeros."""
+        for entry in list(self._waiting):
+            self._maybe_reduce(entry)
+        for entry in list(self._ready):
+            if entry not in self._waiting:
+                self._maybe_reduce(entry)
+
+    def _absent(self, entry: Tuple[int, int], members: Sequence[int], ready: List[_Ready]) -> Optional[tuple]:
+        """The members counted as zeros in ``entry`` (joined ranks that sent nothing), or None to wait on."""
+        have = {peer.rank for peer in ready}
+        have.add(self.local_rank)
+        missing = tuple(rank for rank in members if rank not in have)
+        if missing and (entry in self._after_join or any(rank not in self._joined for rank in missing)):
+            return None
+        return missing
+
+    def _sum_for_joined(self, entry: Tuple[int, int]) -> None:
+        """A round this joined rank never started, of a partition it roots: the others' sum, then LOCAL_DONE."""
+        ready = self._ready[entry]
+        if entry in self._after_join or self._absent(entry, range(self.local_size), ready) is None:
+            return
+        del self._ready[entry]
+        key, round_ = entry
+        tensor_id, index = key >> PARTITION_INDEX_BITS, key & (MAX_PARTITIONS - 1)
+        first = ready[0]
+        segment = self._segments.get(tensor_id)
+        nbytes = segment.nbytes if segment is not None else self._sizes.get(tensor_id)
+        text = None
+        if any((peer.nbytes, peer.dtype, peer.flags) != (first.nbytes, first.dtype, first.flags) for peer in ready):
+            text = (f"tensor id {tensor_id} partition {index} round {round_}: local ranks disagree "
+                    f"({', '.join(f'{p.rank}: {_describe(p.nbytes, p.dtype, p.flags)}' for p in ready)})")
+        elif first.flags >> 1:
+            text = _joined_text(f"tensor id {tensor_id}", (self.local_rank,))
+        elif nbytes is None:
+            text = (f"tensor id {tensor_id}: local rank {self.local_rank} joined before the tensor's first round "
+                    "reached it, and cannot sum it")
+        if text is not None:
+            for peer in ready:
+                self.channel.send(peer.rank, Command.ERROR, key, round_, payload=text.encode())
+            return
+        dtype = DType(first.dtype)
+        segment = self._segment_of(tensor_id, nbytes, f"tensor id {tensor_id}")
+        part = PartitionPlan.build(tensor_id, nbytes, dtype.itemsize, self.partition_bytes, 1).partitions[index]
+        slot = segment.slot(self.local_rank, part)
+        slot[:] = 0
+        for peer in ready:
+            kernels.sum_into(slot, segment.slot(peer.rank, part), dtype)
+        for peer in ready:
+            self.channel.send(peer.rank, Command.LOCAL_DONE, key, round_, part.nbytes, first.dtype)
 
     # --- failures ----------------------------------------------------------------------
     def _peer_failed(self, tensor_id: int, round_: int, error: BaseException) -> None:
@@ -275,6 +382,11 @@ def _flags(task) -> int:
     """FLAG_AVERAGE, and the task's tag in the other 7 bits (a broadcast's root, modulo 127, plus 1)."""
     tag = (task.tag - 1) % 127 + 1 if task.tag else 0
     return (FLAG_AVERAGE if task.average_over else 0) | tag << 1
+
+
+def _joined_text(what: str, joined: Sequence[int]) -> str:
+    return (f"{what}: local rank(s) {', '.join(map(str, joined))} joined (hvd.join()); only allreduces count "
+            "a joined rank as zeros: allgather, broadcast and the other collectives need every rank")
 
 
 def _description(task, rank: int) -> TensorDescription:

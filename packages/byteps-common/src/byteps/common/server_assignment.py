@@ -33,9 +33,9 @@ Example::
 from __future__ import annotations
 
 import threading
-from typing import Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
-from byteps.common.partition import PartitionPlan
+from byteps.common.partition import MAX_PARTITIONS, PartitionPlan
 
 __all__ = ["HASH_FNS", "ASSIGNMENTS", "djb2", "sdbm", "built_in", "key_hash", "hash_server", "ServerAssigner"]
 
@@ -167,6 +167,28 @@ class ServerAssigner:
                 self._load[part.server] += part.nbytes
             self._plans[tensor_id] = (nbytes, itemsize, plan)
             return plan
+
+    def export(self) -> Dict[str, Any]:
+        """Every plan (``{id: [nbytes, itemsize, [server of each partition]]}``) and the balancing counters:
+        what a worker that missed declarations (a rank that joined early) adopts with :meth:`adopt`."""
+        with self._lock:
+            plans = {str(tensor_id): [nbytes, itemsize, [part.server for part in plan.partitions]]
+                     for tensor_id, (nbytes, itemsize, plan) in self._plans.items()}
+            return {"plans": plans, "balanced": list(self._balanced)}
+
+    def adopt(self, state: Dict[str, Any]) -> None:
+        """Take the plans this worker lacks, and the balancing counters, from another worker's export()."""
+        with self._lock:
+            for text, (nbytes, itemsize, servers) in state["plans"].items():
+                tensor_id = int(text)
+                if tensor_id in self._plans:
+                    continue
+                plan = PartitionPlan.build(tensor_id, nbytes, itemsize, self.partition_bytes, self.num_servers,
+                                           lambda key, size, servers=servers: servers[key & (MAX_PARTITIONS - 1)])
+                for part in plan.partitions:
+                    self._load[part.server] += part.nbytes
+                self._plans[tensor_id] = (nbytes, itemsize, plan)
+            self._balanced = list(state["balanced"])
 
     def load(self) -> List[int]:
         """Bytes placed on each server so far, by every plan (balanced or hashed)."""

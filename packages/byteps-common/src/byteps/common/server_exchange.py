@@ -155,6 +155,11 @@ class ServerExchange:
         trip.data = message.payload if landing is None else landing
         self._proceed(trip)
 
+    def send_join(self) -> None:
+        """Tell every server this worker machine joined (after its last push, on the same connections)."""
+        for connection in self.connections:
+            connection.send(Command.JOIN, self.rank)
+
     # --- failures -----------------------------------------------------------------------
     def report_failure(self, task, parts, error: BaseException) -> None:
         """Tell the servers of ``parts`` that this round failed here, so the other machines fail it too

@@ -108,8 +108,15 @@ class PartitionSpec:
             raise ValueError(f"inconsistent description: {self.describe()}")
 
 
+#: The tag of a sum that gathers (allgather, alltoall, ... built from sums): a rank that joined cannot add zeros.
+TAG_GATHER = 1 << 31
+
+
 def describe_op(average: bool, tag: int) -> str:
-    """What a worker does with a tensor, for mismatch messages: ``tag`` is 0, or 1 + the root of a broadcast."""
+    """What a worker does with a tensor, for mismatch messages: ``tag`` is 0, 1 + the root of a broadcast,
+    or :data:`TAG_GATHER`."""
+    if tag == TAG_GATHER:
+        return "gathers"
     if tag:
         return f"broadcasts from rank {tag - 1}"
     return "averages" if average else "sums"

@@ -21,9 +21,10 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Set, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from byteps.common.config import Config
 from byteps.common.dtypes import DType
 from byteps.common.handle import Handle
 from byteps.common.server_assignment import ServerAssigner
+from byteps.common.tensor_description import TAG_GATHER
 from byteps.transport import Context, NodeInfo, SchedulerClient, TransportError, authenticate
 from byteps.transport.addressing import resolve_host
 
@@ -43,6 +45,8 @@ log = logging.getLogger("byteps.common.worker")
 _SET_ID_SHIFT = 32
 #: Set-id bit of derived ids (:meth:`Worker.derived_id`); process set ids stay below it.
 _DERIVED_SETS = 1 << 15
+#: The set id of the worker's own bookkeeping tensors (join's state exchange); no process set gets it.
+_RESERVED_SET = _DERIVED_SETS - 1
 
 
 class Worker:
@@ -102,7 +106,7 @@ class Worker:
             rank=self.rank, max_payload_bytes=max(cfg.partition_bytes, 1 << 20),
             credit_bytes=cfg.scheduling_credit * cfg.partition_bytes, pipeline=cfg.pipeline,
             job_id=self.job_id, machine=cfg.worker_id, local_rank=cfg.local_rank, local_size=cfg.local_size,
-            secret=cfg.secret, handshake_timeout_s=cfg.rendezvous_timeout_s)
+            secret=cfg.secret, handshake_timeout_s=cfg.rendezvous_timeout_s, partition_bytes=cfg.partition_bytes)
         # From here on the comm thread owns the scheduler connection (heartbeats, barriers).
         self._comm = CommLoop(self._context, list(book.servers), options, self._scheduler)
         if cfg.secret is not None:
@@ -149,7 +153,8 @@ class Worker:
 
     def push_pull_async(self, tensor: Any, name: str, average: bool = True, output: Any = None,
                         dtype: Optional[Union[str, DType]] = None, members: Optional[Sequence[int]] = None,
-                        set_id: int = 0, root: Optional[int] = None, tensor_id: Optional[int] = None) -> Handle:
+                        set_id: int = 0, root: Optional[int] = None, tensor_id: Optional[int] = None,
+                        joinable: bool = True) -> Handle:
         """Start summing (or averaging) ``tensor`` over all workers.
 
         The result goes into ``output`` (default: ``tensor`` itself, in
@@ -164,6 +169,11 @@ class Worker:
         ``root`` marks a broadcast from that rank (the caller pushes zeros
         elsewhere): ranks that name different roots fail, on every rank.
 
+        ``joinable=False`` marks a sum that gathers (each rank's bytes at its
+        own offset): while a rank has joined (:meth:`join`), such a round
+        fails instead of counting that rank as zeros, as Horovod's allgather
+        and broadcast do.
+
         ``tensor_id`` (from :meth:`derived_id`) gives a new name its id
         instead of the next one in declaration order: such a push_pull may
         be started from any thread at any time, e.g. from a done-callback.
@@ -172,9 +182,9 @@ class Worker:
         ranks, machines = None, 0
         if members is not None:
             ranks = tuple(sorted(int(r) for r in members))
-            if self.rank not in ranks or not 0 < set_id < _DERIVED_SETS or any(not 0 <= r < self.size for r in ranks):
+            if self.rank not in ranks or not 0 < set_id < _RESERVED_SET or any(not 0 <= r < self.size for r in ranks):
                 raise ValueError(f"push_pull({name!r}): members {list(ranks)} (set {set_id}) must be ranks of this "
-                                 f"job including this one ({self.rank}), with a set id in 1..{_DERIVED_SETS - 1}")
+                                 f"job including this one ({self.rank}), with a set id in 1..{_RESERVED_SET - 1}")
             machines = len({r // self.local_size for r in ranks})
             name = f"{name} (process set {set_id})"
         with self._lock:
@@ -205,7 +215,7 @@ class Worker:
         count = self.size if ranks is None else len(ranks)
         task = PushPullTask(name=name, round=round_, source=source, output=target, plan=plan,
                             average_over=count if average else 0, handle=handle, members=ranks, machines=machines,
-                            tag=0 if root is None else int(root) + 1)
+                            tag=int(root) + 1 if root is not None else 0 if joinable else TAG_GATHER)
         self._comm.submit(task)
         return handle
 
@@ -226,9 +236,73 @@ class Worker:
 
     def push_pull(self, tensor: Any, name: str, average: bool = True, output: Any = None,
                   dtype: Optional[Union[str, DType]] = None, members: Optional[Sequence[int]] = None,
-                  set_id: int = 0, root: Optional[int] = None, tensor_id: Optional[int] = None) -> Any:
+                  set_id: int = 0, root: Optional[int] = None, tensor_id: Optional[int] = None,
+                  joinable: bool = True) -> Any:
         """Synchronous push_pull; returns the output array."""
-        return self.push_pull_async(tensor, name, average, output, dtype, members, set_id, root, tensor_id).wait()
+        return self.push_pull_async(tensor, name, average, output, dtype, members, set_id, root, tensor_id,
+                                    joinable).wait()
+
+    def join(self, extra: Any = None) -> Tuple[int, List[Any]]:
+        """Horovod's ``join()``: this rank has no more data. Until every rank has joined, the others' rounds
+        count this rank's tensors as zeros (it is waited for by nobody); returns the rank that joined last.
+
+        Ranks then agree again on what the others declared meanwhile (tensor ids, rounds, placements);
+        ``extra`` (anything JSON can carry, e.g. the front's name state) is exchanged too: returned are
+        the joined-last rank and every rank's ``extra``, in rank order. Supported where every rank is a
+        machine of its own (servers sum) or every rank is on one machine (no servers).
+        """
+        if self._comm is None:
+            return self.rank, [extra]
+        if self._comm.local is not None and self._comm.exchange is not None:
+            raise NotImplementedError(
+                "join() with several worker processes per machine and servers is not supported yet: "
+                "launch one process per machine (bpslaunch --workers N) or one machine without servers "
+                "(bpslaunch -np N)")
+        last = self._comm.join_job()
+        return last, self._agree_after_join(extra)
+
+    def _agree_after_join(self, extra: Any) -> List[Any]:
+        """Exchange every rank's declarations, rounds and placements; adopt what this rank missed."""
+        with self._lock:
+            mine = {"ids": dict(self._tensor_ids), "rounds": dict(self._rounds),
+                    "next": {str(k): v for k, v in self._next_ids.items()}, "extra": extra,
+                    "placement": self._assigner.export() if self._assigner is not None else None}
+        blob = json.dumps(mine, separators=(",", ":")).encode()
+        sizes = np.zeros(self.size, dtype=np.int64)
+        sizes[self.rank] = len(blob)
+        self.push_pull(sizes, "byteps.join.sizes", average=False, tensor_id=self._reserved_id(0))
+        words = [-(-int(n) // 4) for n in sizes]
+        size_class = max(1, sum(words)).bit_length()
+        table = np.zeros(1 << size_class, dtype=np.int32)
+        start = sum(words[:self.rank])
+        padded = blob + bytes(4 * words[self.rank] - len(blob))
+        table[start:start + words[self.rank]] = np.frombuffer(padded, dtype=np.int32)
+        self.push_pull(table, f"byteps.join.state.{size_class}", average=False,
+                       tensor_id=self._reserved_id(1 + size_class))
+        raw, states, offset = table.view(np.uint8), [], 0
+        for rank, n in enumerate(sizes):
+            states.append(json.loads(bytes(raw[4 * offset:4 * offset + int(n)])))
+            offset += words[rank]
+        # The rank that declared most has seen every declaration (they come in one order everywhere).
+        leader = max(states, key=lambda state: len(state["ids"]))
+        with self._lock:
+            for state in states:
+                for name, tensor_id in state["ids"].items():
+                    known = self._tensor_ids.setdefault(name, tensor_id)
+                    if known != tensor_id:
+                        raise RuntimeError(f"join: tensor {name!r} has id {known} here and {tensor_id} on another "
+                                           "rank; every rank must declare the same tensors in the same order")
+                for name, round_ in state["rounds"].items():
+                    self._rounds[name] = max(self._rounds.get(name, 0), round_)
+                for set_id, number in state["next"].items():
+                    self._next_ids[int(set_id)] = max(self._next_ids.get(int(set_id), 0), number)
+            if self._assigner is not None:
+                self._assigner.adopt(leader["placement"])
+        return [state["extra"] for state in states]
+
+    @staticmethod
+    def _reserved_id(number: int) -> int:
+        return (_DERIVED_SETS | _RESERVED_SET) << _SET_ID_SHIFT | number
 
     def _finished(self, name: str) -> None:
         with self._lock:

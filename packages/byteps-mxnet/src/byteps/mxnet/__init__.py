@@ -48,8 +48,26 @@ from byteps.mxnet.engine import bind_mxnet  # noqa: E402
 bind_mxnet()
 
 from byteps.common import PushPullError  # noqa: E402
+from byteps.common.frontend.builds import *  # noqa: E402,F403  (mpi_built ... rocm_built, HorovodInternalError)
+from byteps.common.frontend.builds import __all__ as _builds_all  # noqa: E402
 from byteps.common.frontend.process import *  # noqa: E402,F403  (init, shutdown, size, rank, ...)
+from byteps.common.frontend.process_sets import (  # noqa: E402
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
 from byteps.common.frontend.reductions import Adasum, Average, Max, Min, Product, Sum  # noqa: E402
+from byteps.mxnet.collectives import (  # noqa: E402
+    allgather,
+    allgather_object,
+    allreduce_by_gather,
+    alltoall,
+    broadcast_object,
+    grouped_allgather,
+    grouped_reducescatter,
+    reducescatter,
+)
 from byteps.mxnet.compression import Compression, Compressor  # noqa: E402
 from byteps.mxnet.functions import broadcast_parameters  # noqa: E402
 from byteps.mxnet.ops import (  # noqa: E402
@@ -69,7 +87,12 @@ INTERFACE_VERSION = (1, 0)
 __all__ = [
     "INTERFACE_VERSION",
     # process (byteps.common.frontend.process)
-    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",  # noqa: F405
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "barrier", "join",  # noqa: F405
+    # process sets and build flags
+    "ProcessSet", "add_process_set", "remove_process_set", "global_process_set", *_builds_all,
+    # collectives beyond allreduce (synchronous, byteps.mxnet.collectives)
+    "allgather", "grouped_allgather", "alltoall", "reducescatter", "grouped_reducescatter", "allreduce_by_gather",
+    "allgather_object", "broadcast_object",
     # BytePS names
     "byteps_declare_tensor", "byteps_push_pull", "DistributedTrainer",
     # Horovod names

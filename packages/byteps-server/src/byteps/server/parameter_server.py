@@ -11,6 +11,18 @@ Every message is checked: a worker whose INIT_KEY disagrees with another's
 about a partition (name, size, dtype) is told so, as are the workers that
 agreed, with both descriptions; a malformed message is logged and answered
 with an ERROR, and the server carries on.
+
+Join (Horovod's ``hvd.join()`` for uneven data): a worker machine that ran
+out of data sends JOIN after its last push. From then on, each round of a
+key that spans every machine counts the joined machine's push as zeros:
+it is added when a machine that has not joined pushes, and when the JOIN
+arrives for the rounds already started. A push from a joined machine comes
+after every machine joined (join returns only then), so such a round is a
+new one and nothing is added to it; once every machine's JOIN is in, the
+server forgets them all. A round that gathers or broadcasts (its pushes'
+aux is not 0) cannot take zeros for a missing rank: it completes, but its
+pulls are answered with an ERROR naming the joined rank, as Horovod fails
+an allgather or broadcast after a rank joined.
 """
 
 from __future__ import annotations
@@ -60,6 +72,7 @@ class KeyState:
     round_started: float = 0.0  # time.monotonic() of the first push of the round being summed
     round_flags: int = 0  # flags of that first push (FLAG_AVERAGE): every push of a round must agree
     round_tag: int = 0  # and its aux (1 + a broadcast's root, else 0), which must agree too
+    round_after_join: bool = False  # a joined machine pushed this round: it started after every machine joined
 
 
 class ParameterServer:
@@ -85,6 +98,10 @@ class ParameterServer:
         self.keys: Dict[int, KeyState] = {}
         # (key, round) -> why a worker failed it: later pushes of that round are refused with the reason
         self.failed_rounds: Dict[Tuple[int, int], str] = {}
+        # identity -> rank of the worker machines that joined (hvd.join) while others still push
+        self.joined: Dict[bytes, int] = {}
+        self._zeros: Dict[int, memoryview] = {}  # nbytes -> a read-only zero buffer pushed for joined machines
+        self.join_failed: Dict[Tuple[int, int], str] = {}  # (key, round) a joined machine could not take part in
         self.stall_inspector = StallInspector(config.stall_check_s, config.stall_shutdown_s, self.num_workers,
                                               "worker ranks" if self.local_size == 1 else "worker machines")
         self.running = True
@@ -114,7 +131,7 @@ class ParameterServer:
 
     def _inspect_stalls(self) -> None:
         partial = [PartialRound(key, state.spec.name, self.engine.completed_round(key) + 1, state.round_started,
-                                {state.declared_by[identity] // self.local_size for identity in state.pushed})
+                                {self._rank_of(state, identity) // self.local_size for identity in state.pushed})
                    for key, state in self.keys.items() if state.pushed]
         fatal = self.stall_inspector.inspect(partial)
         if not fatal:
@@ -126,6 +143,10 @@ class ParameterServer:
                 for identity in self.keys[key].declared_by:
                     self._send_error(identity, key, text, stall.round)
         raise StallShutdown(text)
+
+    def _rank_of(self, state: KeyState, identity: bytes) -> int:
+        rank = state.declared_by.get(identity)
+        return self.joined.get(identity, 0) if rank is None else rank
 
     def close(self) -> None:
         self.listener.close()
@@ -154,6 +175,8 @@ class ParameterServer:
                 self._init_key(message)
             elif header.command == Command.ERROR:
                 self._fail_round(message)
+            elif header.command == Command.JOIN:
+                self._join(message)
             else:
                 raise TransportError(f"unexpected command {command_name(header.command)} at a server")
         except (TransportError, FrameError, ValueError, KeyError, TypeError) as exc:
@@ -231,8 +254,51 @@ class ParameterServer:
             state.round_started, state.round_flags, state.round_tag = time.monotonic(), header.flags, header.aux
         state.pushed.add(message.identity)
         if complete:
-            state.pushed.clear()
-            self._answer_pulls(header.key, state)
+            self._round_complete(header.key, state)
+        elif message.identity in self.joined:
+            state.round_after_join = True
+        elif self.joined and not state.round_after_join:
+            self._add_joined_zeros(header.key, state)
+
+    def _round_complete(self, key: int, state: KeyState) -> None:
+        state.pushed.clear()
+        state.round_after_join = False
+        self._answer_pulls(key, state)
+
+    # --- join ----------------------------------------------------------------------------
+    def _join(self, message: Message) -> None:
+        """A worker machine joined: its pushes of the rounds in progress, and of later ones, are zeros."""
+        if message.identity in self.joined:
+            raise ValueError(f"worker {message.header.sender} joined twice before every worker joined")
+        self.joined[message.identity] = message.header.sender
+        if len(self.joined) == self.num_workers:  # everyone is in: every earlier round is complete
+            self.joined.clear()
+            return
+        for key, state in self.keys.items():
+            if state.pushed and not state.round_after_join:
+                self._add_joined_zeros(key, state)
+
+    def _add_joined_zeros(self, key: int, state: KeyState) -> None:
+        """Push zeros for each joined machine missing from ``key``'s round (keys over every machine only)."""
+        if (state.spec.contributors or self.num_workers) != self.num_workers:
+            return  # a process set's key: join covers collectives over every rank (docs/horovod-compatibility.md)
+        for identity in list(self.joined):
+            if identity in state.pushed:
+                continue
+            zeros = self._zeros.get(state.spec.nbytes)
+            if zeros is None:
+                zeros = self._zeros[state.spec.nbytes] = memoryview(bytes(state.spec.nbytes))
+            round_ = self.engine.completed_round(key) + 1
+            if state.round_tag:
+                self.join_failed[(key, round_)] = (
+                    f"{state.spec.describe()} {describe_op(False, state.round_tag)}, but worker "
+                    f"{self.joined[identity]} has joined (hvd.join()): only allreduces count a joined rank as "
+                    "zeros; allgather, broadcast and the other collectives need every rank")
+            complete = self.engine.push(key, round_, zeros)
+            state.pushed.add(identity)
+            if complete:
+                self._round_complete(key, state)
+                return
 
     def _refuse_round(self, key: int, state: KeyState, message: Message) -> None:
         """A push that averages where the round's others sum, or names another broadcast root: fail them all."""
@@ -248,7 +314,8 @@ class ParameterServer:
 
     def _pull(self, message: Message) -> None:
         header = message.header
-        failed = self.failed_rounds.get((header.key, header.round))
+        failed = self.failed_rounds.get((header.key, header.round)) or self.join_failed.get(
+            (header.key, header.round))
         if failed is not None:
             raise ValueError(failed)
         state = self._state_for(message)
@@ -270,6 +337,10 @@ class ParameterServer:
         for identity, round_ in state.pending_pulls:
             if round_ > completed:
                 still_waiting.append((identity, round_))
+                continue
+            failed = self.join_failed.get((key, round_))
+            if failed is not None:
+                self._send_error(identity, key, failed, round_)
                 continue
             result = self.engine.result(key, round_)
             self.listener.send(Command.PULL_RESPONSE, self.rank, key, round_, payload=result,

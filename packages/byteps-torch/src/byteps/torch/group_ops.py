@@ -40,4 +40,4 @@ def push_pull_group_async(tensors: Sequence[torch.Tensor], average: bool = True,
     be left alone until its handle is synchronize()d, which returns it.
     """
     average = average_of(op, None if op is not None else average)
-    return submit_group(_tracker, TorchStaging, tensors, names, average, compression)
+    return submit_group(_tracker, TorchStaging, tensors, names, average, compression, truncate_integers=True)

@@ -26,8 +26,9 @@ Rules every rank must follow, as in Horovod and BytePS:
   tensor to the servers, which keep per-name buffers for the whole job, so
   name anything done every step.
 
-Averages divide by the number of worker processes; integer tensors use floor
-division (``-3 // 2 == -2``), as byteps-common does. Broadcast works as in
+Averages divide by the number of worker processes; integer tensors are
+summed and divided here, rounding towards zero (``-3 / 2 == -1``) as
+Horovod's torch ops do (byteps-common itself floors). Broadcast works as in
 BytePS: the root contributes its tensor, every other rank zeros, and the sum
 is the root's tensor. Tensors on a GPU are staged through host copies
 (see :mod:`byteps.torch.tensors`; unverified here, no GPU on the build machine).
@@ -124,14 +125,19 @@ def submit(tensor: torch.Tensor, spec: OpSpec, inplace: bool, compression: Any =
             output = numpy_view(result, what)
         else:
             result, output = host.host, None
+        # Horovod's integer average rounds towards zero: sum, then divide in finish().
+        truncate = spec.average and not (host.host.is_floating_point() or host.host.dtype == torch.bool)
         start = time.time()
-        core = api.worker().push_pull_async(host.array, key, spec.average, output, host.dtype,
+        core = api.worker().push_pull_async(host.array, key, spec.average and not truncate, output, host.dtype,
                                             members=spec.members, set_id=spec.set_id, root=spec.root)
     except BaseException:
         _names.release(name, token)
         raise
 
     def finish() -> torch.Tensor:
+        if truncate:
+            count = len(spec.members) if spec.members is not None else api.size()
+            result.copy_(torch.div(result, count, rounding_mode="trunc"))
         out = result.to(tensor.device) if host.staged else result
         out = compression.decompress(out, ctx)
         out = scaled(out, spec.postscale)

@@ -43,7 +43,7 @@ class Command(enum.IntEnum):
     REGISTER = 1  # node -> scheduler: JSON NodeInfo
     ADDRESS_BOOK = 2  # scheduler -> node: JSON address book
     BARRIER = 3  # node -> scheduler, aux = barrier group
-    BARRIER_RELEASE = 4  # scheduler -> node
+    BARRIER_RELEASE = 4  # scheduler -> node, key = the sender whose BARRIER completed it
     FINALIZE = 5  # worker -> scheduler: this worker is done (code 6 is retired)
     TERMINATE = 7  # scheduler -> server: exit now
     ERROR = 8  # any -> any: UTF-8 text payload, key names the tensor if any
@@ -60,6 +60,8 @@ class Command(enum.IntEnum):
     PUSH_ACK = 20  # server -> worker: this push arrived (frees the worker's scheduling credit)
     LOCAL_READY = 21  # local worker -> partition's local root: my input is in my shared-memory slot
     LOCAL_DONE = 22  # local root -> other local workers: the partition's sum is in my slot
+    JOIN = 23  # worker -> server: this worker machine joined (hvd.join); its missing pushes count as zeros
+    LOCAL_JOINED = 24  # local worker -> other local workers: joined; partitions it roots are summed as zeros
 
 
 def command_name(code: int) -> str:

@@ -233,8 +233,10 @@ class Scheduler:
         waiting.add(message.identity)
         members = self._members(group)
         if waiting >= set(members):
+            # The release names the sender whose arrival completed the barrier (hvd.join's "last rank").
             for identity in members:
-                self.listener.send(Command.BARRIER_RELEASE, SCHEDULER_SENDER, aux=group, identity=identity)
+                self.listener.send(Command.BARRIER_RELEASE, SCHEDULER_SENDER, key=max(0, message.header.sender),
+                                   aux=group, identity=identity)
             waiting.clear()
 
     def _finalize(self, message: Message) -> None:

@@ -91,10 +91,12 @@ class RankView:
     def push_pull_async(self, name: str, array: np.ndarray, average: bool = False, output: Any = None,
                         dtype: Any = None, root: Optional[int] = None, tensor_id: Optional[int] = None) -> Handle:
         """Start summing (or averaging) ``array`` over these ranks (in place unless ``output``;
-        ``root``: a broadcast's; ``tensor_id``: see :meth:`byteps.common.worker.Worker.derived_id`)."""
+        ``root``: a broadcast's; ``tensor_id``: see :meth:`byteps.common.worker.Worker.derived_id`).
+        These sums gather: while a rank has joined they fail (see Worker.push_pull_async's ``joinable``)."""
         members = None if self.set_id == 0 else self.ranks
         return api.worker().push_pull_async(array, name, average=average, output=output, dtype=dtype,
-                                            members=members, set_id=self.set_id, root=root, tensor_id=tensor_id)
+                                            members=members, set_id=self.set_id, root=root, tensor_id=tensor_id,
+                                            joinable=False)
 
     def push_pull(self, name: str, array: np.ndarray, average: bool = False, output: Any = None,
                   dtype: Any = None, root: Optional[int] = None) -> np.ndarray:

@@ -27,7 +27,7 @@ from typing import Any, List, NamedTuple, Optional, Sequence
 import numpy as np
 
 from byteps.common import api
-from byteps.common.dtypes import DType
+from byteps.common.dtypes import DType, dtype_of
 from byteps.common.fusion import push_pull_group_async
 from byteps.common.handle import Handle
 
@@ -95,8 +95,11 @@ class _Member(NamedTuple):
 
 
 def submit_group(tracker: Any, staging: Staging, tensors: Sequence[Any], names: Optional[Sequence[str]],
-                 average: bool, compression: Any) -> List[int]:
+                 average: bool, compression: Any, truncate_integers: bool = False) -> List[int]:
     """Start in-place push_pulls of ``tensors``, small ones fused; one integer handle per tensor, in order.
+
+    ``truncate_integers``: integer tensors of an average are summed, then
+    divided rounding towards zero (Horovod's torch), not floored.
 
     ``names`` defaults to ``"push_pull_group.noname.<n>.<i>"``. ``tracker`` is
     the adapter's :class:`~byteps.common.frontend.handle_table.OpTracker`.
@@ -119,15 +122,26 @@ def submit_group(tracker: Any, staging: Staging, tensors: Sequence[Any], names: 
             token = tracker.names.reserve(name, what)
             members.append(_Member(name, token, tensor, staged, ctx, tracker.names.key(name, staged.layout)))
         start = time.time()
-        cores = push_pull_group_async(api.worker(), [m.staged.array for m in members], [m.key for m in members],
-                                      average, dtypes=[m.staged.dtype for m in members])
+        exact = [truncate_integers and average and dtype_of(m.staged.dtype).is_integer for m in members]
+        cores: List[Any] = [None] * len(members)
+        for summed in (False, True):
+            chosen = [i for i, flag in enumerate(exact) if flag == summed]
+            if chosen:
+                started = push_pull_group_async(api.worker(), [members[i].staged.array for i in chosen],
+                                                [members[i].key for i in chosen], average and not summed,
+                                                dtypes=[members[i].staged.dtype for i in chosen])
+                for i, core in zip(chosen, started):
+                    cores[i] = core
     except BaseException:
         for member in members:
             tracker.names.release(member.name, member.token)
         raise
     handles = []
-    for core, member in zip(cores, members):
-        def finish(member: _Member = member) -> Any:
+    for core, member, truncate in zip(cores, members, exact):
+        def finish(member: _Member = member, truncate: bool = truncate) -> Any:
+            if truncate:
+                summed = member.staged.array
+                np.copyto(summed, np.sign(summed) * (np.abs(summed) // api.size()), casting="unsafe")
             result = compression.decompress(staging.on_device(member.staged), member.ctx)
             return staging.write_back(member.staged, result, member.tensor)
 

@@ -13,7 +13,8 @@ Three rules every adapter follows, kept here once:
   lets a name be reused with another shape (a smaller last batch, two
   models with the same parameter names). The first layout keeps the name,
   later ones become ``"<name>#<k>"`` in order of first use, the same on
-  every rank that issues the same ops.
+  every rank that issues the same ops. (After ``join()`` the ranks agree on
+  both again, :func:`join_state`: a rank that joined early missed some.)
 * A name may not be submitted again while an op of it is in flight
   (:meth:`TensorNames.reserve`).
 
@@ -28,14 +29,43 @@ Example::
 
 from __future__ import annotations
 
-import itertools
 import threading
 from typing import Any, Dict, Hashable, List, Optional
 
-__all__ = ["TensorNames", "check_name", "DEFAULT_NAME_WINDOW"]
+__all__ = ["TensorNames", "check_name", "DEFAULT_NAME_WINDOW", "join_state", "adopt_join_states"]
 
 #: How many default names each op family cycles through.
 DEFAULT_NAME_WINDOW = 16
+
+# op family -> unnamed ops issued so far, in this process (one count for every adapter)
+_counter_lock = threading.Lock()
+_default_counters: Dict[str, int] = {}
+_instances: List[TensorNames] = []  # every TensorNames, in creation order (the same on every rank)
+
+
+def join_state() -> Dict[str, Any]:
+    """What ranks agree on again after a join: the unnamed-op counters and every adapter's layouts."""
+    with _counter_lock:
+        instances = list(_instances)
+        counters = dict(_default_counters)
+    return {"counters": counters, "layouts": [names.layouts() for names in instances]}
+
+
+def adopt_join_states(states: List[Dict[str, Any]]) -> None:
+    """Take every rank's :func:`join_state` and continue from the furthest: the largest counters, and per
+    name the longest layout list (ranks see a name's layouts in one order, so each list extends the others)."""
+    with _counter_lock:
+        for state in states:
+            for family, count in state["counters"].items():
+                _default_counters[family] = max(_default_counters.get(family, 0), count)
+        instances = list(_instances)
+    for index, names in enumerate(instances):
+        longest: Dict[str, List[str]] = {}
+        for state in states:
+            for name, seen in (state["layouts"][index] if index < len(state["layouts"]) else {}).items():
+                if len(seen) > len(longest.get(name, ())):
+                    longest[name] = seen
+        names.adopt_layouts(longest)
 
 
 def check_name(family: str, name: Any) -> str:
@@ -51,18 +81,21 @@ class TensorNames:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._released = threading.Condition(self._lock)
-        self._counters: Dict[str, itertools.count] = {}
         self._defaults: set = set()  # the default names handed out (at most DEFAULT_NAME_WINDOW per family)
-        self._layouts: Dict[str, List[Hashable]] = {}
+        self._layouts: Dict[str, List[str]] = {}  # name -> repr() of each layout, in order of first use
         self._busy: Dict[str, object] = {}  # name -> token of its op in flight
+        with _counter_lock:
+            _instances.append(self)
 
     def default(self, family: str) -> str:
         """The next ``"<family>.noname.<n>"``, n counting modulo :data:`DEFAULT_NAME_WINDOW`."""
+        with _counter_lock:
+            count = _default_counters.get(family, 0)
+            _default_counters[family] = count + 1
+        name = f"{family}.noname.{count % DEFAULT_NAME_WINDOW}"
         with self._lock:
-            counter = self._counters.setdefault(family, itertools.count())
-            name = f"{family}.noname.{next(counter) % DEFAULT_NAME_WINDOW}"
             self._defaults.add(name)
-            return name
+        return name
 
     def resolve(self, family: str, name: Optional[str]) -> str:
         """The user's name (checked), or the next default name of ``family``."""
@@ -70,12 +103,24 @@ class TensorNames:
 
     def key(self, name: str, layout: Hashable) -> str:
         """The byteps tensor name of ``name`` used with ``layout`` (e.g. ``(shape, dtype)``)."""
+        layout = repr(layout)
         with self._lock:
             seen = self._layouts.setdefault(name, [])
             if layout not in seen:
                 seen.append(layout)
             index = seen.index(layout)
         return name if index == 0 else f"{name}#{index}"
+
+    def layouts(self) -> Dict[str, List[str]]:
+        with self._lock:
+            return {name: list(seen) for name, seen in self._layouts.items()}
+
+    def adopt_layouts(self, layouts: Dict[str, List[str]]) -> None:
+        """Layout lists that extend this one's (after a join), replacing it."""
+        with self._lock:
+            for name, seen in layouts.items():
+                if len(seen) > len(self._layouts.get(name, ())):
+                    self._layouts[name] = list(seen)
 
     def reserve(self, name: str, what: str) -> object:
         """Mark ``name`` in flight; returns the token that releases it.

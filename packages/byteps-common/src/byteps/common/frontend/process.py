@@ -17,12 +17,12 @@ Example::
 from __future__ import annotations
 
 import atexit
-import time
 from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
 from byteps.common import api
+from byteps.common.frontend import names
 
 # What adapters re-export (``from byteps.common.frontend.process import *``); the hooks are for adapters only.
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "barrier", "join"]
@@ -124,16 +124,15 @@ def barrier(process_set: Any = None) -> None:
     view.push_pull("byteps.barrier", np.ones(1, dtype=np.int32))
 
 
-def join() -> int:
-    """Wait until every rank has called join(); returns the rank whose call started last.
+def join(device: int = -1) -> int:
+    """Horovod's join for uneven data: this rank has no more batches. Returns the rank that joined last.
 
-    Unlike Horovod, ranks that joined do not keep serving the others'
-    allreduces with zeros: every rank must have issued the same ops before
-    joining (uneven data per rank is not supported). "Last" compares the
-    ranks' wall clocks (``time.time()``) at entry, so across machines it is
-    only as good as their clock synchronisation.
+    Until every rank has joined, the ranks still training get this rank's
+    tensors as zeros in their allreduces (an average still divides by
+    ``size()``), nothing from it in their allgathers, and may not broadcast
+    from it; then every rank returns. ``device`` is accepted for Horovod's
+    signature and ignored.
     """
-    entered = np.zeros(size(), dtype=np.float64)
-    entered[rank()] = time.time()
-    api.worker().push_pull(entered, "byteps.join", average=False)
-    return int(np.argmax(entered))
+    last, states = api.worker().join(names.join_state())
+    names.adopt_join_states(states)
+    return last

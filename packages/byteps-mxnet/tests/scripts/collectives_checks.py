@@ -1,0 +1,100 @@
+"""Worker script: Horovod's collectives beyond allreduce for NDArrays (allgather, alltoall, reducescatter,
+Min/Max/Product, objects, process sets, join), checked by every rank against a numpy reference.
+
+Run under bpslaunch with 2 ranks. Prints ``OK <check>`` per check and
+``ALL OK <n>``; the first failure exits 1.
+"""
+
+from __future__ import annotations
+
+import mxnet as mx
+import numpy as np
+from check_runner import Checks, assert_array, expect_error
+
+import byteps.mxnet as bps
+
+checks = Checks()
+DTYPES = ["uint8", "int8", "int32", "int64", "float16", "float32", "float64"]
+
+
+def block(r, rows, dtype):
+    return ((np.arange(rows * 3).reshape(rows, 3) + 10 * r) % 100).astype(dtype)
+
+
+def allgathers():
+    r, n = bps.rank(), bps.size()
+    for dtype in DTYPES:
+        got = bps.allgather(mx.nd.array(block(r, r + 1, dtype), dtype=dtype), name=f"gather.{dtype}")
+        assert_array(got, np.concatenate([block(k, k + 1, dtype) for k in range(n)]), f"allgather {dtype}")
+    grouped = bps.grouped_allgather([mx.nd.ones((r + 1, 2)), mx.nd.zeros((1,))], name="gather.group")
+    assert grouped[0].shape == (n * (n + 1) // 2, 2) and grouped[1].shape == (n,)
+    assert bps.allgather_object({"rank": r}) == [{"rank": k} for k in range(n)]
+    assert bps.broadcast_object(f"from {r}", root_rank=n - 1) == f"from {n - 1}"
+
+
+def alltoall_and_reducescatter():
+    r, n = bps.rank(), bps.size()
+    splits = [k + 1 for k in range(n)]                   # rank r sends k + 1 rows to rank k
+    rows = block(r, sum(splits), "float32")
+    received, counts = bps.alltoall(mx.nd.array(rows), splits=splits, name="a2a")
+    want = [block(k, sum(splits), "float32")[sum(splits[:r]):sum(splits[:r + 1])] for k in range(n)]
+    assert_array(received, np.concatenate(want), "alltoall")
+    assert counts.asnumpy().tolist() == [r + 1] * n, counts
+    x = block(r, 5, "float64")
+    total = sum(block(k, 5, "float64") for k in range(n))
+    first = [0, 3][r] if n == 2 else None
+    got = bps.reducescatter(mx.nd.array(x, dtype="float64"), name="rs", op=bps.Sum)
+    if first is not None:
+        assert_array(got, total[first:first + [3, 2][r]], "reducescatter sum")
+    got = bps.grouped_reducescatter([mx.nd.array(x, dtype="float64")], name="rs.group")[0]
+    if first is not None:
+        assert_array(got, (total / n)[first:first + [3, 2][r]], "grouped reducescatter average")
+
+
+def min_max_product():
+    r, n = bps.rank(), bps.size()
+    values = [np.array([3, -1, 4 + k, 2 * k], dtype="int32") for k in range(n)]
+    x = mx.nd.array(values[r], dtype="int32")
+    assert_array(bps.allreduce(x, op=bps.Max, name="max"), np.max(values, axis=0), "Max")
+    assert_array(bps.allreduce(x, op=bps.Min, name="min"), np.min(values, axis=0), "Min")
+    assert_array(bps.allreduce(x, op=bps.Product, name="prod"), np.prod(values, axis=0).astype("int32"), "Product")
+    expect_error(ValueError, "op=Average or Sum", lambda: bps.allreduce(x, op=bps.Max, prescale_factor=2.0))
+
+
+def process_sets():
+    r, n = bps.rank(), bps.size()
+    alone = bps.add_process_set([r for r in range(n) if r == n - 1])   # one rank's set
+    if r == n - 1:
+        got = bps.allgather(mx.nd.ones((2,)) * r, name="set.gather", process_set=alone)
+        assert_array(got, np.full((2,), float(r), dtype="float32"), "allgather in a one-rank set")
+    else:
+        expect_error(ValueError, "not in", lambda: bps.allgather(mx.nd.ones((2,)), process_set=alone))
+    bps.remove_process_set(alone)
+    assert not bps.mpi_built() and not bps.gloo_built()
+
+
+def uneven_join():
+    r, n = bps.rank(), bps.size()
+    for step in range(2 + r):
+        y = bps.allreduce(mx.nd.ones((3,)) * (r + 1), op=bps.Sum, name="uneven")
+        want = float(sum(k + 1 for k in range(n) if 2 + k > step))
+        assert_array(y, np.full((3,), want, dtype="float32"), f"step {step}")
+    assert bps.join() == n - 1
+    y = bps.allreduce(mx.nd.ones((2,)) * r, op=bps.Sum, name="after.join")
+    assert_array(y, np.full((2,), float(sum(range(n))), dtype="float32"), "after join")
+
+
+def main():
+    bps.init()
+    checks.run("allgather of every dtype, grouped, objects", allgathers)
+    checks.run("alltoall and reducescatter", alltoall_and_reducescatter)
+    checks.run("Min, Max, Product", min_max_product)
+    checks.run("process sets and build flags", process_sets)
+    checks.run("join with uneven data", uneven_join)
+    mx.nd.waitall()
+    bps.shutdown()
+    checks.done()
+
+
+if __name__ == "__main__":
+    main()

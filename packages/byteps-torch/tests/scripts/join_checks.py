@@ -1,0 +1,111 @@
+"""Worker script: hvd.join() for uneven data, checked by every rank against a reference.
+
+Rank r has ``3 + 2 * r`` batches, so ranks run out of data at different
+steps. Checks: an allreduce loop where a joined rank counts as zeros (the
+average still divides by size()); the same with DistributedOptimizer,
+whose weights, broadcast from the rank join() returns, equal a numpy
+reference; what
+Horovod refuses while a rank has joined (allgather, broadcast); and that
+after join() ranks agree again on what the others declared meanwhile (a
+tensor first used while a rank had joined, unnamed ops). Prints ``OK
+<check>`` per check and ``ALL OK <n>``; the first failure exits 1.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from check_runner import Checks, assert_equal, expect_error
+
+import byteps.torch as bps
+
+checks = Checks()
+
+
+def batches(rank):
+    return 3 + 2 * rank
+
+
+def uneven_allreduce():
+    r, n = bps.rank(), bps.size()
+    for step in range(batches(r)):
+        x = torch.full((5, 3), float((r + 1) * (step + 1)))
+        y = bps.allreduce(x, name="uneven.grad")              # average over all n, joined ranks as zeros
+        z = bps.allreduce(torch.tensor([step + 1, r + 1], dtype=torch.int64), op=bps.Sum, name="uneven.count")
+        active = [k for k in range(n) if batches(k) > step]
+        assert_equal(y, torch.full((5, 3), sum((k + 1) * (step + 1) for k in active) / n), f"average at {step}")
+        assert_equal(z, torch.tensor([(step + 1) * len(active), sum(k + 1 for k in active)]), f"sum at {step}")
+    last = bps.join()
+    assert last == n - 1, f"join() returned {last}; rank {n - 1} has the most batches"
+    assert bps.allgather_object(last) == [last] * n
+
+
+def uneven_training():
+    """Linear regression with rank-dependent batch counts; every rank ends with the reference weights."""
+    r, n = bps.rank(), bps.size()
+    rng = np.random.default_rng(7)
+    data = [[(rng.normal(size=(4, 3)), rng.normal(size=(4, 1))) for _ in range(batches(k))] for k in range(n)]
+    model = torch.nn.Linear(3, 1, bias=False).double()
+    torch.nn.init.constant_(model.weight, 0.5)
+    optimizer = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    for x, y in data[r]:
+        optimizer.zero_grad()
+        loss = ((model(torch.from_numpy(x)) - torch.from_numpy(y)) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+    # As in Horovod, a rank that joined stops updating its weights; the last to join has the final ones.
+    last = bps.join()
+    bps.broadcast_parameters(model.state_dict(), root_rank=last)
+    weight = np.full((1, 3), 0.5)
+    for step in range(max(batches(k) for k in range(n))):
+        batch = [data[k][step] for k in range(n) if step < len(data[k])]
+        grads = [2 * x.T @ (x @ weight.T - y) / len(x) for x, y in batch]
+        weight = weight - 0.1 * (sum(grads).T / n)   # joined ranks contribute zero gradients
+    assert_equal(model.weight.detach(), torch.from_numpy(weight), "weights after uneven training",
+                 rtol=1e-9, atol=1e-12)
+
+
+def refused_while_joined():
+    """Horovod's rule: with a rank joined, allgather and broadcast fail on the ranks still running."""
+    r, n = bps.rank(), bps.size()
+    if r == 0:
+        bps.join()
+    else:
+        expect_error(RuntimeError, "joined", lambda: bps.allgather(torch.ones(2, 3), name="joined.gather"))
+        expect_error(RuntimeError, "joined", lambda: bps.broadcast(torch.ones(4), root_rank=r, name="joined.bc"))
+        y = bps.allreduce(torch.full((4,), 2.0), op=bps.Sum, name="joined.sum")   # still fine
+        assert_equal(y, torch.full((4,), 2.0 * (n - 1)), "sum with rank 0 joined")
+        bps.join()
+
+
+def agreement_after_join():
+    """Tensors first used while a rank had joined, and unnamed ops, line up again after join()."""
+    r, n = bps.rank(), bps.size()
+    if r != 0:
+        for _ in range(3):
+            bps.allreduce(torch.ones(7), name="declared.while.joined")
+            bps.allreduce(torch.ones(2))                     # unnamed: the default-name counter moves on
+    bps.join()
+    y = bps.allreduce(torch.full((7,), float(r)), op=bps.Sum, name="declared.while.joined")
+    assert_equal(y, torch.full((7,), float(sum(range(n)))), "a tensor declared while rank 0 had joined")
+    y = bps.allreduce(torch.full((3,), float(r + 1)), op=bps.Sum)
+    assert_equal(y, torch.full((3,), float(sum(range(1, n + 1)))), "an unnamed allreduce after join")
+    y = bps.allreduce(torch.full((2,), float(r)), op=bps.Sum, name="first.after.join")
+    assert_equal(y, torch.full((2,), float(sum(range(n)))), "a new tensor after join")
+    gathered = bps.allgather(torch.full((r + 1, 2), float(r)), name="gather.after.join")
+    assert gathered.shape == (n * (n + 1) // 2, 2), gathered.shape
+
+
+def main():
+    bps.init()
+    checks.run("uneven allreduce loop", uneven_allreduce)
+    checks.run("uneven DistributedOptimizer training", uneven_training)
+    checks.run("allgather and broadcast refused while a rank joined", refused_while_joined)
+    checks.run("agreement after join", agreement_after_join)
+    bps.shutdown()
+    checks.done()
+
+
+if __name__ == "__main__":
+    main()
