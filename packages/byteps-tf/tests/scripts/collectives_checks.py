@@ -26,6 +26,9 @@ def allgather_any_dtype():
         assert got.dtype == dtype, got.dtype
         assert_equal(got, want, f"allgather {dtype.name}")
     assert bps.allgather_object({"rank": r}) == [{"rank": k} for k in range(n)]
+    with tf.Graph().as_default():   # objects need no tensors: the same in a TF1 graph
+        assert bps.allgather_object(r, name="in.graph") == list(range(n))
+        assert bps.broadcast_object(f"from {r}", root_rank=n - 1, name="in.graph") == f"from {n - 1}"
     parts = bps.grouped_allgather([tf.fill([1], r), tf.fill([r + 1], 1.0)], name="ag.grouped")
     assert_equal(parts[0], tf.range(n), "grouped allgather")
 

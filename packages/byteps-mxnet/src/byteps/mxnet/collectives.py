@@ -20,13 +20,13 @@ gives rank ``i`` Horovod's share of rows. Example::
 
 from __future__ import annotations
 
-import pickle
 from typing import Any, List, Optional, Sequence, Tuple
 
 import mxnet as mx
 import numpy as np
 
 from byteps.common.frontend import collectives as front
+from byteps.common.frontend.objects import allgather_object as _allgather_object
 from byteps.common.frontend.objects import broadcast_object as _broadcast_object
 from byteps.common.frontend.process_sets import rank_view
 from byteps.common.frontend.reductions import Average, Max, Min, Product, Sum, op_name
@@ -125,14 +125,7 @@ def allreduce_by_gather(tensor: mx.nd.NDArray, op: int, name: Optional[str] = No
 
 def allgather_object(obj: Any, name: Optional[str] = None, process_set: Any = None) -> List[Any]:
     """Every rank's picklable ``obj``, in rank order."""
-    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-    piece = front.Piece(data, (len(data),), "uint8")
-    gathered = _run("allgather_object", name, lambda key: front.allgather(key, piece, rank_view(process_set)))
-    objects, offset = [], 0
-    for count in gathered.counts:
-        objects.append(pickle.loads(gathered.data[offset:offset + count].tobytes()))
-        offset += count
-    return objects
+    return _allgather_object(obj, name, process_set)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None, process_set: Any = None) -> Any:

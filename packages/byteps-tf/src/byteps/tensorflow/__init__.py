@@ -76,6 +76,12 @@ from byteps.tensorflow.optimizer import DistributedOptimizer  # noqa: E402
 #: This package's interface, for packages built on it (byteps.common.interface).
 INTERFACE_VERSION = (1, 0)
 
+
+def _executing_eagerly() -> bool:
+    """Horovod's private helper, which its tests and some scripts call: whether TensorFlow runs eagerly."""
+    return tf.executing_eagerly()
+
+
 __all__ = [
     "INTERFACE_VERSION",
     *_process.__all__,  # init, shutdown, is_initialized, size, rank, local_size, local_rank, barrier, join

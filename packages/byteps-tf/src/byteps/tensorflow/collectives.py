@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from byteps.common import PushPullError
 from byteps.common.frontend import collectives as front
+from byteps.common.frontend.objects import allgather_object as _allgather_object
 from byteps.common.frontend.process_sets import rank_view
 from byteps.common.frontend.reductions import Average, Max, Min, Product, Sum, op_name
 from byteps.tensorflow.graph_ops import run_eagerly
@@ -193,16 +194,8 @@ def reduce_by_gather(tensor: Any, op: int, name: Optional[str], prescale_factor:
 
 
 def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None, process_set: Any = None) -> List[Any]:
-    """Every rank's picklable ``obj``, in rank order (eager only)."""
-    import pickle
-    if not tf.executing_eagerly():
-        raise RuntimeError("allgather_object() runs eagerly only (it pickles Python objects)")
-    view = rank_view(process_set)
-    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-    key = name or "allgather_object"
-    piece = _finish(front.allgather(key, front.Piece(payload, (payload.size,), "uint8"), view))
-    out, start = [], 0
-    for count in piece.counts:
-        out.append(pickle.loads(piece.data[start:start + count].tobytes()))
-        start += count
-    return out
+    """Every rank's picklable ``obj``, in rank order, eagerly or in a TF1 graph (not inside tf.function: an
+    object is gathered when the Python line runs). ``session`` is accepted for Horovod's signature."""
+    if tf.inside_function():
+        raise RuntimeError("allgather_object() gathers Python objects when called: call it outside tf.function")
+    return _allgather_object(obj, name, process_set)

@@ -71,7 +71,7 @@ def broadcast_global_variables(root_rank: int) -> tf.Operation:
 
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: Optional[str] = None,
                      process_set: Any = None) -> Any:
-    """Return the root's ``obj`` on every rank (pickled; eager only).
+    """Return the root's ``obj`` on every rank (pickled), eagerly or in a TF1 graph (not inside tf.function).
 
     The root gets its own ``obj`` back; the others may pass anything (None).
     The bytes travel as int64 words in a buffer rounded up to a power of two,
@@ -79,6 +79,6 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: Op
     :func:`byteps.common.frontend.broadcast_object`).
     """
     _check_root(root_rank)
-    if not tf.executing_eagerly():
-        raise RuntimeError("broadcast_object() runs eagerly only (it pickles Python objects)")
+    if tf.inside_function():
+        raise RuntimeError("broadcast_object() sends Python objects when called: call it outside tf.function")
     return _broadcast_object(obj, root_rank, name, process_set)

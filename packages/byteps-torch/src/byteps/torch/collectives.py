@@ -31,6 +31,7 @@ import torch
 from byteps.common.frontend import collectives as front
 from byteps.common.frontend.checks import check_scale
 from byteps.common.frontend.handle_table import AllOf
+from byteps.common.frontend.objects import allgather_object as _allgather_object
 from byteps.common.frontend.process_sets import rank_view
 from byteps.common.frontend.reductions import Average, Sum, op_name
 from byteps.torch.ops import _names, _tracker, synchronize
@@ -361,17 +362,8 @@ class _CallableHandle(int):
 
 
 def allgather_object(obj: Any, name: Optional[str] = None, process_set: Any = None) -> List[Any]:
-    """Every rank's picklable ``obj``, in rank order."""
-    import pickle
-    payload = torch.from_numpy(np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy())
-    gathered = synchronize(grouped_allgather_async([payload], name or None, process_set))[0]
-    sizes = synchronize(grouped_allgather_async([torch.tensor([payload.numel()])],
-                                                None if name is None else f"{name}.sizes", process_set))[0]
-    out, start = [], 0
-    for size in sizes.tolist():
-        out.append(pickle.loads(gathered[start:start + size].numpy().tobytes()))
-        start += size
-    return out
+    """Every rank's picklable ``obj``, in rank order (byteps-common's front)."""
+    return _allgather_object(obj, name, process_set)
 
 
 def _view(process_set: Any) -> front.RankView:

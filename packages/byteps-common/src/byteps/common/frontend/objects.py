@@ -1,26 +1,30 @@
-"""broadcast_object: any picklable object from one rank to all, framework-free.
+"""broadcast_object and allgather_object: picklable objects between ranks, framework-free.
 
 The root pickles the object; its size goes first (-1 when pickling failed,
 so the others raise instead of waiting), then the bytes as int64 words in a
 buffer rounded up to a power of two, so repeated calls reuse a few tensor
 names. Every other rank pushes zeros: the sum is the root's bytes.
 
-Example::
+allgather_object gathers every rank's pickle with the front's allgather
+(:mod:`byteps.common.frontend.collectives`), whose first dimension may
+differ between ranks. Neither involves a framework tensor, so both work
+the same eagerly and in a TF1 graph. Example::
 
     epoch = broadcast_object(epoch, root_rank=0, name="epoch")
+    losses = allgather_object(loss, name="loss")     # [rank 0's, rank 1's, ...]
 """
 
 from __future__ import annotations
 
 import pickle
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 
 from byteps.common import api
 from byteps.common.frontend.checks import check_root
 
-__all__ = ["broadcast_object"]
+__all__ = ["broadcast_object", "allgather_object"]
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None, process_set: Any = None) -> Any:
@@ -61,3 +65,20 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None, p
     if is_root:
         return obj
     return pickle.loads(words.view(np.uint8)[:size].tobytes())
+
+
+def allgather_object(obj: Any, name: Optional[str] = None, process_set: Any = None) -> List[Any]:
+    """Every rank's picklable ``obj`` (of ``process_set``), in rank order."""
+    from byteps.common.frontend import collectives
+    from byteps.common.frontend.process_sets import rank_view
+    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    key = "allgather_object" if name is None else f"allgather_object.{name}"
+    started = collectives.allgather(key, collectives.Piece(payload, (payload.size,), "uint8"), rank_view(process_set),
+                                    family="allgather_object")
+    started.core.wait()
+    gathered = started.finish()
+    objects, start = [], 0
+    for count in gathered.counts:
+        objects.append(pickle.loads(gathered.data[start:start + count].tobytes()))
+        start += count
+    return objects
