@@ -30,7 +30,7 @@ from byteps.common.frontend.process_sets import rank_view
 from byteps.common.frontend.reductions import Average, Max, Min, Product, Sum, op_name
 from byteps.tensorflow.graph_ops import run_eagerly
 from byteps.tensorflow.ops import resolve_name
-from byteps.tensorflow.reduction import MismatchError, key_name
+from byteps.tensorflow.reduction import InvalidArgument, MismatchError, key_name
 from byteps.tensorflow.tensors import byteps_dtype, from_piece, to_piece
 
 __all__ = ["MismatchError", "alltoall", "reducescatter", "grouped_reducescatter", "grouped_allgather",
@@ -82,7 +82,11 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None, ignore
 
     def body(x: tf.Tensor, *given: tf.Tensor) -> List[tf.Tensor]:
         wanted = [int(v) for v in given[0].numpy()] if given else None
-        piece, counts = _finish(front.alltoall(name, to_piece(x), wanted, view))
+        try:
+            started = front.alltoall(name, to_piece(x), wanted, view)
+        except ValueError as exc:  # splits that do not fit the tensor: Horovod's InvalidArgumentError
+            raise InvalidArgument(str(exc)) from exc
+        piece, counts = _finish(started)
         return [from_piece(piece, x.dtype), tf.constant(counts, dtype=tf.int32)]
 
     def forward(x: tf.Tensor, *given: tf.Tensor) -> List[tf.Tensor]:

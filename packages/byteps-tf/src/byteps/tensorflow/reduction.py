@@ -55,6 +55,14 @@ class MismatchError(PushPullError, tf.errors.FailedPreconditionError):
         tf.errors.FailedPreconditionError.__init__(self, None, None, message)
 
 
+class InvalidArgument(ValueError, tf.errors.InvalidArgumentError):
+    """Bad arguments found when an op runs (e.g. alltoall splits that do not add up): a ValueError and, as
+    Horovod raises it, TensorFlow's InvalidArgumentError (in a graph, py_function makes a ValueError one)."""
+
+    def __init__(self, message: str) -> None:
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+
 @dataclasses.dataclass(frozen=True)
 class Reduce:
     """Sum or average one tensor over all workers; ``contribute=False`` pushes zeros (a broadcast from ``root``)."""
