@@ -50,6 +50,15 @@ def test_single_process_helpers(bps):
     slices = tf.IndexedSlices(tf.ones([2, 2]), tf.constant([0, 3]), dense_shape=tf.constant([4, 2]))
     reduced = bps.allreduce(slices, name="local.slices")
     assert isinstance(reduced, tf.IndexedSlices) and reduced.indices.numpy().tolist() == [0, 3]
+    # Horovod's rules for IndexedSlices: an integer average is TensorFlow's true division; only Average/Sum
+    int_slices = tf.IndexedSlices(tf.fill([1, 2], 3), tf.constant([1]), dense_shape=tf.constant([4, 2]))
+    averaged = bps.allreduce(int_slices, name="local.int.slices")
+    assert averaged.values.dtype == tf.float64 and averaged.values.numpy().tolist() == [[3.0, 3.0]]
+    with pytest.raises(NotImplementedError, match="only Average and Sum"):
+        bps.allreduce(slices, op=bps.Max)
+    with pytest.raises(NotImplementedError, match="not supported with tf.IndexedSlices"):
+        bps.allreduce(slices, op=bps.Sum, prescale_factor=0.5)
+    assert bps.util._executing_eagerly() and bps._executing_eagerly()
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(v * 2.0)
     tape = bps.DistributedGradientTape(tape)

@@ -55,6 +55,7 @@ from byteps.common.frontend.process_sets import (  # noqa: E402
     remove_process_set,
 )
 from byteps.common.frontend.reductions import Adasum, Average, Max, Min, Product, Sum  # noqa: E402
+from byteps.tensorflow import util  # noqa: E402,F401  (Horovod's hvd.util)
 from byteps.tensorflow.collectives import (  # noqa: E402
     allgather_object,
     alltoall,
@@ -72,14 +73,10 @@ from byteps.tensorflow.gradient_tape import DistributedGradientTape  # noqa: E40
 from byteps.tensorflow.grouped import grouped_allreduce  # noqa: E402
 from byteps.tensorflow.ops import allgather, allreduce, broadcast, push_pull  # noqa: E402
 from byteps.tensorflow.optimizer import DistributedOptimizer  # noqa: E402
+from byteps.tensorflow.util import _executing_eagerly  # noqa: E402,F401  (Horovod's private helper)
 
 #: This package's interface, for packages built on it (byteps.common.interface).
 INTERFACE_VERSION = (1, 0)
-
-
-def _executing_eagerly() -> bool:
-    """Horovod's private helper, which its tests and some scripts call: whether TensorFlow runs eagerly."""
-    return tf.executing_eagerly()
 
 
 __all__ = [

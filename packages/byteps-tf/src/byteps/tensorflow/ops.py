@@ -37,11 +37,11 @@ from typing import Any, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from byteps.common.frontend.checks import check_root, check_scale
+from byteps.common.frontend.checks import check_root
 from byteps.common.frontend.collectives import RankView
 from byteps.common.frontend.process import rank, size
 from byteps.common.frontend.process_sets import rank_view
-from byteps.common.frontend.reductions import Max, Min, Product, average_of
+from byteps.common.frontend.reductions import Average, Max, Min, Product, Sum, average_of, op_name
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.graph_ops import run_group
 from byteps.tensorflow.reduction import Gather, Reduce, key_name, tensor_names
@@ -171,17 +171,17 @@ def _allreduce(family: str, tensor: Any, average: bool, name: Optional[str], com
 
 def _allreduce_slices(family: str, slices: tf.IndexedSlices, average: bool, name: Optional[str],
                       prescale_factor: float, postscale_factor: float) -> tf.IndexedSlices:
-    """Horovod's reduction of IndexedSlices: gather all ranks' values and indices (duplicates add up)."""
+    """Horovod's reduction of IndexedSlices: gather all ranks' values and indices (duplicates add up).
+
+    An average divides the gathered values with TensorFlow's ``/``, as
+    Horovod does: integer values become float64 (``tf.math.truediv``)."""
     name = resolve_name(family, name, slices.values)
-    floating = slices.values.dtype.is_floating
-    check_scale(prescale_factor, postscale_factor, floating, f"{family}({name!r})", slices.values.dtype.name,
-                needed="floating-point values")
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise NotImplementedError(f"{family}({name!r}): prescale_factor/postscale_factor are not supported "
+                                  "with tf.IndexedSlices (as in Horovod)")
     values, indices, _ = run_group([Gather(name, parts=2)], [slices.values, slices.indices])
-    scale = prescale_factor * postscale_factor / (size() if average and floating else 1)
-    if average and not floating:
-        values = values // tf.cast(size(), values.dtype)
-    if scale != 1.0:
-        values = values * tf.cast(scale, values.dtype)
+    if average:
+        values = values / tf.cast(size(), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -208,8 +208,12 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
     ``prescale_factor`` multiplies the input before the reduction,
     ``postscale_factor`` the result after it (floating-point tensors only).
     A ``tf.IndexedSlices`` gives a ``tf.IndexedSlices`` holding every rank's
-    values and indices.
+    values and indices (Average or Sum only, without scale factors, as in
+    Horovod: anything else is a NotImplementedError).
     """
+    if isinstance(tensor, tf.IndexedSlices) and op is not None and op not in (Average, Sum):
+        raise NotImplementedError(f"allreduce of tf.IndexedSlices: only Average and Sum are supported, "
+                                  f"not {op_name(op)}")
     if op in (Min, Max, Product):
         from byteps.tensorflow.collectives import reduce_by_gather
         if average is not None:
