@@ -65,6 +65,7 @@ from byteps.tensorflow.collectives import (  # noqa: E402
 )
 from byteps.tensorflow.compression import Compression, Compressor  # noqa: E402
 from byteps.tensorflow.functions import (  # noqa: E402
+    broadcast_,
     broadcast_global_variables,
     broadcast_object,
     broadcast_variables,
@@ -89,7 +90,7 @@ __all__ = [
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     *_builds.__all__,  # mpi_built, gloo_built, nccl_built, ..., HorovodInternalError, start/stop_timeline
     # variables and objects
-    "broadcast_variables", "broadcast_global_variables", "broadcast_object",
+    "broadcast_variables", "broadcast_", "broadcast_global_variables", "broadcast_object",
     # training
     "DistributedGradientTape", "DistributedOptimizer",
     "PushPullError",

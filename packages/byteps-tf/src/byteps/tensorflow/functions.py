@@ -13,7 +13,7 @@ pipelined.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, List, Optional
 
 import tensorflow as tf
 
@@ -23,7 +23,7 @@ from byteps.tensorflow.ops import _check_root, check_process_set, rank
 from byteps.tensorflow.reduction import Reduce
 from byteps.tensorflow.tensors import widen
 
-__all__ = ["broadcast_variables", "broadcast_global_variables", "broadcast_object"]
+__all__ = ["broadcast_variables", "broadcast_", "broadcast_global_variables", "broadcast_object"]
 
 
 def broadcast_variables(variables: Iterable[Any], root_rank: int, process_set: Any = None,
@@ -35,24 +35,42 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int, process_set: A
     None eagerly. Variable *i* of a call travels as ``broadcast_variables.<i>``;
     bool and 8/16-bit integers as int32, uint32 as int64.
     """
-    check_process_set(process_set)
-    _check_root(root_rank)
+    variables = list(variables)
+    if not variables:  # nothing to send: no op, and no need of init() (Horovod's graph-mode rule)
+        if process_set is not None:
+            check_process_set(process_set)
+        return tf.group()
+    assigns = _assign_from_root(variables, root_rank, process_set, "broadcast_variables")
+    if tf.executing_eagerly():
+        return None
+    return tf.group(*[a for a in assigns if a is not None])
+
+
+def broadcast_(variables: Iterable[Any], root_rank: int, name: Optional[str] = None,
+               process_set: Any = None) -> List[Any]:
+    """Horovod's in-place broadcast: the root's values into ``variables``; returns their new values
+    (eagerly the variables themselves; in a graph the assigned values, whose evaluation runs it)."""
     variables = list(variables)
     if not variables:
-        return tf.group()
+        return []
+    assigns = _assign_from_root(variables, root_rank, process_set, f"broadcast_.{name}" if name else "broadcast_")
+    return variables if tf.executing_eagerly() else assigns
+
+
+def _assign_from_root(variables: List[Any], root_rank: int, process_set: Any, prefix: str) -> List[Any]:
+    """Broadcast each variable's value from ``root_rank`` (as ``<prefix>.<i>``) and assign it; the assigns."""
+    check_process_set(process_set)
+    _check_root(root_rank)
     values = []
     for variable in variables:
         value = tf.convert_to_tensor(variable)
         values.append(tf.cast(value, widen(value.dtype)) if widen(value.dtype) != value.dtype else value)
     contribute = rank() == root_rank
-    specs = [Reduce(f"broadcast_variables.{i}", average=False, contribute=contribute, root=int(root_rank))
+    specs = [Reduce(f"{prefix}.{i}", average=False, contribute=contribute, root=int(root_rank))
              for i in range(len(values))]
     results = run_group(specs, values)
-    assigns = [variable.assign(tf.cast(result, tf.as_dtype(variable.dtype)))
-               for variable, result in zip(variables, results)]
-    if tf.executing_eagerly():
-        return None
-    return tf.group(*[a for a in assigns if a is not None])
+    return [variable.assign(tf.cast(result, tf.as_dtype(variable.dtype)))
+            for variable, result in zip(variables, results)]
 
 
 def broadcast_global_variables(root_rank: int) -> tf.Operation:
