@@ -125,8 +125,8 @@ def gradients_of_ops():
                      f"{mode}: gradient of allreduce (average)")
         assert_equal(run(lambda v: bps.push_pull(v, average=False, name=f"g.sum.{mode}")), tf.fill([4], total),
                      f"{mode}: gradient of push_pull (sum)")
-        # Horovod: the broadcast's gradient is the summed gradient on the root, zeros elsewhere.
-        want = tf.fill([4], total if r == 0 else 0.0)
+        # Horovod: the broadcast's gradient is the averaged gradient on the root, zeros elsewhere.
+        want = tf.fill([4], total / n if r == 0 else 0.0)
         assert_equal(run(lambda v: bps.broadcast(v, 0, name=f"g.bc.{mode}")), want, f"{mode}: gradient of broadcast")
         # allgather: each rank's rows get the summed gradient of those rows.
         got = run(lambda v: bps.allgather(tf.reshape(v, [2, 2]), name=f"g.ag.{mode}"))

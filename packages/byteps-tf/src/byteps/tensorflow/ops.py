@@ -117,8 +117,9 @@ def _differentiable(tensor: tf.Tensor, spec: Reduce, gradient: Reduce,
     def forward(x: tf.Tensor):
         def backward(upstream: Any) -> tf.Tensor:
             reduced = _reduce_one(tf.convert_to_tensor(upstream), gradient)
-            if gradient_root is not None and rank() != gradient_root:
-                return tf.zeros_like(reduced)
+            if gradient_root is not None:
+                # The same ops on every rank: graph tensor names (default byteps names) stay rank-independent.
+                return reduced * tf.cast(rank() == gradient_root, reduced.dtype)
             return reduced
 
         return _reduce_one(x, spec), backward
@@ -229,7 +230,7 @@ def _check_root(root_rank: Any) -> None:
 
 def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_name_scope: bool = False,
               process_set: Any = None) -> tf.Tensor:
-    """The root's ``tensor`` on every rank; differentiable (Horovod's gradient: the summed
+    """The root's ``tensor`` on every rank; differentiable (Horovod's gradient: the averaged
     gradient on the root, zeros elsewhere).
 
     BytePS's broadcast: the root pushes its tensor, every other rank zeros.
@@ -250,7 +251,7 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_na
         return result if result.dtype == tensor.dtype else tf.cast(result, tensor.dtype)
     contribute = rank() == root_rank
     result = _differentiable(sent, Reduce(name, average=False, contribute=contribute, root=int(root_rank)),
-                             Reduce(name + ".grad", average=False), gradient_root=int(root_rank))
+                             Reduce(name + ".grad", average=True), gradient_root=int(root_rank))
     return result if result.dtype == tensor.dtype else tf.cast(result, tensor.dtype)
 
 
