@@ -59,6 +59,11 @@ def test_single_process_helpers(bps):
     with pytest.raises(NotImplementedError, match="not supported with tf.IndexedSlices"):
         bps.allreduce(slices, op=bps.Sum, prescale_factor=0.5)
     assert bps.util._executing_eagerly() and bps._executing_eagerly()
+    assert int(bps.rank_op()) == 0 and int(bps.size_op()) == 1 and int(bps.local_size_op()) == 1
+    with tf.Graph().as_default():
+        built = bps.local_rank_op()          # read when it runs
+        with tf.compat.v1.Session() as session:
+            assert session.run(built) == 0
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(v * 2.0)
     tape = bps.DistributedGradientTape(tape)

@@ -74,6 +74,7 @@ from byteps.tensorflow.gradient_tape import DistributedGradientTape  # noqa: E40
 from byteps.tensorflow.grouped import grouped_allreduce  # noqa: E402
 from byteps.tensorflow.ops import allgather, allreduce, broadcast, push_pull  # noqa: E402
 from byteps.tensorflow.optimizer import DistributedOptimizer  # noqa: E402
+from byteps.tensorflow.process_ops import local_rank_op, local_size_op, rank_op, size_op  # noqa: E402
 from byteps.tensorflow.util import _executing_eagerly  # noqa: E402,F401  (Horovod's private helper)
 
 #: This package's interface, for packages built on it (byteps.common.interface).
@@ -83,6 +84,7 @@ INTERFACE_VERSION = (1, 0)
 __all__ = [
     "INTERFACE_VERSION",
     *_process.__all__,  # init, shutdown, is_initialized, size, rank, local_size, local_rank, barrier, join
+    "rank_op", "size_op", "local_rank_op", "local_size_op",
     # reductions
     "push_pull", "allreduce", "broadcast", "allgather", "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "grouped_allreduce", "grouped_allgather", "alltoall", "reducescatter", "grouped_reducescatter", "allgather_object",
