@@ -315,11 +315,8 @@ class CommLoop(threading.Thread):
         request.done.set()
 
     def _local_members(self, task: PushPullTask) -> Tuple[int, ...]:
-        """The local ranks of this machine that take part in ``task``."""
-        size = self.options.local_size
-        if task.members is None:
-            return tuple(range(size))
-        return tuple(r % size for r in task.members if r // size == self.options.machine)
+        """The local ranks of this machine that take part in ``task`` (this one alone without local peers)."""
+        return self.local.members_of(task) if self.local is not None else (0,)
 
     def _spans_machines(self, task: PushPullTask) -> bool:
         """Whether ``task``'s ranks live on more than one machine (else the local sum is the result)."""

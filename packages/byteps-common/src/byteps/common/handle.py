@@ -6,7 +6,7 @@ import logging
 import threading
 from typing import Any, Callable, List, Optional
 
-__all__ = ["Handle", "PushPullError"]
+__all__ = ["Handle", "PushPullError", "all_done"]
 
 log = logging.getLogger("byteps.common.handle")
 
@@ -76,3 +76,33 @@ class Handle:
 
     def set_error(self, error: BaseException) -> None:
         self._finish(error)
+
+
+class _AllDone(Handle):
+    """Done when every handle of a group is; fails with the first failure among them."""
+
+    def __init__(self, name: str, handles: List[Handle]) -> None:
+        super().__init__(name, None)
+        self._left = len(handles)
+        self._first_error: Optional[BaseException] = None
+        self._count_lock = threading.Lock()
+        if not handles:
+            self.set_done()
+        for handle in handles:
+            handle.add_done_callback(self._one_done)
+
+    def _one_done(self, handle: Handle) -> None:
+        with self._count_lock:
+            if handle.error is not None and self._first_error is None:
+                self._first_error = handle.error
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._finish(self._first_error)
+
+
+def all_done(handles: List[Handle], name: Optional[str] = None) -> Handle:
+    """One handle for several: done when all of ``handles`` are, failed with the first error among them.
+    ``name`` defaults to the handles' names joined by ``+``."""
+    handles = list(handles)
+    return _AllDone(name if name is not None else "+".join(h.name for h in handles) or "(none)", handles)

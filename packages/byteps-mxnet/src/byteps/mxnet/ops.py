@@ -51,10 +51,11 @@ import mxnet as mx
 
 from byteps.common import api
 from byteps.common.frontend.checks import check_root, check_scale
-from byteps.common.frontend.group import all_done, push_pull_group
+from byteps.common.frontend.group import push_pull_group
 from byteps.common.frontend.names import TensorNames
 from byteps.common.frontend.process import after_shutdown, before_shutdown, on_init, rank, size
 from byteps.common.frontend.reductions import Max, Min, OpSpec, Product, average_of, op_name
+from byteps.common.handle import all_done
 from byteps.mxnet.engine import EngineBridge
 from byteps.mxnet.tensors import NARROW_INTEGERS, check_array, dtype_name, empty_like, on_host, zeros_like
 
@@ -174,7 +175,7 @@ def allreduce_group_(tensors: Sequence[mx.nd.NDArray], names: Sequence[str], ave
     group = f"group:{keys[0]}+{len(keys)}"
 
     def start(arrays, dtype):
-        return all_done(group, push_pull_group(arrays, keys, average))
+        return all_done(push_pull_group(arrays, keys, average), group)
 
     _bridge.submit([], works, _token(group), priority, group, f"allreduce_group({group!r})", start)
     for work, tensor in zip(works, tensors):

@@ -30,10 +30,10 @@ import torch
 
 from byteps.common.frontend import collectives as front
 from byteps.common.frontend.checks import check_scale
-from byteps.common.frontend.handle_table import AllOf
 from byteps.common.frontend.objects import allgather_object as _allgather_object
 from byteps.common.frontend.process_sets import rank_view
 from byteps.common.frontend.reductions import Average, Sum, op_name
+from byteps.common.handle import all_done
 from byteps.torch.ops import _names, _tracker, synchronize
 from byteps.torch.tensors import byteps_dtype, check_tensor, numpy_view
 from byteps.torch.tensors import scaled as _scaled
@@ -75,7 +75,7 @@ def _start(family: str, name: Optional[str], nbytes: int, steps: Callable[[str],
         _names.release(resolved, token)
         raise
     if isinstance(started, list):
-        core = AllOf([item.core for item in started])
+        core = all_done([item.core for item in started])
         return _tracker.track(core, resolved, token, time.time(), nbytes,
                               lambda: finish([item.finish() for item in started]))
     return _tracker.track(started.core, resolved, token, time.time(), nbytes, lambda: finish(started.finish()))

@@ -45,7 +45,7 @@ from byteps.common import api
 from byteps.common.frontend.handle_table import OpTracker
 from byteps.common.frontend.names import TensorNames
 from byteps.common.frontend.process import after_shutdown
-from byteps.common.frontend.reductions import OpSpec, average_of
+from byteps.common.frontend.reductions import OpSpec, average_of, divide_towards_zero
 from byteps.torch.compression import Compression
 from byteps.torch.tensors import HostTensor, check_tensor, numpy_view, scaled, shares_memory
 
@@ -136,8 +136,8 @@ def submit(tensor: torch.Tensor, spec: OpSpec, inplace: bool, compression: Any =
 
     def finish() -> torch.Tensor:
         if truncate:
-            count = len(spec.members) if spec.members is not None else api.size()
-            result.copy_(torch.div(result, count, rounding_mode="trunc"))
+            divide_towards_zero(output if output is not None else host.array,
+                                len(spec.members) if spec.members is not None else api.size())
         out = result.to(tensor.device) if host.staged else result
         out = compression.decompress(out, ctx)
         out = scaled(out, spec.postscale)

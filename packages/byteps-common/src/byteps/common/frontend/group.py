@@ -6,9 +6,9 @@ bytes and push_pulls each bucket once, so a model's hundreds of biases and
 norms cost a few messages instead of hundreds. This module is its front
 for the adapters: :func:`submit_group` turns framework tensors into that
 call (names, in-flight reservation, compression, host staging, integer
-handles), with the framework's part in a :class:`Staging`; and
-:func:`all_done` joins a group's handles into one, for adapters that wait
-on a group as a whole (an engine op, a graph op).
+handles), with the framework's part in a :class:`Staging`
+(:func:`byteps.common.handle.all_done` joins a group's handles into one,
+for adapters that wait on a group as a whole: an engine op, a graph op).
 
 Every rank must make the same call: same names, shapes and dtypes, in the
 same order.
@@ -20,7 +20,6 @@ Example (an adapter)::
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, List, NamedTuple, Optional, Sequence
 
@@ -28,6 +27,7 @@ import numpy as np
 
 from byteps.common import api
 from byteps.common.dtypes import DType, dtype_of
+from byteps.common.frontend.reductions import divide_towards_zero
 from byteps.common.fusion import push_pull_group_async
 from byteps.common.handle import Handle
 
@@ -36,7 +36,7 @@ try:
 except ImportError:  # pragma: no cover - Python < 3.8
     Protocol = object  # type: ignore[assignment,misc]
 
-__all__ = ["Staging", "Staged", "push_pull_group", "submit_group", "all_done"]
+__all__ = ["Staging", "Staged", "push_pull_group", "submit_group"]
 
 FAMILY = "push_pull_group"
 
@@ -140,38 +140,9 @@ def submit_group(tracker: Any, staging: Staging, tensors: Sequence[Any], names: 
     for core, member, truncate in zip(cores, members, exact):
         def finish(member: _Member = member, truncate: bool = truncate) -> Any:
             if truncate:
-                summed = member.staged.array
-                np.copyto(summed, np.sign(summed) * (np.abs(summed) // api.size()), casting="unsafe")
+                divide_towards_zero(member.staged.array, api.size())
             result = compression.decompress(staging.on_device(member.staged), member.ctx)
             return staging.write_back(member.staged, result, member.tensor)
 
         handles.append(tracker.track(core, member.name, member.token, start, member.staged.array.nbytes, finish))
     return handles
-
-
-class _AllDone(Handle):
-    """Done when every handle of a group is; fails with the first failure among them."""
-
-    def __init__(self, name: str, handles: Sequence[Handle]) -> None:
-        super().__init__(name, None)
-        self._left = len(handles)
-        self._first_error: Optional[BaseException] = None
-        self._count_lock = threading.Lock()
-        if not handles:
-            self.set_done()
-        for handle in handles:
-            handle.add_done_callback(self._one_done)
-
-    def _one_done(self, handle: Handle) -> None:
-        with self._count_lock:
-            if handle.error is not None and self._first_error is None:
-                self._first_error = handle.error
-            self._left -= 1
-            last = self._left == 0
-        if last:
-            self._finish(self._first_error)
-
-
-def all_done(name: str, handles: Sequence[Handle]) -> Handle:
-    """One handle for a group: done when all of ``handles`` are, failed with the first error among them."""
-    return _AllDone(name, handles)

@@ -22,9 +22,9 @@ import threading
 import time
 from typing import Any, Callable, Deque, Dict, List, Tuple
 
-from byteps.common.handle import Handle
+from byteps.common.handle import Handle, all_done
 
-__all__ = ["PendingOp", "HandleTable", "AllOf", "SpeedMeter", "OpTracker"]
+__all__ = ["PendingOp", "HandleTable", "SpeedMeter", "OpTracker"]
 
 
 @dataclasses.dataclass
@@ -34,29 +34,6 @@ class PendingOp:
     core: Handle
     finish: Callable[[], Any]
     release: Callable[[], None]  # frees the op's name for the next op
-
-
-class AllOf(Handle):
-    """Done when every one of ``parts`` is; fails with the first part's error."""
-
-    def __init__(self, parts: List[Handle]) -> None:
-        super().__init__("+".join(part.name for part in parts) or "(none)", None)
-        self._left = len(parts)
-        self._count_lock = threading.Lock()
-        self._first_error: Any = None
-        if not parts:
-            self.set_done()
-        for part in parts:
-            part.add_done_callback(self._part_done)
-
-    def _part_done(self, part: Handle) -> None:
-        with self._count_lock:
-            if part.error is not None and self._first_error is None:
-                self._first_error = part.error
-            self._left -= 1
-            last = self._left == 0
-        if last:
-            self.set_error(self._first_error) if self._first_error is not None else self.set_done()
 
 
 class HandleTable:
@@ -104,7 +81,7 @@ class HandleTable:
             for op in ops:
                 op.release()
 
-        return self.add(PendingOp(AllOf([op.core for op in ops]), lambda: [op.finish() for op in ops], release))
+        return self.add(PendingOp(all_done([op.core for op in ops]), lambda: [op.finish() for op in ops], release))
 
     def poll(self, handle: int) -> bool:
         """True once the op behind ``handle`` has finished (synchronize() will not block)."""

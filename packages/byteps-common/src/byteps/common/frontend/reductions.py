@@ -17,8 +17,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional, Tuple
 
+import numpy as np
+
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "OP_NAMES", "op_name", "average_of",
-           "check_gradient_op", "OpSpec"]
+           "check_gradient_op", "OpSpec", "divide_towards_zero"]
 
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
@@ -73,3 +75,9 @@ class OpSpec:
     def for_gradient(self) -> OpSpec:
         """The same reduction of the gradient, under ``"<name>.grad"``."""
         return dataclasses.replace(self, name=None if self.name is None else self.name + ".grad")
+
+
+def divide_towards_zero(summed: np.ndarray, count: int) -> None:
+    """``summed //= count`` in place, rounding towards zero (``-3 / 2 == -1``): Horovod's torch integer average,
+    where byteps-common's own average floors."""
+    np.copyto(summed, np.sign(summed) * (np.abs(summed) // count), casting="unsafe")
