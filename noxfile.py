@@ -3,13 +3,18 @@
 Every session installs built wheels, never the source trees, so a test also
 proves that a package installs on its own and declares its dependencies.
 The wheels are built once per source state into .nox/_wheelhouse/<hash>/
-and shared by all sessions of a run.
+and shared by all sessions of a run; `nox -s wheels` also puts them into
+dist/, where `pip install --find-links dist byteps-<x>` finds them
+(docs/install.md), and the install-* sessions prove exactly that command.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import pathlib
+import re
+import shutil
 import zipfile
 
 import nox
@@ -25,6 +30,13 @@ TENSORFLOW = "tensorflow-cpu==2.21.0"
 # upgrade numpy and break `import mxnet`, so its session installs all in one pip call.
 MXNET = ("mxnet==1.9.1", "numpy==1.23.5", "scikit-learn<1.4", "scipy<1.12")
 FRAMEWORK_MODULES = ["torch", "tensorflow", "mxnet"]
+# The distributions that bring a deep-learning framework: no byteps package may pull one in.
+FRAMEWORK_DISTRIBUTIONS = {"torch", "tensorflow", "tensorflow-cpu", "keras", "mxnet"}
+# The one version of every byteps package: each pyproject's version and each pin on a
+# sibling (`~=VERSION`) must agree with it (checked by `lint` and before every wheel build).
+VERSION_FILE = ROOT / "VERSION"
+# Where `nox -s wheels` puts the wheels for `pip install --find-links dist ...`.
+DIST = ROOT / "dist"
 
 nox.options.sessions = [
     "lint",
@@ -37,7 +49,8 @@ nox.options.sessions = [
     "tests-torch",
     "tests-tf",
     "tests-mxnet",
-    "server-only",
+    "install-server",
+    "install-torch",
 ]
 nox.options.error_on_missing_interpreters = True
 
@@ -75,10 +88,56 @@ def _source_hash() -> str:
     return digest.hexdigest()[:16]
 
 
+def _valid_version(version: str) -> str:
+    # Three numbers, so that a sibling pin `~=X.Y.Z` means "X.Y.Z or a later X.Y.*".
+    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        raise ValueError(f"a byteps version is MAJOR.MINOR.PATCH, not {version!r}")
+    return version
+
+
+def _version() -> str:
+    return _valid_version(VERSION_FILE.read_text().strip())
+
+
+def _version_mismatches(version: str) -> list:
+    """Every line of a pyproject.toml that disagrees with VERSION: its own version or a pin on a sibling.
+
+    Read line by line, not as TOML: the same patterns are what `set-version`
+    rewrites, and nox may run on a Python without tomllib.
+    """
+    wrong = []
+    for package in PACKAGES:
+        path = ROOT / "packages" / package / "pyproject.toml"
+        own_versions = 0
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            where = f"{path.relative_to(ROOT)}:{number}"
+            own = re.match(r'version\s*=\s*"([^"]*)"', line)
+            if own:
+                own_versions += 1
+                if own.group(1) != version:
+                    wrong.append(f'{where}: version "{own.group(1)}", VERSION says "{version}"')
+            if re.match(r"\s*name\s*=", line):  # the package's own name, not a requirement
+                continue
+            for name, spec in re.findall(r'"(byteps-[a-z]+)([^"]*)"', line):
+                if spec.split(";")[0].strip() != f"~={version}":
+                    wrong.append(f'{where}: "{name}{spec}" should be "{name}~={version}"')
+        if own_versions != 1:
+            wrong.append(f"{path.relative_to(ROOT)}: {own_versions} `version = ` lines, expected one (not dynamic)")
+    return wrong
+
+
+def _check_versions(session: nox.Session) -> None:
+    wrong = _version_mismatches(_version())
+    if wrong:
+        session.error("versions disagree with VERSION (`nox -s set-version -- X.Y.Z` rewrites them all):\n  "
+                      + "\n  ".join(wrong))
+
+
 def _wheelhouse(session: nox.Session) -> pathlib.Path:
     """Build every package's wheel once per source state; returns the folder."""
     house = ROOT / ".nox" / "_wheelhouse" / _source_hash()
     if not (house / ".complete").exists():
+        _check_versions(session)
         house.mkdir(parents=True, exist_ok=True)
         for package in PACKAGES:
             session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(house),
@@ -92,6 +151,17 @@ def _wheel(house: pathlib.Path, package: str) -> pathlib.Path:
     if len(found) != 1:
         raise RuntimeError(f"expected one wheel of {package} in {house}, found {found}")
     return found[0]
+
+
+def _dist(session: nox.Session) -> pathlib.Path:
+    """The wheelhouse's wheels, copied into dist/ in place of any older byteps wheels there."""
+    house = _wheelhouse(session)
+    DIST.mkdir(exist_ok=True)
+    for package in PACKAGES:
+        for old in DIST.glob(package.replace("-", "_") + "-*.whl"):
+            old.unlink()
+        shutil.copy2(_wheel(house, package), DIST)
+    return DIST
 
 
 def _install(session: nox.Session, *packages: str, extra: tuple = ()) -> None:
@@ -109,17 +179,33 @@ def lint(session: nox.Session) -> None:
     """ruff, and no byteps/__init__.py anywhere (byteps is a PEP 420 namespace)."""
     session.install("ruff")
     session.run("ruff", "check", "packages", "benchmarks", "examples", "noxfile.py")
+    _check_versions(session)
     stray = sorted(str(p) for p in (ROOT / "packages").glob("*/src/byteps/__init__.py"))
     if stray:
         session.error(f"byteps must stay a namespace package; remove {stray}")
 
 
+@nox.session(name="set-version", venv_backend="none")
+def set_version(session: nox.Session) -> None:
+    """`nox -s set-version -- 0.2.0`: write VERSION and every pyproject's version and sibling pins."""
+    if len(session.posargs) != 1:
+        session.error("usage: nox -s set-version -- MAJOR.MINOR.PATCH")
+    version = _valid_version(session.posargs[0])
+    VERSION_FILE.write_text(version + "\n")
+    for package in PACKAGES:
+        path = ROOT / "packages" / package / "pyproject.toml"
+        text = re.sub(r'^version = "[^"]*"', f'version = "{version}"', path.read_text(), flags=re.M)
+        path.write_text(re.sub(r'"(byteps-[a-z]+)~=[^";]*', rf'"\1~={version}', text))
+    _check_versions(session)
+    session.log(f"every byteps package is now version {version}")
+
+
 @nox.session
 def wheels(session: nox.Session) -> None:
-    """Build every wheel; each must hold its compiled extension and no byteps/__init__.py."""
-    house = _wheelhouse(session)
+    """Build every wheel into dist/; each must hold its compiled extension and no byteps/__init__.py."""
+    dist = _dist(session)
     for package in PACKAGES:
-        names = zipfile.ZipFile(_wheel(house, package)).namelist()
+        names = zipfile.ZipFile(_wheel(dist, package)).namelist()
         module = _module_name(package)
         if package not in PURE_PYTHON and not any(n.startswith(f"byteps/{module}/_C.") and n.endswith(".so")
                                                   for n in names):
@@ -132,6 +218,7 @@ def wheels(session: nox.Session) -> None:
             session.error(f"{package}: wheel holds files outside byteps/{module}: {foreign}")
         kind = "pure Python" if package in PURE_PYTHON else "extension present"
         session.log(f"{package}: {len(names)} files, {kind}, namespace clean")
+    session.log(f"wheels in {dist}: pip install --find-links dist byteps-<package> (docs/install.md)")
 
 
 def _tests(session: nox.Session, package: str, *extra: str, also: tuple = ()) -> None:
@@ -191,30 +278,85 @@ def tests_mxnet(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-q", str(ROOT / "packages" / "byteps-mxnet" / "tests"), *session.posargs)
 
 
-@nox.session(name="server-only")
-def server_only(session: nox.Session) -> None:
-    """byteps-server alone: no deep-learning framework comes with it, and a real job runs."""
-    _install(session, "byteps-server", extra=("pytest",))
-    installed = session.run("python", "-m", "pip", "list", "--format=freeze", silent=True)
-    byteps = sorted(line.split("==")[0] for line in installed.splitlines() if line.startswith("byteps"))
-    if byteps != ["byteps-common", "byteps-server", "byteps-transport"]:
-        session.error(f"byteps-server should pull exactly byteps-common and byteps-transport, got {byteps}")
+def _install_by_name(session: nox.Session, *requirements: str, byteps: set, frameworks: set = frozenset()) -> None:
+    """Run README's `pip install --find-links dist REQUIREMENTS` (dist/ filled first) in this session's venv.
+
+    Exactly the byteps packages ``byteps`` must arrive, every one from dist/
+    (none from an index), and no deep-learning framework but ``frameworks``.
+    """
+    _dist(session)
+    # With `nox -r` a reused venv keeps older byteps 0.1.0 copies "already satisfied": remove them first.
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *PACKAGES, silent=True)
+    report = pathlib.Path(session.create_tmp()) / "pip-report.json"
+    # "dist" as the README writes it: nox runs every session in the noxfile's folder, the repo root.
+    session.install("--find-links", "dist", "--report", str(report), *requirements)
+    installed = {item["metadata"]["name"].lower(): item["download_info"]["url"]
+                 for item in json.loads(report.read_text())["install"]}
+    arrived = {name for name in installed if name.startswith("byteps-")}
+    if arrived != byteps:
+        session.error(f"{' '.join(requirements)} should install {sorted(byteps)}, installed {sorted(arrived)}")
+    elsewhere = [f"{name} from {installed[name]}" for name in sorted(arrived)
+                 if not installed[name].startswith(DIST.as_uri() + "/")]
+    if elsewhere:
+        session.error(f"byteps packages not taken from dist/: {elsewhere}")
+    unwanted = sorted((FRAMEWORK_DISTRIBUTIONS - frameworks) & installed.keys())
+    if unwanted:
+        session.error(f"{' '.join(requirements)} installed or replaced a framework: {unwanted}")
+    session.log(f"installed from dist/: {', '.join(sorted(arrived))}")
+
+
+@nox.session(name="install-server")
+def install_server(session: nox.Session) -> None:
+    """README's server box: `pip install --find-links dist byteps-server` brings no framework, and a real job runs."""
+    _install_by_name(session, "byteps-server", byteps={"byteps-common", "byteps-server", "byteps-transport"})
     session.run("python", "-c", (
         "import importlib.util, sys; "
         f"present = [m for m in {FRAMEWORK_MODULES!r} if importlib.util.find_spec(m)]; "
         "sys.exit(f'frameworks installed with byteps-server: {present}' if present else 0)"))
-    # Only now the test kit (it runs the job and holds its worker), after both checks
-    # above have seen what byteps-server alone brings (_install removes byteps-server first).
-    _install(session, "byteps-server", TESTKIT)
+    session.run("byteps-server", "--help", silent=True)
+    # Only now the test kit (it runs the job and holds its worker), after the checks above
+    # have seen what byteps-server alone brings.
+    session.install("--find-links", "dist", TESTKIT, "pytest")
     session.run("python", "-m", "pytest", "-q", str(ROOT / "packages" / "byteps-server" / "tests" / "test_job.py"),
                 "-k", "matches_numpy and 2-1")
+
+
+@nox.session(name="install-torch")
+def install_torch(session: nox.Session) -> None:
+    """README's torch adapter alone: the user's torch, then `pip install --find-links dist byteps-torch`; a job runs."""
+    session.install(TORCH)
+    _install_by_name(session, "byteps-torch", byteps={"byteps-common", "byteps-launcher", "byteps-server",
+                                                      "byteps-torch", "byteps-transport"})
+    script = "examples/torch/hello_allreduce.py"
+    output = session.run("bpslaunch", "-np", "2", "--", "python", script, silent=True)
+    session.log(output.strip())
+    for rank in range(2):
+        if f"rank {rank} of 2: mean 1.5, expected 1.5" not in output:
+            session.error(f"rank {rank} did not report the average 1.5 of ranks' values 1 and 2")
+
+
+@nox.session(name="install-tf")
+def install_tf(session: nox.Session) -> None:
+    """The TensorFlow adapter alone, as install-torch (not in the default run: TensorFlow is 1.6 GB)."""
+    session.install(TENSORFLOW)
+    _install_by_name(session, "byteps-tf", byteps={"byteps-common", "byteps-launcher", "byteps-server",
+                                                   "byteps-tf", "byteps-transport"})
+    session.run("python", "-c", "import byteps.tensorflow, byteps.keras; print('byteps.tensorflow imports')")
+
+
+@nox.session(name="install-mxnet")
+def install_mxnet(session: nox.Session) -> None:
+    """The MXNet adapter alone, in one pip call with mxnet and its numpy pin (not in the default run)."""
+    _install_by_name(session, *MXNET[:2], "byteps-mxnet", frameworks={"mxnet"},
+                     byteps={"byteps-common", "byteps-launcher", "byteps-server", "byteps-mxnet", "byteps-transport"})
+    session.run("python", "-c", "import byteps.mxnet, numpy; print('byteps.mxnet imports, numpy', numpy.__version__)")
 
 
 @nox.session
 def demo(session: nox.Session) -> None:
     """The main job on this machine: a PyTorch CNN trained by 2 workers through 1 server."""
     session.install(TORCH)
-    _install(session, "byteps-torch", extra=("scikit-learn",))
+    _install(session, "byteps-torch", extra=("scikit-learn", "tqdm"))
     session.run("bpslaunch", "--workers", "2", "--servers", "1", "--",
                 "python", str(ROOT / "examples" / "torch" / "train_digits.py"), *session.posargs)
 
@@ -256,7 +398,14 @@ def bench_cluster(session: nox.Session) -> None:
 
 @nox.session
 def soak(session: nox.Session) -> None:
-    """2,000 rounds of a 200-tensor model: memory and descriptors must stay flat (minutes; not in the default run)."""
-    _install(session, "byteps-server", TESTKIT, extra=("pytest",))
-    test = ROOT / "packages" / "byteps-server" / "tests" / "test_soak.py"
-    session.run("python", "-m", "pytest", "-q", "-s", str(test), env={"BYTEPS_SOAK": "1"})
+    """Long runs, not in the default run (about 10 minutes).
+
+    2,000 rounds of a 200-tensor model (memory and descriptors must stay
+    flat), and a role-mode server and scheduler started 5 minutes before
+    their workers (they must wait and serve the job).
+    """
+    _install(session, "byteps-server", "byteps-launcher", TESTKIT, extra=("pytest",))
+    soak = ROOT / "packages" / "byteps-server" / "tests" / "test_soak.py"
+    late = ROOT / "packages" / "byteps-launcher" / "tests" / "test_job_shows_itself.py"
+    session.run("python", "-m", "pytest", "-q", "-s", str(soak), env={"BYTEPS_SOAK": "1"})
+    session.run("python", "-m", "pytest", "-q", str(late), "-k", "late_workers", env={"BYTEPS_SOAK": "1"})

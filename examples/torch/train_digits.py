@@ -8,7 +8,8 @@ weights. Run it with the launcher:
 
     bpslaunch --workers 2 --servers 1 -- python examples/torch/train_digits.py
 
-Rank 0 prints the progress and the held-out accuracy; the script exits
+Rank 0 prints the progress (a bar per epoch when tqdm is installed, then one
+line per epoch) and the held-out accuracy; the script exits
 non-zero if that accuracy is below --min-accuracy.
 """
 
@@ -26,6 +27,11 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 import byteps.torch as bps
+
+try:  # a progress bar per epoch on rank 0 when tqdm is there (`nox -s demo` installs it)
+    from tqdm import tqdm
+except ImportError:
+    tqdm = None
 
 
 class DigitsNet(torch.nn.Module):
@@ -93,7 +99,10 @@ def main() -> int:
     for epoch in range(1, args.epochs + 1):
         sampler.set_epoch(epoch)
         started, loss_sum, correct, seen = time.perf_counter(), 0.0, 0, 0
-        for images, labels in loader:
+        batches = loader
+        if bps.rank() == 0 and tqdm is not None:
+            batches = tqdm(loader, desc=f"epoch {epoch:2d}", leave=False, file=sys.stdout, ncols=72, mininterval=0.2)
+        for images, labels in batches:
             optimizer.zero_grad()
             logits = model(images)
             loss = F.cross_entropy(logits, labels)

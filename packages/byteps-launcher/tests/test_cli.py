@@ -28,8 +28,14 @@ def test_usage_errors(job, args, message):
     rc, out, err = job.run(args)
     assert rc == 2
     assert message in err
-    assert "usage: bpslaunch" in err
+    assert err.count("\n") == 1 and err.startswith("bpslaunch: error: ") and "(see bpslaunch --help)" in err
     assert out == ""
+
+
+def test_unknown_flag_is_one_line_naming_it(job):
+    rc, out, err = job.run(["--wrokers", "2", "true"])
+    assert (rc, out) == (2, "")
+    assert err == "bpslaunch: error: unrecognized arguments: --wrokers (see bpslaunch --help)\n"
 
 
 @pytest.mark.parametrize(
@@ -72,6 +78,8 @@ def test_stale_variables_are_reported_in_embedded_mode(job):
     assert "ignoring DMLC_NUM_WORKER='4'" in err
 
 
-def test_info_log_level_describes_the_job(job):
-    rc, _, err = job.run(["true"], env=job.env(BYTEPS_LOG_LEVEL="INFO"))
-    assert rc == 0 and "bpslaunch: embedded job: 1 worker process" in err
+def test_the_plan_is_printed_unless_quiet(job):
+    rc, _, err = job.run(["true"])
+    assert rc == 0 and "bpslaunch: embedded job: 1 worker process, no scheduler or servers" in err
+    rc, _, err = job.run(["-q", "true"])
+    assert (rc, err) == (0, "")

@@ -165,3 +165,21 @@ def test_role_config_errors_name_the_variable(env, variable):
     with pytest.raises(ConfigError, match=variable) as info:
         role_plan(CMD, clean_env(env))
     assert info.value.variable == variable
+
+
+def test_the_plan_describes_itself_in_one_line():
+    assert plan().describe() == "embedded job: 1 worker process, no scheduler or servers (one process needs none)"
+    assert plan(num_worker=2, local_size=2, num_server=3).describe() == (
+        "embedded job: scheduler on 127.0.0.1:5555, 3 servers, 4 worker processes (2 machines x 2), "
+        "512000-byte partitions, TCP to the servers and shared memory inside a machine")
+    assert plan(local_size=2, env={"BYTEPS_PARTITION_BYTES": "1000"}).describe() == (
+        "embedded job: scheduler on 127.0.0.1:5555, 2 worker processes (1 machine x 2), "
+        "1000-byte partitions, shared memory inside a machine")
+    role_worker = role_plan(CMD, clean_env({**ROLE_WORKER_ENV, "DMLC_NUM_WORKER": "2", "DMLC_WORKER_ID": "1"}))
+    assert role_worker.describe() == (
+        "role mode (worker): scheduler at 127.0.0.1:9, 1 worker process on worker machine 1 of 2, "
+        "512000-byte partitions, TCP to the servers")
+    server = role_plan([], clean_env({**ROLE_WORKER_ENV, "DMLC_ROLE": "server", "DMLC_NUM_WORKER": "2"}))
+    assert server.describe() == (
+        "role mode (server): scheduler at 127.0.0.1:9, for 1 server and 2 worker machines, "
+        "512000-byte partitions, TCP to the servers")

@@ -1,5 +1,6 @@
 """Scheduler rendezvous with real sockets: nodes in threads, the scheduler in a thread."""
 
+import logging
 import threading
 import time
 
@@ -17,6 +18,7 @@ from byteps.transport import (
     SchedulerOptions,
 )
 from byteps.transport.frames import PROTOCOL_VERSION, decode_header
+from byteps.transport.job_log import JOB_LOGGER
 
 
 @pytest.fixture
@@ -144,5 +146,46 @@ def test_peer_of_other_protocol_version_is_refused_clearly(scheduler_factory, co
 
 def test_unreachable_scheduler_times_out_naming_the_address(context):
     client = SchedulerClient(context, "127.0.0.1", 1, timeout_s=0.5)
-    with pytest.raises(RendezvousTimeout, match=r"scheduler at tcp://127.0.0.1:1 .* within 0.5 s"):
+    with pytest.raises(RendezvousTimeout, match=r"scheduler at tcp://127.0.0.1:1 within 0.5 s .*"
+                                                 r"DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT"):
         client.register(NodeInfo("worker"))
+
+
+def test_a_node_waiting_for_an_absent_scheduler_says_so_within_5_s(context, caplog):
+    client = SchedulerClient(context, "127.0.0.1", 1, timeout_s=6.5)
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO, logger=JOB_LOGGER), pytest.raises(RendezvousTimeout):
+        client.register(NodeInfo("worker", worker_id=3))
+    waits = [r for r in caplog.records if r.name == JOB_LOGGER]
+    assert len(waits) == 1, [r.getMessage() for r in waits]
+    assert waits[0].created - (time.time() - (time.monotonic() - started)) <= 5.5
+    text = waits[0].getMessage()
+    assert "worker 3 waits for the scheduler at tcp://127.0.0.1:1: no answer for 5 s" in text
+    assert "DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT" in text and "giving up after 6.5 s" in text
+
+
+def test_waiting_nodes_learn_from_the_scheduler_which_ranks_are_missing(scheduler_factory, caplog):
+    with caplog.at_level(logging.INFO, logger=JOB_LOGGER):
+        scheduler = scheduler_factory(2, 1)
+        port = scheduler.listener.port
+        early = []
+        first = threading.Thread(target=lambda: early.append(run_nodes(
+            port, [NodeInfo("server", "127.0.0.1", 1), NodeInfo("worker", worker_id=0)], finish)))
+        first.start()
+        deadline = time.monotonic() + 15
+        while not any("still waits for worker rank 1" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+            time.sleep(0.1)
+        books, errors = run_nodes(port, [NodeInfo("worker", worker_id=1)], finish)
+        first.join(timeout=20)
+    assert errors == [] and books[0].rank == 1
+    assert early and early[0][1] == [] and early[0][0][1].rank == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == JOB_LOGGER]
+    assert any(line.startswith("scheduler up on tcp://127.0.0.1:") and "1 server and 2 worker machines" in line
+               for line in lines)
+    # The scheduler says it itself, and each registered node repeats its answer.
+    assert any(line.startswith("scheduler still waits for worker rank 1 (1/2 worker processes registered)")
+               for line in lines)
+    assert any(line.startswith("server registered; the scheduler still waits for worker rank 1") for line in lines)
+    assert any(line.startswith("all nodes registered in ") and "1 server, 2 worker processes on 2 machines" in line
+               for line in lines)

@@ -1,8 +1,9 @@
 """The one typed home of every byteps knob.
 
 Every process of a job (scheduler, server, worker, launcher) reads its
-settings through :class:`Config`, from the environment variables documented
-in BytePS's env reference (``DMLC_*``, ``BYTEPS_*``, ``PS_VERBOSE``). A
+settings through :class:`Config`, from the environment variables of
+BytePS's env reference (``DMLC_*``, ``BYTEPS_*``, ``PS_*``), listed with
+their defaults in :data:`ENV_DEFAULTS` and docs/configuration.md. A
 missing or malformed value raises :class:`ConfigError`, which names the
 variable and says what a good value looks like; command-line entry points
 turn it into a message on stderr and exit status 2 (BytePS printed a line and
@@ -20,10 +21,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from types import MappingProxyType
 from typing import Callable, Mapping, Optional, Tuple, TypeVar
 
 __all__ = [
-    "Config", "ConfigError", "ROLES", "LOG_LEVELS", "KEY_HASH_FNS", "SERVER_ASSIGNMENTS",
+    "Config", "ConfigError", "ENV_DEFAULTS", "ROLES", "LOG_LEVELS", "KEY_HASH_FNS", "SERVER_ASSIGNMENTS",
     "parse_cpu_list", "parse_cpu_sections",
 ]
 
@@ -36,7 +38,9 @@ LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 # (docs/performance.md, "Scheduling").
 DEFAULT_PARTITION_BYTES = 512000
 DEFAULT_SERVER_ENGINE_THREADS = 4
-DEFAULT_RENDEZVOUS_TIMEOUT_S = 120
+# A worker gives up on a job that does not assemble after this long; servers and the scheduler wait
+# for late nodes as long as it takes unless BYTEPS_RENDEZVOUS_TIMEOUT is set (Config.rendezvous_timeout).
+DEFAULT_WORKER_RENDEZVOUS_TIMEOUT_S = 120
 DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 10.0
 DEFAULT_STALL_CHECK_S = 60.0
@@ -46,6 +50,54 @@ DEFAULT_FUSION_MAX_TENSOR_BYTES = 65536
 DEFAULT_PCIE_SWITCH_SIZE = 8
 KEY_HASH_FNS = ("djb2", "sdbm", "built_in")
 SERVER_ASSIGNMENTS = ("balanced", "hash")
+
+#: Every variable :meth:`Config.from_env` reads, with the value it applies when the variable is unset or
+#: empty (None: no value). A distributed job requires DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT and
+#: DMLC_NUM_SERVER, and several worker machines DMLC_WORKER_ID, whatever this says. docs/configuration.md
+#: documents the same names and defaults; tests/test_configuration_doc.py holds the two together.
+ENV_DEFAULTS: Mapping[str, object] = MappingProxyType({
+    # Job layout
+    "DMLC_ROLE": "worker",
+    "DMLC_NUM_WORKER": 1,
+    "DMLC_NUM_SERVER": 0,
+    "DMLC_WORKER_ID": 0,
+    "DMLC_PS_ROOT_URI": None,
+    "DMLC_PS_ROOT_PORT": None,
+    "DMLC_INTERFACE": None,
+    "DMLC_NODE_HOST": None,
+    "BYTEPS_LOCAL_RANK": 0,
+    "BYTEPS_LOCAL_SIZE": 1,
+    "BYTEPS_FORCE_DISTRIBUTED": False,
+    "DMLC_ENABLE_RDMA": False,
+    # Performance
+    "BYTEPS_PARTITION_BYTES": DEFAULT_PARTITION_BYTES,
+    "BYTEPS_SERVER_ENGINE_THREAD": DEFAULT_SERVER_ENGINE_THREADS,
+    "BYTEPS_SCHEDULING_CREDIT": DEFAULT_SCHEDULING_CREDIT,
+    "BYTEPS_PIPELINE": True,
+    "BYTEPS_FUSION_THRESHOLD": DEFAULT_FUSION_THRESHOLD,
+    "BYTEPS_FUSION_MAX_TENSOR_BYTES": DEFAULT_FUSION_MAX_TENSOR_BYTES,
+    "BYTEPS_SERVER_ASSIGNMENT": "balanced",
+    "BYTEPS_KEY_HASH_FN": "djb2",
+    # Diagnostics and timeouts
+    "BYTEPS_LOG_LEVEL": "WARNING",
+    "PS_VERBOSE": 0,
+    "PS_HEARTBEAT_INTERVAL": DEFAULT_HEARTBEAT_INTERVAL_S,
+    "PS_HEARTBEAT_TIMEOUT": DEFAULT_HEARTBEAT_TIMEOUT_S,
+    "BYTEPS_STALL_CHECK_TIME": DEFAULT_STALL_CHECK_S,
+    "BYTEPS_STALL_SHUTDOWN_TIME": 0.0,
+    "BYTEPS_JOB_SECRET": None,
+    "BYTEPS_RENDEZVOUS_TIMEOUT": None,
+    # CPU placement
+    "BYTEPS_NUMA_ON": True,
+    "BYTEPS_VISIBLE_CPU_CORES": None,
+    "BYTEPS_NUMA_DEFAULT_QUOTA": None,
+    "BYTEPS_CPU_BLACKLIST": (),
+    "BYTEPS_MULTITHREADED_CPU": True,
+    "BYTEPS_PCIE_SWITCH_SIZE": DEFAULT_PCIE_SWITCH_SIZE,
+    # Set by bpslaunch
+    "BYTEPS_JOB_ID": None,
+    "BYTEPS_REPORT_DIR": None,
+})
 
 T = TypeVar("T")
 
@@ -103,7 +155,9 @@ class _EnvReader:
         value = self.environ.get(variable)
         return None if value is None or value.strip() == "" else value
 
-    def get(self, variable: str, parse: Callable[[str, str], T], default: T) -> T:
+    def get(self, variable: str, parse: Callable[[str, str], T]) -> T:
+        """The parsed value of ``variable``, else its ENV_DEFAULTS entry (a KeyError for a name not there)."""
+        default = ENV_DEFAULTS[variable]
         raw = self.raw(variable)
         return default if raw is None else parse(variable, raw)
 
@@ -187,7 +241,7 @@ class Config:
     partition_bytes: int = DEFAULT_PARTITION_BYTES
     server_engine_threads: int = DEFAULT_SERVER_ENGINE_THREADS
     enable_rdma: bool = False
-    rendezvous_timeout_s: int = DEFAULT_RENDEZVOUS_TIMEOUT_S
+    rendezvous_timeout_s: Optional[int] = None  # as set; see rendezvous_timeout for what applies
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
     stall_check_s: float = DEFAULT_STALL_CHECK_S
@@ -212,6 +266,20 @@ class Config:
     pcie_switch_size: int = DEFAULT_PCIE_SWITCH_SIZE
     # Names this job's shared-memory segments and local sockets (bpslaunch sets it; else the scheduler picks one)
     job_id: Optional[str] = None
+    # Where each process leaves its figures for bpslaunch's summary line (bpslaunch sets it)
+    report_dir: Optional[str] = None
+
+    @property
+    def rendezvous_timeout(self) -> Optional[float]:
+        """Seconds this process waits for the job to assemble (None: as long as it takes).
+
+        BYTEPS_RENDEZVOUS_TIMEOUT when set; otherwise a worker gives up after
+        120 s, naming what was missing, while a server or the scheduler waits
+        for late nodes indefinitely (they say every few seconds what for).
+        """
+        if self.rendezvous_timeout_s is not None:
+            return float(self.rendezvous_timeout_s)
+        return float(DEFAULT_WORKER_RENDEZVOUS_TIMEOUT_S) if self.role == "worker" else None
 
     @property
     def is_distributed(self) -> bool:
@@ -243,16 +311,16 @@ class Config:
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> Config:
         """Read and validate a Config; raises ConfigError naming the variable."""
         env = _EnvReader(os.environ if environ is None else environ)
-        role = env.get("DMLC_ROLE", _choice(ROLES, str.lower), "worker")
-        num_worker = env.get("DMLC_NUM_WORKER", _int(1), 1)
-        local_size = env.get("BYTEPS_LOCAL_SIZE", _int(1), 1)
-        local_rank = env.get("BYTEPS_LOCAL_RANK", _int(0), 0)
+        role = env.get("DMLC_ROLE", _choice(ROLES, str.lower))
+        num_worker = env.get("DMLC_NUM_WORKER", _int(1))
+        local_size = env.get("BYTEPS_LOCAL_SIZE", _int(1))
+        local_rank = env.get("BYTEPS_LOCAL_RANK", _int(0))
         if local_rank >= local_size:
             raise ConfigError(
                 "BYTEPS_LOCAL_RANK",
                 f"must be < BYTEPS_LOCAL_SIZE={local_size}, got {local_rank}",
             )
-        force_distributed = env.get("BYTEPS_FORCE_DISTRIBUTED", _parse_bool, False)
+        force_distributed = env.get("BYTEPS_FORCE_DISTRIBUTED", _parse_bool)
         distributed = role != "worker" or force_distributed or num_worker * local_size > 1
 
         if role == "worker" and num_worker > 1:
@@ -260,7 +328,7 @@ class Config:
                 "DMLC_WORKER_ID", _int(0), f"for a worker when DMLC_NUM_WORKER={num_worker} > 1"
             )
         else:
-            worker_id = env.get("DMLC_WORKER_ID", _int(0), 0)
+            worker_id = env.get("DMLC_WORKER_ID", _int(0))
         if worker_id >= num_worker:
             raise ConfigError("DMLC_WORKER_ID", f"must be < DMLC_NUM_WORKER={num_worker}, got {worker_id}")
 
@@ -270,16 +338,16 @@ class Config:
             root_port = env.require("DMLC_PS_ROOT_PORT", _int(1, 65535), why + " (the scheduler's port)")
             num_server = env.require("DMLC_NUM_SERVER", _int(0), why)
         else:
-            root_uri = env.get("DMLC_PS_ROOT_URI", _text, None)
-            root_port = env.get("DMLC_PS_ROOT_PORT", _int(1, 65535), None)
-            num_server = env.get("DMLC_NUM_SERVER", _int(0), 0)
+            root_uri = env.get("DMLC_PS_ROOT_URI", _text)
+            root_port = env.get("DMLC_PS_ROOT_PORT", _int(1, 65535))
+            num_server = env.get("DMLC_NUM_SERVER", _int(0))
         # One worker machine sums in shared memory and needs no server, unless forced through them.
         needs_servers = role == "server" or force_distributed or num_worker > 1
         if distributed and needs_servers and num_server < 1:
             raise ConfigError("DMLC_NUM_SERVER", f"must be >= 1 {why}, got {num_server}")
 
-        heartbeat_interval = env.get("PS_HEARTBEAT_INTERVAL", _parse_seconds, DEFAULT_HEARTBEAT_INTERVAL_S)
-        heartbeat_timeout = env.get("PS_HEARTBEAT_TIMEOUT", _parse_seconds, DEFAULT_HEARTBEAT_TIMEOUT_S)
+        heartbeat_interval = env.get("PS_HEARTBEAT_INTERVAL", _parse_seconds)
+        heartbeat_timeout = env.get("PS_HEARTBEAT_TIMEOUT", _parse_seconds)
         if heartbeat_interval > 0 and heartbeat_timeout < 2 * heartbeat_interval:
             raise ConfigError(
                 "PS_HEARTBEAT_TIMEOUT",
@@ -292,39 +360,34 @@ class Config:
             worker_id=worker_id,
             root_uri=root_uri,
             root_port=root_port,
-            interface=env.get("DMLC_INTERFACE", _text, None),
-            node_host=env.get("DMLC_NODE_HOST", _text, None),
+            interface=env.get("DMLC_INTERFACE", _text),
+            node_host=env.get("DMLC_NODE_HOST", _text),
             local_rank=local_rank,
             local_size=local_size,
             force_distributed=force_distributed,
-            partition_bytes=env.get("BYTEPS_PARTITION_BYTES", _int(1), DEFAULT_PARTITION_BYTES),
-            server_engine_threads=env.get(
-                "BYTEPS_SERVER_ENGINE_THREAD", _int(1, 256), DEFAULT_SERVER_ENGINE_THREADS
-            ),
-            enable_rdma=env.get("DMLC_ENABLE_RDMA", _parse_bool, False),
-            rendezvous_timeout_s=env.get(
-                "BYTEPS_RENDEZVOUS_TIMEOUT", _int(1), DEFAULT_RENDEZVOUS_TIMEOUT_S
-            ),
+            partition_bytes=env.get("BYTEPS_PARTITION_BYTES", _int(1)),
+            server_engine_threads=env.get("BYTEPS_SERVER_ENGINE_THREAD", _int(1, 256)),
+            enable_rdma=env.get("DMLC_ENABLE_RDMA", _parse_bool),
+            rendezvous_timeout_s=env.get("BYTEPS_RENDEZVOUS_TIMEOUT", _int(1)),
             heartbeat_interval_s=heartbeat_interval,
             heartbeat_timeout_s=heartbeat_timeout,
-            stall_check_s=env.get("BYTEPS_STALL_CHECK_TIME", _parse_seconds, DEFAULT_STALL_CHECK_S),
-            stall_shutdown_s=env.get("BYTEPS_STALL_SHUTDOWN_TIME", _parse_seconds, 0.0),
-            job_secret=env.get("BYTEPS_JOB_SECRET", _text, None),
-            log_level=env.get("BYTEPS_LOG_LEVEL", _choice(LOG_LEVELS, str.upper), "WARNING"),
-            ps_verbose=env.get("PS_VERBOSE", _int(0, 2), 0),
-            scheduling_credit=env.get("BYTEPS_SCHEDULING_CREDIT", _int(0), DEFAULT_SCHEDULING_CREDIT),
-            pipeline=env.get("BYTEPS_PIPELINE", _parse_bool, True),
-            fusion_threshold=env.get("BYTEPS_FUSION_THRESHOLD", _int(0), DEFAULT_FUSION_THRESHOLD),
-            fusion_max_tensor_bytes=env.get(
-                "BYTEPS_FUSION_MAX_TENSOR_BYTES", _int(1), DEFAULT_FUSION_MAX_TENSOR_BYTES),
-            key_hash_fn=env.get("BYTEPS_KEY_HASH_FN", _choice(KEY_HASH_FNS, str.lower), "djb2"),
-            server_assignment=env.get(
-                "BYTEPS_SERVER_ASSIGNMENT", _choice(SERVER_ASSIGNMENTS, str.lower), "balanced"),
-            numa_on=env.get("BYTEPS_NUMA_ON", _parse_bool, True),
-            visible_cpu_cores=env.get("BYTEPS_VISIBLE_CPU_CORES", parse_cpu_sections, None),
-            cpu_blacklist=env.get("BYTEPS_CPU_BLACKLIST", parse_cpu_list, ()),
-            multithreaded_cpu=env.get("BYTEPS_MULTITHREADED_CPU", _parse_bool, True),
-            numa_default_quota=env.get("BYTEPS_NUMA_DEFAULT_QUOTA", _int(1), None),
-            pcie_switch_size=env.get("BYTEPS_PCIE_SWITCH_SIZE", _int(1), DEFAULT_PCIE_SWITCH_SIZE),
-            job_id=env.get("BYTEPS_JOB_ID", _job_id, None),
+            stall_check_s=env.get("BYTEPS_STALL_CHECK_TIME", _parse_seconds),
+            stall_shutdown_s=env.get("BYTEPS_STALL_SHUTDOWN_TIME", _parse_seconds),
+            job_secret=env.get("BYTEPS_JOB_SECRET", _text),
+            log_level=env.get("BYTEPS_LOG_LEVEL", _choice(LOG_LEVELS, str.upper)),
+            ps_verbose=env.get("PS_VERBOSE", _int(0, 2)),
+            scheduling_credit=env.get("BYTEPS_SCHEDULING_CREDIT", _int(0)),
+            pipeline=env.get("BYTEPS_PIPELINE", _parse_bool),
+            fusion_threshold=env.get("BYTEPS_FUSION_THRESHOLD", _int(0)),
+            fusion_max_tensor_bytes=env.get("BYTEPS_FUSION_MAX_TENSOR_BYTES", _int(1)),
+            key_hash_fn=env.get("BYTEPS_KEY_HASH_FN", _choice(KEY_HASH_FNS, str.lower)),
+            server_assignment=env.get("BYTEPS_SERVER_ASSIGNMENT", _choice(SERVER_ASSIGNMENTS, str.lower)),
+            numa_on=env.get("BYTEPS_NUMA_ON", _parse_bool),
+            visible_cpu_cores=env.get("BYTEPS_VISIBLE_CPU_CORES", parse_cpu_sections),
+            cpu_blacklist=env.get("BYTEPS_CPU_BLACKLIST", parse_cpu_list),
+            multithreaded_cpu=env.get("BYTEPS_MULTITHREADED_CPU", _parse_bool),
+            numa_default_quota=env.get("BYTEPS_NUMA_DEFAULT_QUOTA", _int(1)),
+            pcie_switch_size=env.get("BYTEPS_PCIE_SWITCH_SIZE", _int(1)),
+            job_id=env.get("BYTEPS_JOB_ID", _job_id),
+            report_dir=env.get("BYTEPS_REPORT_DIR", _text),
         )

@@ -1,7 +1,10 @@
 """Logging of byteps processes, set from BYTEPS_LOG_LEVEL and PS_VERBOSE.
 
 BYTEPS_LOG_LEVEL sets the ``byteps`` loggers (TRACE is finer than DEBUG);
-PS_VERBOSE (0, 1, 2) sets the transport's, as it set ps-lite's.
+PS_VERBOSE (0, 1, 2) sets the transport's, as it set ps-lite's. The job log
+(``byteps.job``: the scheduler is up, all nodes registered, who waits for
+what) is shown at INFO by default, as short ``byteps: ...`` lines, and
+silenced with BYTEPS_LOG_LEVEL=ERROR or FATAL (``bpslaunch -q``).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import logging
 import sys
 
 from byteps.common.config import Config
+from byteps.transport.job_log import JOB_LOGGER
 
 __all__ = ["configure_logging", "TRACE"]
 
@@ -31,3 +35,11 @@ def configure_logging(config: Config, who: str) -> None:
     root.setLevel(level)
     transport_level = min(level, _TRANSPORT_LEVELS[config.ps_verbose])
     logging.getLogger("byteps.transport").setLevel(transport_level)
+    job = logging.getLogger(JOB_LOGGER)
+    if not any(getattr(h, "_byteps", False) for h in job.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("byteps: %(message)s"))
+        handler._byteps = True  # type: ignore[attr-defined]
+        job.addHandler(handler)
+        job.propagate = False
+    job.setLevel(min(level, logging.INFO) if level <= logging.WARNING else level)

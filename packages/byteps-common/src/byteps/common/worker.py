@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
@@ -33,6 +34,7 @@ from byteps.common.comm_loop import CommLoop, CommOptions, PushPullTask
 from byteps.common.config import Config
 from byteps.common.dtypes import DType
 from byteps.common.handle import Handle
+from byteps.common.job_report import ProcessReport, write_report
 from byteps.common.server_assignment import ServerAssigner
 from byteps.common.tensor_description import TAG_GATHER
 from byteps.transport import Context, NodeInfo, SchedulerClient, TransportError, authenticate
@@ -71,6 +73,9 @@ class Worker:
         self._comm: Optional[CommLoop] = None
         self._assigner: Optional[ServerAssigner] = None
         self.job_id: Optional[str] = config.job_id
+        self._started = time.monotonic()
+        self._first_push_pull: Optional[float] = None
+        self._last_done = 0.0
         self.rank = config.rank
         self.size = config.size
         if config.is_distributed:
@@ -92,7 +97,7 @@ class Worker:
         cfg = self.config
         self._context = Context()
         host = resolve_host(cfg.node_host, cfg.interface, cfg.root_uri)
-        self._scheduler = SchedulerClient(self._context, cfg.root_uri, cfg.root_port, cfg.rendezvous_timeout_s,
+        self._scheduler = SchedulerClient(self._context, cfg.root_uri, cfg.root_port, cfg.rendezvous_timeout,
                                           cfg.heartbeat_interval_s, cfg.heartbeat_timeout_s, cfg.secret)
         book = self._scheduler.register(
             NodeInfo(role="worker", host=host, worker_id=cfg.worker_id,
@@ -106,12 +111,12 @@ class Worker:
             rank=self.rank, max_payload_bytes=max(cfg.partition_bytes, 1 << 20),
             credit_bytes=cfg.scheduling_credit * cfg.partition_bytes, pipeline=cfg.pipeline,
             job_id=self.job_id, machine=cfg.worker_id, local_rank=cfg.local_rank, local_size=cfg.local_size,
-            secret=cfg.secret, handshake_timeout_s=cfg.rendezvous_timeout_s, partition_bytes=cfg.partition_bytes)
+            secret=cfg.secret, handshake_timeout_s=cfg.rendezvous_timeout, partition_bytes=cfg.partition_bytes)
         # From here on the comm thread owns the scheduler connection (heartbeats, barriers).
         self._comm = CommLoop(self._context, list(book.servers), options, self._scheduler)
         if cfg.secret is not None:
             for connection in self._comm.connections:
-                authenticate(connection, cfg.secret, self.rank, cfg.rendezvous_timeout_s)
+                authenticate(connection, cfg.secret, self.rank, cfg.rendezvous_timeout)
         self._assigner = ServerAssigner(max(1, len(book.servers)), cfg.partition_bytes,
                                         cfg.server_assignment, cfg.key_hash_fn)
         self._comm.start()
@@ -206,6 +211,8 @@ class Worker:
             round_ = self._rounds[name]
             self._rounds[name] = round_ + 1
             self._in_flight.add(name)
+            if self._first_push_pull is None:
+                self._first_push_pull = time.monotonic()
         handle = _TrackedHandle(name, target.array, self)
         if self._comm is None:
             if target.data is not source.data:
@@ -307,11 +314,12 @@ class Worker:
     def _finished(self, name: str) -> None:
         with self._lock:
             self._in_flight.discard(name)
+            self._last_done = time.monotonic()
 
     def barrier(self) -> None:
         """Block until every worker process reaches the barrier."""
         if self._comm is not None:
-            self._comm.barrier(self.config.rendezvous_timeout_s)
+            self._comm.barrier(self.config.rendezvous_timeout)
 
     @property
     def server_addresses(self) -> List[str]:
@@ -334,6 +342,7 @@ class Worker:
             self._closed = True
         if self._comm is not None:
             self._comm.stop()
+        self._write_report()
         if self._scheduler is not None:
             try:
                 self._scheduler.finalize()
@@ -341,6 +350,15 @@ class Worker:
                 self._scheduler.close()
         if self._context is not None:
             self._context.close()
+
+
+    def _write_report(self) -> None:
+        with self._lock:
+            rounds = max(self._rounds.values(), default=0)
+            busy = self._last_done - self._first_push_pull if self._first_push_pull is not None else 0.0
+        write_report(self.config.report_dir, ProcessReport(
+            "worker", self.rank, time.monotonic() - self._started, rounds, max(0.0, busy),
+            self.bytes_sent, self.bytes_received))
 
 
 class _TrackedHandle(Handle):

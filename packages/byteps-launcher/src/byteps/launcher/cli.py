@@ -3,13 +3,21 @@
 ::
 
     bpslaunch [-np L] [--workers W] [--servers K] [--force-distributed]
-              [--grace-period SECONDS] [--] COMMAND ...
+              [--grace-period SECONDS] [-q | -v] [--] COMMAND ...
 
 Without ``DMLC_ROLE`` in the environment (embedded mode) the whole job runs
 on this machine; with it (role mode) this machine plays that role, as with
 BytePS's launcher. Exit status: the job's (see
-:mod:`byteps.launcher.supervisor`), 2 for a usage or configuration error,
-130/143 when interrupted by SIGINT/SIGTERM.
+:mod:`byteps.launcher.supervisor`), 2 for a usage or configuration error
+(one line naming the fix), 130/143 when interrupted by SIGINT/SIGTERM.
+
+A job shows itself: bpslaunch prints its plan once, the scheduler says when
+it is up and when every node has registered, a node that waits says what
+for, and bpslaunch ends with one summary line (wall time, rounds, bytes per
+worker, the servers' share; from the reports its children leave in
+``BYTEPS_REPORT_DIR``, see :mod:`byteps.common.job_report`). ``-q`` keeps
+only errors (BYTEPS_LOG_LEVEL=ERROR for the children), ``-v`` adds the
+processes' own INFO logs and the CPU placement.
 
 Example::
 
@@ -21,11 +29,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from typing import List, Optional, Sequence
+import shutil
+import tempfile
+import time
+from typing import Dict, List, Optional, Sequence
 
 from byteps.common.config import ConfigError
 from byteps.common.interface import distribution_version
+from byteps.common.job_report import REPORT_DIR_VARIABLE, read_reports, summarize
 from byteps.launcher.cpu_placement import place_workers
 from byteps.launcher.embedded_mode import EmbeddedOptions, embedded_plan, stale_variables
 from byteps.launcher.job_plan import JobPlan, UsageError
@@ -38,6 +49,14 @@ __all__ = ["main", "build_parser"]
 USAGE_ERROR = 2
 EMBEDDED_ONLY = (("local_size", "-np"), ("num_worker", "--workers"), ("num_server", "--servers"))
 VERBOSE_LEVELS = ("TRACE", "DEBUG", "INFO")
+QUIET_LEVEL, VERBOSE_LEVEL = "ERROR", "INFO"  # BYTEPS_LOG_LEVEL for -q / -v, unless the user set one
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line naming the fix (and exit 2), like every other bpslaunch error."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _non_negative_float(text: str) -> float:
@@ -51,11 +70,11 @@ def _non_negative_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="bpslaunch",
         usage=(
             "%(prog)s [-np L] [--workers W] [--servers K] [--force-distributed] "
-            "[--grace-period SECONDS] [--] COMMAND ..."
+            "[--grace-period SECONDS] [-q | -v] [--] COMMAND ..."
         ),
         description=(
             "Start a byteps job and tear it all down on the first failure. Without DMLC_ROLE "
@@ -83,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="SECONDS",
                         help="time between SIGTERM and SIGKILL when tearing the job down "
                              f"(default {DEFAULT_GRACE_PERIOD:g})")
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument("-q", "--quiet", action="store_true",
+                          help="print errors only: no plan, progress or summary lines")
+    loudness.add_argument("-v", "--verbose", action="store_true",
+                          help="also print every process's INFO log and where workers are pinned")
     parser.add_argument("--version", action="version",
                         version=f"%(prog)s {distribution_version('byteps-launcher')}")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
@@ -90,8 +114,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _plan(args: argparse.Namespace, command: List[str], console: Console) -> JobPlan:
-    environ = os.environ
+def _environment(args: argparse.Namespace, report_dir: str) -> Dict[str, str]:
+    """This process's environment plus what -q/-v and the job report ask of the children."""
+    environ = dict(os.environ)
+    environ[REPORT_DIR_VARIABLE] = report_dir
+    if (args.quiet or args.verbose) and not environ.get("BYTEPS_LOG_LEVEL", "").strip():
+        environ["BYTEPS_LOG_LEVEL"] = QUIET_LEVEL if args.quiet else VERBOSE_LEVEL
+    return environ
+
+
+def _plan(args: argparse.Namespace, command: List[str], environ: Dict[str, str], console: Console) -> JobPlan:
     if environ.get("DMLC_ROLE", "").strip():
         given = [flag for attr, flag in EMBEDDED_ONLY if getattr(args, attr) is not None]
         if args.force_distributed:
@@ -125,21 +157,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     console = Console()
+    report_dir = tempfile.mkdtemp(prefix="bpslaunch-report-")
     try:
-        plan = _plan(args, command, console)
+        return _run(args, command, report_dir, console)
+    finally:
+        shutil.rmtree(report_dir, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, command: List[str], report_dir: str, console: Console) -> int:
+    try:
+        plan = _plan(args, command, _environment(args, report_dir), console)
         verbose = plan.processes[0].config().log_level in VERBOSE_LEVELS
-        if verbose:
+        if not args.quiet:
             console.note(plan.describe())
         plan = place_workers(plan, report=console.note if verbose else None)  # BYTEPS_NUMA_ON & co.
     except ConfigError as exc:
         console.note(f"configuration error: {exc}")
         return USAGE_ERROR
     except UsageError as exc:
-        parser.print_usage(sys.stderr)
-        console.note(f"error: {exc}")
+        console.note(f"error: {exc} (see bpslaunch --help)")
         return USAGE_ERROR
     except KeyboardInterrupt:
         return 130
 
+    started = time.monotonic()
     outcome = Supervisor(plan, grace_period=args.grace_period, console=console).run()
+    if not args.quiet:
+        wall_s = time.monotonic() - started
+        if outcome.ok:
+            console.note(summarize(read_reports(report_dir), wall_s))
+        else:
+            console.note(f"job failed after {wall_s:.1f} s with exit status {outcome.exit_code}")
     return outcome.exit_code

@@ -100,14 +100,45 @@ class JobPlan:
             process.config()
 
     def describe(self) -> str:
-        """One line for the log, e.g. ``embedded job: scheduler, 1 server, 2 workers``."""
+        """The plan in one line, printed once at the start of a job, e.g.
+
+        ``embedded job: scheduler on 127.0.0.1:40123, 1 server, 2 worker processes
+        (2 machines x 1); 512000-byte partitions, TCP to the servers``
+        """
+        config = (self.workers or self.processes)[0].config()  # a worker knows the local size
         servers = sum(p.role == "server" for p in self.processes)
-        parts = [p.role for p in self.processes if p.role == "scheduler"]
-        if servers:
-            parts.append(f"{servers} server{'s' if servers != 1 else ''}")
         workers = len(self.workers)
-        parts.append(f"{workers} worker process{'es' if workers != 1 else ''}")
-        return f"{self.mode} job: {', '.join(parts)}"
+        parts = []
+        if config.is_distributed:
+            where = f"{config.root_uri}:{config.root_port}"
+            parts.append(f"scheduler on {where}" if any(p.role == "scheduler" for p in self.processes)
+                         else f"scheduler at {where}")
+        if servers and self.mode == "embedded":
+            parts.append(_count(servers, "server"))
+        if workers:
+            text = _count(workers, "worker process", "worker processes")
+            if self.mode == "embedded" and config.is_distributed:
+                text += f" ({_count(config.num_worker, 'machine')} x {config.local_size})"
+            elif self.mode == "role":
+                text += f" on worker machine {config.worker_id} of {config.num_worker}"
+            parts.append(text)
+        if self.mode == "role" and not workers:
+            parts.append(f"for {_count(config.num_server, 'server')} and {_count(config.num_worker, 'worker machine')}")
+        if not config.is_distributed:
+            parts.append("no scheduler or servers (one process needs none)")
+        else:
+            paths = []
+            if config.num_server:
+                paths.append("TCP to the servers")
+            if config.local_size > 1:
+                paths.append("shared memory inside a machine")
+            parts.append(f"{config.partition_bytes}-byte partitions" + (", " + " and ".join(paths) if paths else ""))
+        mode = "embedded job" if self.mode == "embedded" else f"role mode ({config.role})"
+        return f"{mode}: {', '.join(parts)}"
+
+
+def _count(n: int, singular: str, plural: str = "") -> str:
+    return f"{n} {singular if n == 1 else plural or singular + 's'}"
 
 
 def child_environment(

@@ -3,8 +3,9 @@
 Every child writes to its own pipes; bpslaunch reads them (from the
 supervisor's single select loop, so no threads exist when it forks the next
 child) and re-prints each complete line with the child's prefix, e.g.
-``[worker 1] loss=0.3``, flushing at once. A partial line is kept until its
-newline arrives, so lines from different children never interleave
+``[worker 1] loss=0.3``, flushing at once. A carriage return ends a line
+too, so a progress bar that redraws itself (tqdm) is relayed as it moves.
+A partial line is kept until its newline or carriage return arrives, so lines from different children never interleave
 mid-line; whatever is left when a pipe closes is printed with a newline
 added. Bytes are passed through untouched: a child's output need not be
 UTF-8.
@@ -69,7 +70,7 @@ class PrefixedLines:
 
     def feed(self, data: bytes) -> None:
         data = self._pending + data
-        end = data.rfind(b"\n") + 1
+        end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
         complete, self._pending = data[:end], data[end:]
         if len(self._pending) > MAX_PENDING_BYTES:
             complete, self._pending = complete + self._pending + b"\n", b""

@@ -2,7 +2,17 @@
 
 Which role runs is DMLC_ROLE's (``server`` or ``scheduler``), as with
 BytePS's servers, which reused MXNet's DMLC bootstrapping. A bad or missing
-variable is reported with its name and exit status 2.
+variable, or any argument but ``--help``/``--version``, is reported in one
+line naming the fix, with exit status 2.
+
+Usage::
+
+    DMLC_ROLE=server DMLC_PS_ROOT_URI=10.0.0.1 DMLC_PS_ROOT_PORT=9000 \
+        DMLC_NUM_WORKER=2 DMLC_NUM_SERVER=1 byteps-server
+
+A server or scheduler waits for late nodes as long as it takes (set
+BYTEPS_RENDEZVOUS_TIMEOUT to give up), saying every few seconds what it
+waits for. Every variable: docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -14,6 +24,8 @@ import sys
 from typing import List, Optional
 
 from byteps.common.config import Config, ConfigError
+from byteps.common.interface import distribution_version
+from byteps.common.job_report import write_report
 from byteps.common.logging_setup import configure_logging
 from byteps.transport import Scheduler, SchedulerOptions, TransportError
 
@@ -37,6 +49,7 @@ def _run_server(config: Config) -> None:
     server = ParameterServer(config)
     try:
         server.run()
+        write_report(config.report_dir, server.report())
     finally:
         server.close()
 
@@ -47,6 +60,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
+    if argv and argv[0] == "--version":
+        print(f"byteps-server {distribution_version('byteps-server')}")
+        return 0
+    if argv:
+        print(f"byteps-server: unexpected argument {argv[0]!r}: the server is configured by DMLC_*/BYTEPS_* "
+              "variables only (see byteps-server --help)", file=sys.stderr)
+        return 2
     try:
         config = Config.from_env()
     except ConfigError as exc:

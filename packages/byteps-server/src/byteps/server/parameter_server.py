@@ -33,6 +33,7 @@ import time
 from typing import Dict, List, Set, Tuple
 
 from byteps.common.config import Config
+from byteps.common.job_report import ProcessReport
 from byteps.common.tensor_description import MISMATCH_ADVICE, PartitionSpec, describe_op
 from byteps.server.engine import create_engine
 from byteps.server.stall_inspector import PartialRound, StallInspector
@@ -86,9 +87,10 @@ class ParameterServer:
         self.max_partition_bytes = max(config.partition_bytes, 1 << 20)
         self.listener = self.context.listen(tcp_address(host, 0), max_payload_bytes=self.max_partition_bytes)
         self.scheduler = SchedulerClient(self.context, config.root_uri, config.root_port,
-                                         config.rendezvous_timeout_s, config.heartbeat_interval_s,
+                                         config.rendezvous_timeout, config.heartbeat_interval_s,
                                          config.heartbeat_timeout_s, config.secret)
         book = self.scheduler.register(NodeInfo(role="server", host=host, port=self.listener.port))
+        self.registered_at = time.monotonic()
         self.rank = book.rank
         # Local aggregation: one process per worker machine pushes each key.
         self.num_workers = book.num_worker_machines
@@ -147,6 +149,12 @@ class ParameterServer:
     def _rank_of(self, state: KeyState, identity: bytes) -> int:
         rank = state.declared_by.get(identity)
         return self.joined.get(identity, 0) if rank is None else rank
+
+    def report(self) -> ProcessReport:
+        """What this server received and sent since registration, for the job's summary."""
+        counters = self.listener.counters
+        return ProcessReport("server", self.rank, time.monotonic() - self.registered_at,
+                             bytes_sent=counters.bytes_sent, bytes_received=counters.bytes_received)
 
     def close(self) -> None:
         self.listener.close()

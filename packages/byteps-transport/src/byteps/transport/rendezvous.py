@@ -7,6 +7,13 @@ ADD_NODE exchange). Afterwards it can barrier with the other workers, and a
 worker tells the scheduler when it is done (finalize), which is how servers
 learn to exit.
 
+While it waits for the address book a node says, every few seconds on the
+job log, what it waits for: the scheduler itself (no answer yet: check
+DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT) or the nodes that have not registered
+(the scheduler tells, in its answer to the node's heartbeat). A timeout of
+None waits as long as it takes (servers and the scheduler in role mode);
+workers give up after BYTEPS_RENDEZVOUS_TIMEOUT.
+
 Example::
 
     client = SchedulerClient(context, "127.0.0.1", 9000, timeout_s=60)
@@ -21,10 +28,11 @@ import os
 import time
 from typing import Any, Optional, Tuple
 
-from byteps.transport.authentication import authenticate
+from byteps.transport.authentication import ClientHandshake
 from byteps.transport.endpoint import Message
 from byteps.transport.errors import NodeFailure, RemoteError, RendezvousTimeout, TransportError
 from byteps.transport.frames import MAX_CONTROL_PAYLOAD, Command, command_name, json_payload, parse_json_payload
+from byteps.transport.job_log import WaitReporter, job_log
 from byteps.transport.zmq_endpoints import Connection
 
 __all__ = ["NodeInfo", "AddressBook", "SchedulerClient", "BARRIER_WORKERS", "BARRIER_ALL"]
@@ -44,6 +52,13 @@ class NodeInfo:
     local_rank: int = 0
     local_size: int = 1
     pid: int = dataclasses.field(default_factory=os.getpid)
+
+    @property
+    def short_name(self) -> str:
+        """``server``, ``worker 1``, ``worker 1 local rank 0``: who waits, in a job-log line."""
+        if self.role != "worker":
+            return self.role
+        return f"worker {self.worker_id}" + (f" local rank {self.local_rank}" if self.local_size > 1 else "")
 
     def describe(self) -> str:
         if self.role == "server":
@@ -98,7 +113,7 @@ class SchedulerClient:
     reports another node dead. An interval of 0 turns heartbeats off.
     """
 
-    def __init__(self, context: Any, host: str, port: int, timeout_s: float,
+    def __init__(self, context: Any, host: str, port: int, timeout_s: Optional[float],
                  heartbeat_interval_s: float = 1.0, heartbeat_timeout_s: float = 10.0,
                  secret: Optional[bytes] = None) -> None:
         self.connection = Connection(context, host, port, max_payload_bytes=MAX_CONTROL_PAYLOAD)
@@ -130,11 +145,28 @@ class SchedulerClient:
         return self.connection.address
 
     def register(self, info: NodeInfo) -> AddressBook:
-        """Announce this node (proving the job secret first, if any) and wait for the address book."""
+        """Announce this node (proving the job secret first, if any) and wait for the address book.
+
+        Raises RendezvousTimeout after ``timeout_s`` (None: never), naming
+        what was missing: the scheduler itself, or the nodes not registered.
+        """
+        waiting = _Rendezvous(self, info)
         if self.secret is not None:
-            authenticate(self.connection, self.secret, -1, self.timeout_s)
+            handshake = ClientHandshake(self.connection, self.secret, -1)
+            handshake.start()
+            while not handshake.step(waiting.next_message(raw=True)):
+                pass
         self.connection.send(Command.REGISTER, -1, payload=json_payload(dataclasses.asdict(info)))
-        reply = self._expect(Command.ADDRESS_BOOK, "registration")
+        waiting.registered = True
+        while True:
+            reply = waiting.next_message()
+            if reply.header.command == Command.ADDRESS_BOOK:
+                break
+            if reply.header.command == Command.HEARTBEAT:
+                waiting.note_status(reply)
+                continue
+            raise TransportError(
+                f"unexpected {command_name(reply.header.command)} from the scheduler during registration")
         book = AddressBook.from_json(parse_json_payload(reply.payload))
         self.rank = book.rank
         return book
@@ -164,14 +196,14 @@ class SchedulerClient:
         return message
 
     def _expect(self, command: Command, what: str) -> Message:
-        deadline = time.monotonic() + self.timeout_s
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self.connection.wait_readable(remaining):
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if (remaining is not None and remaining <= 0) or not self.connection.wait_readable(remaining):
                 raise RendezvousTimeout(
                     f"no answer from the scheduler at {self.address} during {what} within "
-                    f"{self.timeout_s:g} s: check DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT and that the "
-                    "scheduler and every other node of the job are running"
+                    f"{self.timeout_s:g} s (BYTEPS_RENDEZVOUS_TIMEOUT): check DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT "
+                    "and that the scheduler and every other node of the job are running"
                 )
             message = self.recv()
             if message.header.command == command:
@@ -188,3 +220,74 @@ class SchedulerClient:
 
 def _text(message: Message) -> str:
     return bytes(message.payload).decode(errors="replace") if message.payload is not None else "(no text)"
+
+
+class _Rendezvous:
+    """One registration's wait: paced reports of what is missing, and its timeout.
+
+    A second before each report, a registered node asks the scheduler what
+    it still waits for (a heartbeat, which the scheduler answers with the
+    missing nodes); a rendezvous that completes quickly sends no such probe.
+    """
+
+    PROBE_LEAD_S = 1.0
+
+    def __init__(self, client: SchedulerClient, info: NodeInfo) -> None:
+        self.client = client
+        self.who = info.short_name
+        self.registered = False  # REGISTER sent (after the handshake, if any)
+        self.answered = False  # the scheduler said something: it is up
+        self.status = ""  # what the scheduler last said it waits for
+        self.reporter = WaitReporter()
+        self.probed = False  # asked for the status since the last report
+        self.deadline = None if client.timeout_s is None else time.monotonic() + client.timeout_s
+
+    def next_message(self, raw: bool = False) -> Message:
+        """The scheduler's next message, reporting the wait every few seconds; RendezvousTimeout at the deadline.
+
+        ``raw``: as received (the handshake reads ERROR itself); otherwise
+        through :meth:`SchedulerClient.recv`, which raises on ERROR.
+        """
+        client = self.client
+        while True:
+            remaining = None if self.deadline is None else self.deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise RendezvousTimeout(self._timeout_text())
+            # Sleep until the next report or the deadline, waking a little earlier to probe first.
+            slice_s = self.reporter.until_due() if remaining is None else min(remaining, self.reporter.until_due())
+            if self.registered and not self.probed:
+                if slice_s <= self.PROBE_LEAD_S:
+                    client.connection.send(Command.HEARTBEAT, -1)
+                    self.probed = True
+                else:
+                    slice_s -= self.PROBE_LEAD_S
+            if client.connection.wait_readable(slice_s):
+                self.answered = True
+                return client.connection.recv() if raw else client.recv()
+            if self.reporter.due():
+                self._report()
+                self.probed = False
+
+    def note_status(self, message: Message) -> None:
+        if message.payload is not None and len(message.payload):
+            self.status = bytes(message.payload).decode(errors="replace")
+
+    def _report(self) -> None:
+        client = self.client
+        limit = ("waiting as long as it takes" if client.timeout_s is None
+                 else f"giving up after {client.timeout_s:g} s (BYTEPS_RENDEZVOUS_TIMEOUT)")
+        if not self.answered:
+            job_log.warning("%s waits for the scheduler at %s: no answer for %.0f s (is it running? "
+                            "DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT); %s",
+                            self.who, client.address, self.reporter.waited_s, limit)
+        else:
+            job_log.warning("%s registered; the scheduler still waits for %s (%.0f s so far; %s)",
+                            self.who, self.status or "other nodes", self.reporter.waited_s, limit)
+
+    def _timeout_text(self) -> str:
+        address, timeout = self.client.address, self.client.timeout_s
+        if not self.answered:
+            return (f"{self.who}: no answer from the scheduler at {address} within {timeout:g} s "
+                    "(BYTEPS_RENDEZVOUS_TIMEOUT): is it running? check DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT")
+        return (f"{self.who}: the job did not assemble within {timeout:g} s (BYTEPS_RENDEZVOUS_TIMEOUT); "
+                f"the scheduler at {address} still waits for {self.status or 'other nodes'}")

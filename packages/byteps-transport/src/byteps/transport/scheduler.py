@@ -4,7 +4,10 @@ One scheduler per job (ps-lite's scheduler node, at DMLC_PS_ROOT_URI:
 DMLC_PS_ROOT_PORT). It waits until ``num_servers`` servers and
 ``num_worker_machines`` x ``local_size`` worker processes have registered,
 sends each node the same address book, serves barriers, and when every
-worker has finalized it tells the servers to exit.
+worker has finalized it tells the servers to exit. It waits for late nodes
+as long as it takes, saying on the job log every few seconds (then every
+30 s) which are missing, and answers a waiting node's heartbeat with the
+same text so the node can say it too.
 A malformed or foreign message is logged and answered with an ERROR; it
 never stops the scheduler.
 """
@@ -30,6 +33,7 @@ from byteps.transport.frames import (
     json_payload,
     parse_json_payload,
 )
+from byteps.transport.job_log import WaitReporter, job_log
 from byteps.transport.rendezvous import BARRIER_ALL, BARRIER_WORKERS, AddressBook, NodeInfo
 from byteps.transport.zmq_endpoints import Listener
 
@@ -37,7 +41,6 @@ __all__ = ["SchedulerOptions", "Scheduler"]
 
 log = logging.getLogger("byteps.transport.scheduler")
 SCHEDULER_SENDER = -1
-_STATUS_INTERVAL_S = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +78,7 @@ class Scheduler:
         self.barriers: Dict[int, Set[bytes]] = {BARRIER_WORKERS: set(), BARRIER_ALL: set()}
         self.finalized: Set[int] = set()
         self._stop = threading.Event()
+        self._started = time.monotonic()
 
     @property
     def address(self) -> str:
@@ -86,16 +90,15 @@ class Scheduler:
         return self.options.num_worker_machines * self.local_size
 
     def run(self) -> None:
-        log.info("scheduler listening on %s for %d server(s) and %d worker machine(s)",
-                 self.address, self.options.num_servers, self.options.num_worker_machines)
-        last_status = time.monotonic()
+        job_log.info("scheduler up on %s; waiting for %s", self.address, self._expected())
+        reporter = WaitReporter()
         try:
             while not self._job_over() and not self._stop.is_set():
                 if self.listener.wait_readable(0.5):
                     self._handle_one()
-                elif not self.book_sent and time.monotonic() - last_status > _STATUS_INTERVAL_S:
-                    last_status = time.monotonic()
-                    log.warning("still waiting for nodes: %s", self._missing())
+                if not self.book_sent and reporter.due():
+                    job_log.warning("scheduler still waits for %s (%.0f s so far)", self._missing(),
+                                    reporter.waited_s)
                 self._check_heartbeats()
         finally:
             self.listener.close()
@@ -135,10 +138,25 @@ class Scheduler:
         expected = self._expected_workers()
         return expected is not None and len(self.finalized) == expected
 
+    def _expected(self) -> str:
+        machines = _count(self.options.num_worker_machines, "worker machine")
+        return f"{_count(self.options.num_servers, 'server')} and {machines}" if self.options.num_servers else machines
+
     def _missing(self) -> str:
+        """What the rendezvous still waits for, e.g. ``worker rank 1 (1/2 worker processes)``."""
+        parts = []
+        if len(self.servers) < self.options.num_servers:
+            parts.append(f"{self.options.num_servers - len(self.servers)} more of "
+                         f"{_count(self.options.num_servers, 'server')}")
         expected = self._expected_workers()
-        workers = f"{len(self.workers)}/{expected if expected is not None else '?'} worker processes"
-        return f"{len(self.servers)}/{self.options.num_servers} servers, {workers}"
+        if expected is None:
+            parts.append(f"the {_count(self.options.num_worker_machines, 'worker machine')}")
+        elif len(self.workers) < expected:
+            missing = sorted(set(range(expected)) - set(self.workers))
+            shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+            parts.append(f"worker rank{'s' if len(missing) > 1 else ''} {shown} "
+                         f"({len(self.workers)}/{expected} worker processes registered)")
+        return " and ".join(parts) or "nothing"
 
     def _handle_one(self) -> None:
         message = self.listener.recv_or_refuse(SCHEDULER_SENDER, log)
@@ -148,7 +166,9 @@ class Scheduler:
         self._heard_from(message.identity)
         try:
             if command == Command.HEARTBEAT:
-                self.listener.send(Command.HEARTBEAT, SCHEDULER_SENDER, identity=message.identity)
+                # Before the address book, the answer tells a waiting node what the job still lacks.
+                status = None if self.book_sent else self._missing().encode()
+                self.listener.send(Command.HEARTBEAT, SCHEDULER_SENDER, payload=status, identity=message.identity)
             elif command == Command.REGISTER:
                 self._register(message)
             elif command == Command.BARRIER:
@@ -180,7 +200,7 @@ class Scheduler:
             self._register_worker(entry)
         else:
             raise TransportError(f"registration refused: unknown role {info.role!r}")
-        log.info("registered %s (%s)", info.describe(), self._missing())
+        log.info("registered %s (still missing: %s)", info.describe(), self._missing())
         if len(self.servers) == self.options.num_servers and len(self.workers) == self._expected_workers():
             self._send_address_books()
 
@@ -215,7 +235,11 @@ class Scheduler:
         now = time.monotonic()  # heartbeats are watched from here on
         for entry in self._nodes():
             entry.last_heard = now
-        log.info("all nodes registered; address book sent (%d servers)", len(servers))
+        machines = self.options.num_worker_machines
+        nodes = [_count(len(servers), "server")] if servers else []
+        nodes.append(f"{_count(len(self.workers), 'worker process', 'worker processes')} on "
+                     f"{_count(machines, 'machine')}")
+        job_log.info("all nodes registered in %.1f s: %s", now - self._started, ", ".join(nodes))
 
     def _members(self, group: int) -> List[bytes]:
         members = [w.identity for w in self.workers.values()]
@@ -249,3 +273,7 @@ class Scheduler:
             for entry in self.servers:
                 self.listener.send(Command.TERMINATE, SCHEDULER_SENDER, identity=entry.identity)
             log.info("all %d workers finalized; servers told to exit", len(self.workers))
+
+
+def _count(n: int, singular: str, plural: Optional[str] = None) -> str:
+    return f"{n} {singular if n == 1 else plural or singular + 's'}"

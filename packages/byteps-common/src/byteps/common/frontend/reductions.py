@@ -1,9 +1,9 @@
 """Reduction ops with Horovod's values, and how a call's ``op``/``average`` become byteps' average flag.
 
-byteps servers sum; a worker divides the sum to average. So ``Average`` and
-``Sum`` are supported and the other Horovod ops (Adasum, Min, Max, Product)
-keep their values, reserved for later, and are refused with
-NotImplementedError today.
+byteps servers sum; a worker divides the sum to average. ``Average`` and
+``Sum`` go through the servers; Min, Max and Product are computed by each
+adapter from an allgather of every rank's tensor; Adasum keeps Horovod's
+value and is refused with NotImplementedError today.
 
 Example::
 

@@ -30,20 +30,29 @@ def _builtin_optimizers() -> Iterable[type]:
             yield value
 
 
-def _loader(base: type, compression: Any) -> type:
-    """A stand-in class for ``base`` whose from_config returns a distributed ``base``."""
+def _loader(base: type, options: Dict[str, Any]) -> type:
+    """A stand-in class for ``base`` whose from_config returns a distributed ``base`` (with ``options``)."""
 
     def from_config(cls: type, config: Dict[str, Any], custom_objects: Optional[Dict[str, Any]] = None) -> Any:
-        return DistributedOptimizer(base.from_config(config, custom_objects=custom_objects), compression=compression)
+        return DistributedOptimizer(base.from_config(config, custom_objects=custom_objects), **options)
 
     return type(base.__name__, (base,), {"from_config": classmethod(from_config), "__module__": base.__module__})
 
 
 def load_model(filepath: Any, custom_optimizers: Optional[Iterable[type]] = None,
-               custom_objects: Optional[Dict[str, Any]] = None, compression: Any = Compression.none) -> Any:
-    """``keras.models.load_model`` with the optimizer wrapped in a DistributedOptimizer (Horovod's signature)."""
+               custom_objects: Optional[Dict[str, Any]] = None, compression: Any = Compression.none, *,
+               backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False) -> Any:
+    """``keras.models.load_model`` with the optimizer wrapped in a DistributedOptimizer (Horovod's signature).
+
+    ``backward_passes_per_step`` and ``average_aggregated_gradients`` (not
+    in Horovod's signature) resume accumulating training: the saved
+    optimizer state is the same with any number of passes, so a model saved
+    with N passes loads with N (or with 1, Horovod's only choice).
+    """
+    options = {"compression": compression, "backward_passes_per_step": backward_passes_per_step,
+               "average_aggregated_gradients": average_aggregated_gradients}
     objects: Dict[str, Any] = {}
     for cls in [*_builtin_optimizers(), *(custom_optimizers or [])]:
-        objects[keras.saving.get_registered_name(cls)] = _loader(cls, compression)
+        objects[keras.saving.get_registered_name(cls)] = _loader(cls, options)
     objects.update(custom_objects or {})
     return keras.models.load_model(filepath, custom_objects=objects)

@@ -28,6 +28,7 @@ from byteps.common.frontend import check_passes
 from byteps.common.frontend.reductions import Average
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.gradients import GradientReducer
+from byteps.tensorflow.keras.accumulation import BackwardPassAccumulator
 from byteps.tensorflow.ops import check_process_set
 
 __all__ = ["DistributedOptimizer", "distributed_class"]
@@ -41,25 +42,26 @@ class _DistributedOptimizer:
     _byteps_reducer: GradientReducer
     _byteps_passes: int
     _byteps_average_passes: bool
+    _byteps_accumulator: Optional[BackwardPassAccumulator]
+    _byteps_slots: Dict[Any, int]
 
     def _byteps_configure(self, reducer: GradientReducer, backward_passes_per_step: int,
                           average_aggregated_gradients: bool) -> None:
-        # object.__setattr__: plain bookkeeping, kept out of Keras' attribute tracking.
+        # object.__setattr__: plain bookkeeping, kept out of Keras' (and TensorFlow's) attribute tracking, so
+        # that the optimizer's variables, saved and broadcast, stay those of the optimizer it copies.
         object.__setattr__(self, "_byteps_reducer", reducer)
         object.__setattr__(self, "_byteps_passes", backward_passes_per_step)
         object.__setattr__(self, "_byteps_average_passes", average_aggregated_gradients)
-        object.__setattr__(self, "_byteps_accumulators", {})
-        object.__setattr__(self, "_byteps_pass_counter", None)
+        object.__setattr__(self, "_byteps_accumulator", None)
+        object.__setattr__(self, "_byteps_slots", {})
 
     def build(self, variables: List[Any]) -> None:
+        # Keras' optimizers ignore a second build (their slots stay); so do the accumulators.
+        first = not self.built
         super().build(variables)
-        if self._byteps_passes > 1:
-            # Local accumulators for backward_passes_per_step, created with the
-            # optimizer's own variables (so they are saved and broadcast too).
-            accumulators = {id(v): self.add_variable_from_reference(v, name="byteps_accumulator") for v in variables}
-            object.__setattr__(self, "_byteps_accumulators", accumulators)
-            counter = self.add_variable(shape=(), dtype="int64", initializer="zeros", name="byteps_backward_passes")
-            object.__setattr__(self, "_byteps_pass_counter", counter)
+        if self._byteps_passes > 1 and first:
+            object.__setattr__(self, "_byteps_accumulator", BackwardPassAccumulator(variables, self._byteps_passes))
+            object.__setattr__(self, "_byteps_slots", {self._var_key(v): i for i, v in enumerate(variables)})
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         """Average ``grads`` over all workers (every ``backward_passes_per_step`` calls), then apply them."""
@@ -74,34 +76,26 @@ class _DistributedOptimizer:
         return self._byteps_accumulate(grads, variables, trainable_variables)
 
     def _byteps_accumulate(self, grads: List[Any], variables: List[Any], given: Optional[List[Any]]) -> None:
-        """Add this pass's gradients locally; every N-th pass reduce the sums and apply them.
+        """Add this pass's gradients locally; every N-th pass reduce the sums and apply them once.
 
-        Passes in between do not touch the model or ``iterations``, so
-        learning-rate schedules count updates, not passes.
+        The passes in between change neither the model nor the optimizer's
+        variables (``iterations`` included), so slots, Adam's bias
+        correction and learning-rate schedules advance once per update.
         """
-        missing = [v.path for v in variables if id(v) not in self._byteps_accumulators]
+        missing = [getattr(v, "path", v.name) for v in variables if self._var_key(v) not in self._byteps_slots]
         if missing:
             raise ValueError(f"DistributedOptimizer was built without these variables: {missing}")
-        accumulators = [self._byteps_accumulators[id(v)] for v in variables]
+        slots = [self._byteps_slots[self._var_key(v)] for v in variables]
         present = [g is not None for g in grads]
-        for gradient, accumulator in zip(grads, accumulators):
-            if gradient is not None:
-                accumulator.assign_add(tf.convert_to_tensor(gradient))  # IndexedSlices are densified here
-        counter = self._byteps_pass_counter
-        counter.assign_add(1)
-        passes = self._byteps_passes
+        accumulator = self._byteps_accumulator
 
         def update() -> tf.Tensor:
-            sums = [tf.convert_to_tensor(a) if p else None for a, p in zip(accumulators, present)]
-            if self._byteps_average_passes:
-                sums = [s / tf.cast(passes, s.dtype) if s is not None else None for s in sums]
-            super(_DistributedOptimizer, self).apply(self._byteps_reducer.reduce(sums), given)
-            for accumulator in accumulators:
-                accumulator.assign(tf.zeros_like(accumulator))
-            counter.assign(0)
+            totals = accumulator.totals(slots, present, self._byteps_average_passes)
+            super(_DistributedOptimizer, self).apply(self._byteps_reducer.reduce(totals), given)
+            accumulator.reset()
             return tf.constant(True)
 
-        tf.cond(tf.convert_to_tensor(counter) >= passes, update, lambda: tf.constant(False))
+        tf.cond(accumulator.add(grads, slots), update, lambda: tf.constant(False))
 
 
 def distributed_class(base: type) -> type:
@@ -122,9 +116,13 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     """A copy of ``optimizer`` (from its config) whose updates use gradients averaged over all workers.
 
     Horovod's signature. ``backward_passes_per_step=N`` sums N passes'
-    gradients locally and communicates and updates every N-th pass (divided
-    by N if ``average_aggregated_gradients``). ``compression``,
-    ``sparse_as_dense``, ``op`` and ``gradient_predivide_factor`` are as in
+    gradients locally (divided by N if ``average_aggregated_gradients``;
+    Horovod's default is the sum) and, every N-th pass, averages them over
+    the workers and applies them once; the other passes apply nothing and
+    leave ``iterations`` alone. The sums are not optimizer variables: the
+    optimizer saves, loads and broadcasts exactly the state of the one it
+    copies. ``compression``, ``sparse_as_dense``, ``op`` and
+    ``gradient_predivide_factor`` are as in
     :func:`byteps.tensorflow.DistributedGradientTape`; ``name`` names the
     byteps tensors (default: the optimizer's name). Device and group
     arguments and ``scale_local_gradients`` are accepted and ignored.

@@ -1,0 +1,71 @@
+"""Local sums of N backward passes' gradients, for ``DistributedOptimizer(backward_passes_per_step=N)``.
+
+The sums and the pass counter are plain ``tf.Variable`` objects held by
+the distributed optimizer *outside* Keras's tracking: they are not among
+``optimizer.variables``, so they are neither saved nor broadcast, and the
+wrapped optimizer keeps exactly the variables (iteration count, momentum,
+Adam's moments) of the optimizer it copies. A model saved during training
+therefore loads with its optimizer state into a plain Keras optimizer, or
+into a distributed one with any ``backward_passes_per_step``; Keras skips
+the whole optimizer state when the counts of variables differ. Horovod
+keeps its aggregation variables outside the optimizer as well.
+
+Example (what the optimizer does with it; ``slots[i]`` is the position of
+gradient *i*'s variable in the list the accumulator was built for)::
+
+    accumulator = BackwardPassAccumulator(model.trainable_variables, passes=2)
+    if accumulator.add(gradients, slots):   # a tf.bool, in a graph: the condition of a tf.cond
+        apply(accumulator.totals(slots, present, average=False))
+        accumulator.reset()
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+import tensorflow as tf
+
+__all__ = ["BackwardPassAccumulator"]
+
+
+class BackwardPassAccumulator:
+    """One zero-initialised sum per model variable and a count of the passes added since the last reset."""
+
+    def __init__(self, variables: Sequence[Any], passes: int) -> None:
+        self.passes = passes
+        # init_scope: the optimizer may be built while a tf.function is traced;
+        # the variables must outlive that graph, as Keras's own slots do.
+        with tf.init_scope():
+            self.sums = [tf.Variable(tf.zeros(v.shape, dtype=tf.as_dtype(v.dtype)), trainable=False,
+                                     name="byteps_accumulator") for v in variables]
+            self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="byteps_backward_passes")
+
+    def add(self, gradients: Sequence[Optional[Any]], slots: Sequence[int]) -> tf.Tensor:
+        """Add ``gradients[i]`` to sum ``slots[i]`` (``None`` adds nothing); True once ``passes`` were added."""
+        for gradient, slot in zip(gradients, slots):
+            if gradient is None:
+                continue
+            total = self.sums[slot]
+            if isinstance(gradient, tf.IndexedSlices):
+                total.scatter_add(tf.IndexedSlices(tf.cast(gradient.values, total.dtype), gradient.indices,
+                                                   gradient.dense_shape))
+            else:
+                total.assign_add(tf.cast(gradient, total.dtype))
+        self.count.assign_add(1)
+        return tf.convert_to_tensor(self.count) >= self.passes
+
+    def totals(self, slots: Sequence[int], present: Sequence[bool], average: bool) -> List[Optional[tf.Tensor]]:
+        """The sums of ``slots`` (``None`` where no pass had a gradient), divided by ``passes`` if ``average``."""
+        totals: List[Optional[tf.Tensor]] = []
+        for slot, there in zip(slots, present):
+            if not there:
+                totals.append(None)
+                continue
+            total = tf.convert_to_tensor(self.sums[slot])
+            totals.append(total / tf.cast(self.passes, total.dtype) if average else total)
+        return totals
+
+    def reset(self) -> None:
+        for total in self.sums:
+            total.assign(tf.zeros_like(total))
+        self.count.assign(0)
