@@ -4,12 +4,14 @@ Started by the rig on its host with the role environment (DMLC_ROLE=worker,
 DMLC_WORKER_ID, DMLC_PS_ROOT_URI, ..., DMLC_INTERFACE=eth0). Each round
 starts at a barrier, push_pulls every gradient of the workload at once
 (averaged, as training does) and ends when the last one is back. The first
-round is checked against the exact average.
+round is checked against the exact average (also with ``--compression``:
+onebit with scaling sends a constant tensor exactly).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import numpy as np
@@ -24,6 +26,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", required=True, help="result JSON of this worker")
     parser.add_argument("--trace", help="write per-partition timestamps here (stage_probe)")
+    parser.add_argument("--compression", type=json.loads, default=None, help="BytePS's compression_params (JSON)")
     args = parser.parse_args()
     if args.trace:
         import stage_probe
@@ -42,7 +45,8 @@ def main() -> None:
     def one_round():
         bps.barrier()
         wall, start = time.time(), now()
-        handles = [bps.push_pull_async(array, name=name, average=True) for name, array in grads]
+        handles = [bps.push_pull_async(array, name=name, average=True, compression_params=args.compression)
+                   for name, array in grads]
         for handle in handles:
             bps.synchronize(handle)
         return now() - start, wall

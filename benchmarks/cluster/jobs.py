@@ -29,15 +29,18 @@ from rig import NIC, ClusterRig
 __all__ = ["SYSTEMS", "Role", "JobOutcome", "layout", "run_job", "hosts_needed"]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SYSTEMS = ("byteps", "byteps-1server", "byteps-colocated", "gloo", "mxnet")
+SYSTEMS = ("byteps", "byteps-1server", "byteps-colocated", "byteps-onebit", "gloo", "mxnet")
 DESCRIPTIONS = {
     "byteps": "byteps push_pull, n worker hosts + n CPU server hosts",
     "byteps-1server": "byteps push_pull, n worker hosts + 1 CPU server host",
     "byteps-colocated": "byteps push_pull, a server on each of the n worker hosts",
+    "byteps-onebit": "byteps push_pull with onebit compression (scaling, error feedback), n + n CPU server hosts",
     "gloo": "torch.distributed gloo all_reduce (ring), n hosts",
     "mxnet": "MXNet KVStore dist_sync (ps-lite), n worker hosts + n CPU server hosts",
 }
 SCHEDULER_PORT = 9000
+#: BytePS's compression_params of the byteps-onebit system.
+ONEBIT = '{"compressor": "onebit", "scaling": true, "ef": "vanilla"}'
 
 
 @dataclasses.dataclass
@@ -63,7 +66,7 @@ def hosts_needed(n: int) -> int:
 
 
 def _servers(system: str, n: int) -> List[int]:
-    if system in ("byteps", "mxnet"):
+    if system in ("byteps", "byteps-onebit", "mxnet"):
         return list(range(n, 2 * n))
     if system == "byteps-1server":
         return [n]
@@ -110,6 +113,8 @@ def layout(system: str, n: int, worker_args: List[str], workdir: str, port: int,
             argv += ["--out", os.path.join(workdir, f"worker{w}.json")]
         if system == "gloo":
             argv += ["--master", f"{address(0)}:{port}"]
+        if system == "byteps-onebit":
+            argv += ["--compression", ONEBIT]
         if trace:
             argv += ["--trace", os.path.join(workdir, f"trace-worker{w}.json")]
         roles.append(Role(f"worker{w}", w, argv, {**common, **per_host(w), "DMLC_ROLE": "worker",

@@ -22,7 +22,8 @@ BEGIN, END = "<!-- cluster-benchmark:begin (generated) -->", "<!-- cluster-bench
 SECTION = "## Cluster benchmark: byteps against allreduce and ps-lite on capped links"
 CPU_SATURATED = 0.95  # machine busy share during the timed rounds that marks a figure with †
 LABELS = {"byteps": "byteps, k = n servers", "byteps-1server": "byteps, k = 1 server",
-          "byteps-colocated": "byteps, servers co-located", "gloo": "gloo all_reduce (ring)",
+          "byteps-colocated": "byteps, servers co-located", "byteps-onebit": "byteps onebit+EF, k = n",
+          "gloo": "gloo all_reduce (ring)",
           "mxnet": "MXNet dist_sync, k = n"}
 
 

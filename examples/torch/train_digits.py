@@ -16,6 +16,7 @@ non-zero if that accuracy is below --min-accuracy.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -75,6 +76,9 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=0.05, help="per worker; scaled by the number of workers")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fp16-pushpull", action="store_true", help="send gradients as float16")
+    parser.add_argument("--compression", type=json.loads, default=None, metavar="JSON",
+                        help="BytePS's compression_params, e.g. "
+                             "'{\"compressor\": \"onebit\", \"scaling\": true, \"ef\": \"vanilla\"}'")
     parser.add_argument("--min-accuracy", type=float, default=0.9)
     args = parser.parse_args()
 
@@ -89,7 +93,8 @@ def main() -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * bps.size(), momentum=0.9)
     optimizer = bps.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(),
-        compression=bps.Compression.fp16 if args.fp16_pushpull else bps.Compression.none)
+        compression=bps.Compression.fp16 if args.fp16_pushpull else bps.Compression.none,
+        compression_params=args.compression)
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     bps.broadcast_optimizer_state(optimizer, root_rank=0)
 

@@ -23,6 +23,7 @@
 
 #include "avx2_loops.h"
 #include "byteps/buffer_arg.h"
+#include "compress_kernels.h"
 #include "reduce_loops.h"
 
 namespace py = pybind11;
@@ -312,4 +313,5 @@ PYBIND11_MODULE(_C, m) {
         "CPU features detected at load and the instruction set the kernels use.");
   m.def("_set_isa", &set_isa, py::arg("name"),
         "Testing hook: select 'portable' or 'avx2+f16c' kernels; returns the previous one.");
+  byteps::register_compression(m);
 }

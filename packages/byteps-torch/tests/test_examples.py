@@ -23,6 +23,15 @@ def test_digits_trains_above_90_percent():
     assert not rank_lines(result.stdout, 1), "only rank 0 reports"
 
 
+def test_digits_with_onebit_compression_and_error_feedback_trains_above_90_percent():
+    params = '{"compressor": "onebit", "scaling": true, "ef": "vanilla"}'
+    result = launch_job(["--workers", "2", "--servers", "1"], os.path.join(EXAMPLES, "train_digits.py"),
+                        ["--compression", params], timeout=120)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    lines = rank_lines(result.stdout, 0)
+    assert float(re.search(r"held-out accuracy (\S+)", "\n".join(lines)).group(1)) >= 0.9, lines
+
+
 def test_synthetic_benchmark_reports_img_per_sec():
     args = ["--model", "resnet8", "--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "2",
             "--fp16-pushpull"]

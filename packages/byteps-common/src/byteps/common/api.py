@@ -19,8 +19,9 @@ import atexit
 import itertools
 import operator
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
+from byteps.common.compression import parse_compression_params
 from byteps.common.config import Config
 from byteps.common.dtypes import DType
 from byteps.common.fusion import push_pull_group_async as _push_pull_group_async
@@ -150,9 +151,15 @@ def barrier() -> None:
 
 
 def push_pull_async(tensor: Any, name: str, average: bool = True, output: Any = None,
-                    dtype: Optional[Union[str, DType]] = None) -> int:
-    """Start a push_pull; returns an integer handle for poll()/synchronize()."""
-    handle = worker().push_pull_async(tensor, name, average, output, dtype)
+                    dtype: Optional[Union[str, DType]] = None, *,
+                    compression_params: Optional[Mapping[str, Any]] = None, lr: Optional[float] = None) -> int:
+    """Start a push_pull; returns an integer handle for poll()/synchronize().
+
+    ``compression_params`` is BytePS's gradient compression (docs/compression.md; without Nesterov
+    momentum, which belongs to an optimizer), ``lr`` the learning rate error feedback rescales by.
+    """
+    compression = parse_compression_params(compression_params)
+    handle = worker().push_pull_async(tensor, name, average, output, dtype, compression=compression, lr=lr)
     handle_id = next(_handle_ids)
     _handles[handle_id] = handle
     return handle_id
@@ -197,6 +204,8 @@ def synchronize(handle_id: int) -> Any:
 
 
 def push_pull(tensor: Any, name: str, average: bool = True, output: Any = None,
-              dtype: Optional[Union[str, DType]] = None) -> Any:
-    """Sum or average ``tensor`` over all workers (in place unless ``output``)."""
-    return worker().push_pull(tensor, name, average, output, dtype)
+              dtype: Optional[Union[str, DType]] = None, *,
+              compression_params: Optional[Mapping[str, Any]] = None, lr: Optional[float] = None) -> Any:
+    """Sum or average ``tensor`` over all workers (in place unless ``output``); see push_pull_async."""
+    return worker().push_pull_async(tensor, name, average, output, dtype,
+                                    compression=parse_compression_params(compression_params), lr=lr).wait()

@@ -23,6 +23,8 @@ from typing import Dict, List, Optional, Tuple, Union
 
 from byteps.common import kernels
 from byteps.common.buffers import TensorView
+from byteps.common.compression.feedback import TensorCompressor
+from byteps.common.compression.stages import CompressionStages
 from byteps.common.handle import Handle
 from byteps.common.local_aggregation import LocalGroup
 from byteps.common.partition import PartitionPlan
@@ -50,6 +52,8 @@ class PushPullTask:
     members: Optional[Tuple[int, ...]] = None  # a process set's global ranks; None: every worker
     machines: int = 0  # how many machines the members live on (0 with every worker)
     tag: int = 0  # what every rank must agree on besides averaging: 1 + the root of a broadcast, else 0
+    compression: Optional[TensorCompressor] = None  # compressed on the way to the servers (averaged before)
+    lr: Optional[float] = None  # the optimizer's learning rate, for error feedback's rescaling
     remaining: int = 0  # partitions not yet in the output
     network_partitions: int = 0  # partitions this process pushes
     failed: bool = False  # nothing more happens to its partitions
@@ -121,6 +125,9 @@ class CommLoop(threading.Thread):
                                            options.credit_bytes, options.pipeline, proceed, self._fail_key)
             self.dispatcher.register(Stage.PUSH, self.exchange.push)
             self.dispatcher.register(Stage.PULL, self.exchange.pull)
+            compression = CompressionStages(proceed)
+            self.dispatcher.register(Stage.COMPRESS, compression.compress)
+            self.dispatcher.register(Stage.DECOMPRESS, compression.decompress)
         self.local: Optional[LocalGroup] = None
         if options.local_size > 1:
             self.local = LocalGroup(context, options.job_id, options.machine, options.local_rank,
@@ -284,7 +291,7 @@ class CommLoop(threading.Thread):
             return
         has_servers = self.exchange is not None and self._spans_machines(task)
         routes = [plan_route(self.local.root_of(task.plan.tensor_id, part, local_members) == self.options.local_rank
-                             if aggregates else None, has_servers)
+                             if aggregates else None, has_servers, task.compression is not None)
                   for part in parts]
         task.network_partitions = sum(Stage.PUSH in route for route in routes)
         for part, route in zip(parts, routes):
@@ -326,7 +333,7 @@ class CommLoop(threading.Thread):
     def _copy_out(self, trip: PartitionTrip) -> None:
         """COPY_OUT: the result into the output, divided when averaging; nothing if it landed there."""
         target, task = trip.output, trip.task
-        if task.average_over > 1:
+        if task.average_over > 1 and task.compression is None:  # a compressed tensor was averaged before
             kernels.scale_into(target, trip.data, task.output.dtype, task.average_over)
         elif trip.data is not target:
             target[:] = trip.data

@@ -41,6 +41,8 @@ DEFAULT_SERVER_ENGINE_THREADS = 4
 # A worker gives up on a job that does not assemble after this long; servers and the scheduler wait
 # for late nodes as long as it takes unless BYTEPS_RENDEZVOUS_TIMEOUT is set (Config.rendezvous_timeout).
 DEFAULT_WORKER_RENDEZVOUS_TIMEOUT_S = 120
+# BytePS's BYTEPS_MIN_COMPRESS_BYTES: tensors smaller than this (whole-tensor bytes) go uncompressed.
+DEFAULT_MIN_COMPRESS_BYTES = 65536
 DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 10.0
 DEFAULT_STALL_CHECK_S = 60.0
@@ -78,6 +80,7 @@ ENV_DEFAULTS: Mapping[str, object] = MappingProxyType({
     "BYTEPS_FUSION_MAX_TENSOR_BYTES": DEFAULT_FUSION_MAX_TENSOR_BYTES,
     "BYTEPS_SERVER_ASSIGNMENT": "balanced",
     "BYTEPS_KEY_HASH_FN": "djb2",
+    "BYTEPS_MIN_COMPRESS_BYTES": DEFAULT_MIN_COMPRESS_BYTES,
     # Diagnostics and timeouts
     "BYTEPS_LOG_LEVEL": "WARNING",
     "PS_VERBOSE": 0,
@@ -257,6 +260,8 @@ class Config:
     # Key to server assignment
     key_hash_fn: str = "djb2"
     server_assignment: str = "balanced"
+    # Gradient compression (compression_params): smaller tensors are sent as they are
+    min_compress_bytes: int = DEFAULT_MIN_COMPRESS_BYTES
     # Placement on the machine
     numa_on: bool = True
     visible_cpu_cores: Optional[Tuple[Tuple[int, ...], ...]] = None
@@ -390,4 +395,5 @@ class Config:
             pcie_switch_size=env.get("BYTEPS_PCIE_SWITCH_SIZE", _int(1)),
             job_id=env.get("BYTEPS_JOB_ID", _job_id),
             report_dir=env.get("BYTEPS_REPORT_DIR", _text),
+            min_compress_bytes=env.get("BYTEPS_MIN_COMPRESS_BYTES", _int(0)),
         )

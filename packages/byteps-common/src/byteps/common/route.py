@@ -12,10 +12,11 @@ The routes (see docs/architecture.md)::
 
     one process per machine:   PUSH, PULL, COPY_OUT
     local root of a partition: LOCAL_REDUCE, PUSH, PULL, LOCAL_BROADCAST, COPY_OUT
+    compressed (BytePS's compression_params): COMPRESS before PUSH, DECOMPRESS after PULL
     other local ranks:         COPY_IN, LOCAL_BROADCAST, COPY_OUT
     one worker machine:        LOCAL_REDUCE, LOCAL_BROADCAST, COPY_OUT  (root; no servers)
 
-A new stage (compression, a trace span around every stage) is a member of
+A new stage (as COMPRESS and DECOMPRESS were; a trace span around every stage) is a member of
 :class:`Stage`, a place in :func:`plan_route` and a handler registered with
 the dispatcher: nothing else moves.
 """
@@ -35,15 +36,19 @@ class Stage(enum.Enum):
 
     COPY_IN = "copy_in"  # a non-root local rank: input into its shared slot, LOCAL_READY to the root
     LOCAL_REDUCE = "local_reduce"  # the local root: every local rank's input summed into its slot
+    COMPRESS = "compress"  # the pushing process: momentum, error feedback, the codec (trip.data becomes the payload)
     PUSH = "push"  # the bytes to the partition's server (done when sent; when acknowledged unpipelined)
     PULL = "pull"  # the round's sum back from the server
+    DECOMPRESS = "decompress"  # the server's compressed sum into the partition's dense buffer
     LOCAL_BROADCAST = "local_broadcast"  # root: LOCAL_DONE to the others; the others: wait for it
     COPY_OUT = "copy_out"  # the result into the task's output, divided when averaging
 
 
-def plan_route(local_root: Optional[bool], has_servers: bool) -> Tuple[Stage, ...]:
+def plan_route(local_root: Optional[bool], has_servers: bool, compressed: bool = False) -> Tuple[Stage, ...]:
     """The stages of one partition; ``local_root`` is None without local aggregation."""
     network = (Stage.PUSH, Stage.PULL) if has_servers else ()
+    if network and compressed:
+        network = (Stage.COMPRESS, *network, Stage.DECOMPRESS)
     if local_root is None:
         return (*network, Stage.COPY_OUT)
     if local_root:
@@ -58,7 +63,8 @@ class PartitionTrip:
     fields are read on every message of the hot path.
     """
 
-    __slots__ = ("task", "part", "route", "data", "position", "acked", "landing", "source", "output")
+    __slots__ = ("task", "part", "route", "data", "position", "acked", "landing", "source", "output", "dense",
+                 "pull_nbytes")
 
     def __init__(self, task: Any, part: Partition, route: Tuple[Stage, ...]) -> None:
         self.task = task  # the PushPullTask
@@ -71,6 +77,8 @@ class PartitionTrip:
         self.position = -1  # index of the current stage in ``route``; -1 before the first
         self.acked = False  # the server acknowledged the PUSH (its credit is back)
         self.landing: Any = None  # where PULL receives the sum (None: keep the message)
+        self.dense: Any = None  # COMPRESS: the dense buffer DECOMPRESS writes the sum into
+        self.pull_nbytes = part.nbytes  # bytes of the server's answer (the compressed size when compressed)
 
     @property
     def stage(self) -> Stage:

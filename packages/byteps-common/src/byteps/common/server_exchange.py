@@ -45,7 +45,8 @@ def partition_spec(trip: PartitionTrip) -> PartitionSpec:
     task, part = trip.task, trip.part
     return PartitionSpec(name=task.name, partition=part.index, shape=tuple(task.source.shape),
                          tensor_nbytes=task.plan.nbytes, nbytes=part.nbytes, dtype=int(task.source.dtype),
-                         contributors=task.machines)
+                         contributors=task.machines,
+                         compression=task.compression.spec.wire() if task.compression is not None else None)
 
 
 class ServerExchange:
@@ -106,7 +107,9 @@ class ServerExchange:
                                                 dtype=int(trip.task.source.dtype))
 
     def _landing(self, trip: PartitionTrip):
-        """Where a sum is received: None keeps the message for COPY_OUT to divide on the way."""
+        """Where a sum is received: None keeps the message for COPY_OUT to divide (or DECOMPRESS to decode)."""
+        if trip.next_stage is Stage.DECOMPRESS:
+            return None
         if trip.next_stage is Stage.COPY_OUT:
             return None if trip.task.average_over > 1 else trip.output
         return trip.data  # the local root's slot, summed in place
@@ -115,7 +118,7 @@ class ServerExchange:
         if header.command != Command.PULL_RESPONSE:
             return None
         trip = self._in_flight.get((header.key, header.round))
-        if trip is None or trip.part.nbytes != header.payload_bytes:
+        if trip is None or trip.pull_nbytes != header.payload_bytes:
             return None
         return trip.landing
 
@@ -144,7 +147,7 @@ class ServerExchange:
             self.send_ready()
             return
         landing = None if trip is None else trip.landing
-        if (header.command != Command.PULL_RESPONSE or trip is None or header.payload_bytes != trip.part.nbytes
+        if (header.command != Command.PULL_RESPONSE or trip is None or header.payload_bytes != trip.pull_nbytes
                 or (message.payload is None) != (landing is not None)):
             raise TransportError(
                 f"unexpected {command_name(header.command)} for key {header.key} round {header.round} "

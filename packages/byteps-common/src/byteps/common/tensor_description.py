@@ -15,7 +15,7 @@ Either way a mismatch fails every rank with both descriptions named.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 from byteps.common.dtypes import DType
 
@@ -74,19 +74,22 @@ class PartitionSpec:
     nbytes: int
     dtype: int
     contributors: int = 0  # pushes per round: 0 for every worker machine; a process set's machines otherwise
+    compression: Optional[dict] = None  # CompressionSpec.wire() of a compressed tensor
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
 
     def describe(self) -> str:
         among = f", summed over {self.contributors} machine(s)" if self.contributors else ""
+        compressed = f", compressed with {_compression_text(self.compression)}" if self.compression else ""
         return (f"{describe_tensor(self.name, self.shape, self.tensor_nbytes, self.dtype)}, "
-                f"partition {self.partition} of {self.nbytes} bytes{among}")
+                f"partition {self.partition} of {self.nbytes} bytes{among}{compressed}")
 
     def to_json(self) -> dict:
         return {"name": self.name, "partition": self.partition, "shape": list(self.shape),
                 "tensor_nbytes": self.tensor_nbytes, "nbytes": self.nbytes, "dtype": self.dtype,
-                **({"contributors": self.contributors} if self.contributors else {})}
+                **({"contributors": self.contributors} if self.contributors else {}),
+                **({"compression": self.compression} if self.compression else {})}
 
     def check(self, max_partition_bytes: int) -> None:
         """Refuse a description that is inconsistent or asks for too much memory (before allocating)."""
@@ -120,3 +123,7 @@ def describe_op(average: bool, tag: int) -> str:
     if tag:
         return f"broadcasts from rank {tag - 1}"
     return "averages" if average else "sums"
+
+
+def _compression_text(fields: dict) -> str:
+    return " ".join(f"{key}={value}" for key, value in sorted(fields.items()) if value not in (None, False))

@@ -31,6 +31,8 @@ import numpy as np
 
 from byteps.common.buffers import input_and_output_views
 from byteps.common.comm_loop import CommLoop, CommOptions, PushPullTask
+from byteps.common.compression import COMPRESSIBLE_DTYPES, CompressionSpec
+from byteps.common.compression.feedback import TensorCompressor
 from byteps.common.config import Config
 from byteps.common.dtypes import DType
 from byteps.common.handle import Handle
@@ -67,6 +69,7 @@ class Worker:
         self._next_ids: Dict[int, int] = {}  # process set id -> its next tensor number
         self._rounds: Dict[str, int] = {}
         self._in_flight: Set[str] = set()
+        self._compressors: Dict[str, TensorCompressor] = {}  # compressed tensors' state, kept across rounds
         self._closed = False
         self._context: Optional[Context] = None
         self._scheduler: Optional[SchedulerClient] = None
@@ -159,7 +162,8 @@ class Worker:
     def push_pull_async(self, tensor: Any, name: str, average: bool = True, output: Any = None,
                         dtype: Optional[Union[str, DType]] = None, members: Optional[Sequence[int]] = None,
                         set_id: int = 0, root: Optional[int] = None, tensor_id: Optional[int] = None,
-                        joinable: bool = True) -> Handle:
+                        joinable: bool = True, compression: Optional[CompressionSpec] = None,
+                        lr: Optional[float] = None) -> Handle:
         """Start summing (or averaging) ``tensor`` over all workers.
 
         The result goes into ``output`` (default: ``tensor`` itself, in
@@ -182,8 +186,16 @@ class Worker:
         ``tensor_id`` (from :meth:`derived_id`) gives a new name its id
         instead of the next one in declaration order: such a push_pull may
         be started from any thread at any time, e.g. from a done-callback.
+
+        ``compression`` (BytePS's compression_params, parsed) compresses the
+        tensor on its way to the servers when it is at least
+        BYTEPS_MIN_COMPRESS_BYTES and crosses machines (:meth:`compresses`);
+        ``lr``, the optimizer's learning rate, rescales error feedback.
         """
         source, target = input_and_output_views(tensor, output, f"push_pull({name!r})", dtype)
+        if compression is not None and compression.compressor != "none" and source.dtype not in COMPRESSIBLE_DTYPES:
+            raise ValueError(f"push_pull({name!r}): compression_params {compression.compressor!r} takes float16, "
+                             f"float32 or float64 tensors, not {source.dtype.name.lower()}")
         ranks, machines = None, 0
         if members is not None:
             ranks = tuple(sorted(int(r) for r in members))
@@ -220,11 +232,27 @@ class Worker:
             handle.set_done()
             return handle
         count = self.size if ranks is None else len(ranks)
+        compressor = None
+        if compression is not None and self.compresses(source.nbytes, ranks is None or machines > 1, compression):
+            compressor = self._compressors.get(name)
+            if compressor is None or compressor.spec != compression or compressor.dtype != source.dtype:
+                compressor = self._compressors[name] = TensorCompressor(compression, source.dtype)
         task = PushPullTask(name=name, round=round_, source=source, output=target, plan=plan,
                             average_over=count if average else 0, handle=handle, members=ranks, machines=machines,
-                            tag=int(root) + 1 if root is not None else 0 if joinable else TAG_GATHER)
+                            tag=int(root) + 1 if root is not None else 0 if joinable else TAG_GATHER,
+                            compression=compressor, lr=lr)
         self._comm.submit(task)
         return handle
+
+    def compresses(self, nbytes: int, crosses_machines: bool = True,
+                   compression: Optional[CompressionSpec] = None) -> bool:
+        """Whether a push_pull of ``nbytes`` with compression_params is compressed: it must go through servers
+        (between machines) and be at least BYTEPS_MIN_COMPRESS_BYTES, as in BytePS. Adapters ask it too, to
+        give the tensors that go uncompressed their momentum after the pull."""
+        if compression is not None and compression.compressor == "none":
+            return False
+        has_servers = self._comm is not None and self._comm.exchange is not None
+        return has_servers and crosses_machines and nbytes >= self.config.min_compress_bytes
 
     def derived_id(self, name: str, variant: int, set_id: int = 0) -> int:
         """An id for a tensor that belongs to the declared tensor ``name`` (of process set ``set_id``), e.g. a

@@ -30,9 +30,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
+import numpy as np
+
+from byteps.common.compression import CompressionSpec, ServerPartition
 from byteps.common.config import Config
+from byteps.common.dtypes import DType
 from byteps.common.job_report import ProcessReport
 from byteps.common.tensor_description import MISMATCH_ADVICE, PartitionSpec, describe_op
 from byteps.server.engine import create_engine
@@ -74,6 +78,9 @@ class KeyState:
     round_flags: int = 0  # flags of that first push (FLAG_AVERAGE): every push of a round must agree
     round_tag: int = 0  # and its aux (1 + a broadcast's root, else 0), which must agree too
     round_after_join: bool = False  # a joined machine pushed this round: it started after every machine joined
+    codec: Optional[ServerPartition] = None  # a compressed key: pushes decompressed, the sum compressed again
+    round_lr: float = float("nan")  # the learning rate the round's first compressed push carried
+    compressed: Dict[int, np.ndarray] = dataclasses.field(default_factory=dict)  # round -> compressed sum (last 2)
 
 
 class ParameterServer:
@@ -208,8 +215,12 @@ class ParameterServer:
                 and len(state.declared_by) >= contributors:
             raise ValueError(f"key {key} already has its {contributors} workers")
         if state is None:
+            codec = None
+            if spec.compression:
+                codec = ServerPartition(CompressionSpec.from_wire(spec.compression), DType(spec.dtype),
+                                        spec.nbytes // DType(spec.dtype).itemsize)
             self.engine.declare(key, spec.nbytes, spec.dtype, contributors)
-            state = self.keys[key] = KeyState(spec)
+            state = self.keys[key] = KeyState(spec, codec=codec)
         elif spec != state.spec:
             text = (f"mismatch for key {key}: worker {message.header.sender} declares {spec.describe()}, "
                     f"worker {next(iter(state.declared_by.values()))} declared {state.spec.describe()}; "
@@ -251,6 +262,10 @@ class ParameterServer:
         if state.pushed and (header.flags, header.aux) != (state.round_flags, state.round_tag):
             self._refuse_round(header.key, state, message)
         payload = message.payload if message.payload is not None else b""
+        if state.codec is not None:  # summed dense; the engine holds the decompressed array until the round ends
+            payload, lr = state.codec.decompress_push(payload)
+            if not state.pushed:
+                state.round_lr = lr
         if wire_log.isEnabledFor(logging.DEBUG):
             wire_log.debug("PUSH key %d round %d from worker %d (%s)", header.key, header.round, header.sender,
                            state.spec.name)
@@ -269,6 +284,10 @@ class ParameterServer:
             self._add_joined_zeros(header.key, state)
 
     def _round_complete(self, key: int, state: KeyState) -> None:
+        if state.codec is not None:
+            round_ = self.engine.completed_round(key)
+            state.compressed[round_] = state.codec.compress_sum(self.engine.result(key, round_), state.round_lr)
+            state.compressed.pop(round_ - 2, None)  # pulls come for the last two rounds at most, like the engine's
         state.pushed.clear()
         state.round_after_join = False
         self._answer_pulls(key, state)
@@ -350,7 +369,7 @@ class ParameterServer:
             if failed is not None:
                 self._send_error(identity, key, failed, round_)
                 continue
-            result = self.engine.result(key, round_)
+            result = self.engine.result(key, round_) if state.codec is None else state.compressed[round_]
             self.listener.send(Command.PULL_RESPONSE, self.rank, key, round_, payload=result,
                                dtype=state.spec.dtype, identity=identity)
         state.pending_pulls = still_waiting

@@ -101,8 +101,12 @@ def _key_name(name: str, tensor: torch.Tensor) -> str:
 
 
 def submit(tensor: torch.Tensor, spec: OpSpec, inplace: bool, compression: Any = Compression.none,
-            contribute: bool = True) -> int:
-    """Start one reduction; returns its handle. ``contribute=False`` pushes zeros (broadcast)."""
+           contribute: bool = True, compression_spec: Any = None, lr: Optional[float] = None) -> int:
+    """Start one reduction; returns its handle. ``contribute=False`` pushes zeros (broadcast).
+
+    ``compression_spec`` (a parsed compression_params) compresses it on the way to the servers; ``lr`` is
+    the optimizer's learning rate, which error feedback needs.
+    """
     name = _names.resolve(spec.family, spec.name)
     what = f"{spec.family}({name!r})"
     check_tensor(tensor, what)
@@ -129,7 +133,8 @@ def submit(tensor: torch.Tensor, spec: OpSpec, inplace: bool, compression: Any =
         truncate = spec.average and not (host.host.is_floating_point() or host.host.dtype == torch.bool)
         start = time.time()
         core = api.worker().push_pull_async(host.array, key, spec.average and not truncate, output, host.dtype,
-                                            members=spec.members, set_id=spec.set_id, root=spec.root)
+                                            members=spec.members, set_id=spec.set_id, root=spec.root,
+                                            compression=compression_spec, lr=lr)
     except BaseException:
         _names.release(name, token)
         raise
@@ -243,7 +248,12 @@ def push_pull_inplace(tensor: torch.Tensor, average: bool = True, name: Optional
 
 def push_pull_async_inplace(tensor: torch.Tensor, average: bool = True, name: Optional[str] = None,
                             compression: Any = Compression.none, op: Optional[int] = None, *,
-                            version: int = 0, priority: int = 0) -> int:
-    """Start an in-place push_pull; ``tensor`` must not be touched until synchronize(handle)."""
+                            version: int = 0, priority: int = 0, compression_spec: Any = None,
+                            lr: Optional[float] = None) -> int:
+    """Start an in-place push_pull; ``tensor`` must not be touched until synchronize(handle).
+
+    ``compression_spec`` and ``lr``: BytePS's gradient compression (see DistributedOptimizer's
+    ``compression_params``).
+    """
     spec = OpSpec("push_pull", name, average_of(op, None if op is not None else average))
-    return submit(tensor, spec, inplace=True, compression=compression)
+    return submit(tensor, spec, inplace=True, compression=compression, compression_spec=compression_spec, lr=lr)

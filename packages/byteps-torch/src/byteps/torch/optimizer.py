@@ -49,6 +49,8 @@ from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Se
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from byteps.common import api
+from byteps.common.compression import NesterovMomentum, parse_compression_params
 from byteps.common.frontend import Average, check_gradient_op, check_passes
 from byteps.common.frontend.process_sets import global_process_set, rank_view
 from byteps.torch.buckets import Bucket, GradientBuckets
@@ -76,6 +78,7 @@ class _PendingGradient(NamedTuple):
     handle: int
     ctx: Any            # the compressor's context
     postscale: float
+    momentum: bool = False  # BytePS's Nesterov momentum is still to apply (the gradient went uncompressed)
 
 
 class _DistributedOptimizer:
@@ -83,7 +86,13 @@ class _DistributedOptimizer:
 
     def _setup_distributed(self, named_parameters: List[Tuple[str, torch.Tensor]], compression: Any,
                            backward_passes_per_step: int, op: Any, gradient_predivide_factor: float,
-                           sparse_as_dense: bool = False, process_set: Any = global_process_set) -> None:
+                           sparse_as_dense: bool = False, process_set: Any = global_process_set,
+                           compression_params: Any = None) -> None:
+        self._compression_spec, self._nesterov = self._take_compression_params(compression_params)
+        if self._compression_spec is not None and self._compression_spec.fp16 and compression is Compression.none:
+            compression = Compression.fp16
+        if self._compression_spec is not None and self._compression_spec.compressor == "none":
+            self._compression_spec = None  # fp16 alone
         self._compression = compression
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
@@ -113,6 +122,25 @@ class _DistributedOptimizer:
             self._register_hooks()
         self._buckets.declare(self._current_plan() if self._communicate else {})
         self._plan = None
+
+    def _take_compression_params(self, params: Any) -> Tuple[Any, Optional[NesterovMomentum]]:
+        """BytePS's compression_params, parsed; with momentum="nesterov" the optimizer's own momentum is
+        turned off and byteps applies it (before compression, or after the pull for small tensors)."""
+        if not params:
+            return None, None
+        momenta = {group.get("momentum") for group in self.param_groups}
+        wants_momentum = str(params.get("momentum", "") or "").lower() == "nesterov"
+        if wants_momentum and len(momenta) != 1:
+            raise ValueError("compression_params['momentum'] = 'nesterov' needs one momentum for every param "
+                             f"group; the optimizer has {sorted(map(str, momenta))}")
+        spec = parse_compression_params(params, momenta.pop() if wants_momentum else None)
+        if spec is None or spec.momentum is None:
+            return spec, None
+        for group in self.param_groups:
+            group["momentum"] = 0.0
+            if "nesterov" in group:
+                group["nesterov"] = False
+        return spec, NesterovMomentum(spec.momentum)
 
     @property
     def _plans(self) -> Dict[Tuple[int, ...], Dict[torch.Tensor, Bucket]]:
@@ -157,7 +185,9 @@ class _DistributedOptimizer:
         servers (bucket names encode their members), not a wrong sum.
         """
         if self._plan is None:
-            if self._view.set_id:   # a process set's gradients go one by one (fusion spans every rank)
+            if self._view.set_id or self._compression_spec is not None:
+                # A process set's gradients go one by one (fusion spans every rank), and so do
+                # compressed ones (BytePS compresses each tensor's partitions).
                 self._plan = {}
             else:
                 self._plan = self._buckets.plan([p for p in self._parameter_names
@@ -195,8 +225,20 @@ class _DistributedOptimizer:
         if self._view.set_id:
             handle = allreduce_async_(buffer, average=average, name=name, process_set=self.process_set)
         else:
-            handle = push_pull_async_inplace(buffer, average=average, name=name)
-        self._pending[p] = _PendingGradient(handle, ctx, postscale)
+            handle = push_pull_async_inplace(buffer, average=average, name=name,
+                                             compression_spec=self._compression_spec, lr=self._lr_of(p))
+        momentum = self._nesterov is not None and not api.worker().compresses(
+            buffer.numel() * buffer.element_size(), True, self._compression_spec)
+        self._pending[p] = _PendingGradient(handle, ctx, postscale, momentum)
+
+    def _lr_of(self, p: torch.Tensor) -> Optional[float]:
+        """The learning rate of ``p``'s param group now (error feedback rescales by its change)."""
+        if self._compression_spec is None:
+            return None
+        for group in self.param_groups:
+            if any(q is p for q in group["params"]):
+                return float(group["lr"])
+        return None
 
     def _start_bucket(self, bucket: Bucket) -> None:
         prepared = [self._prepare(p) for p in bucket.members]
@@ -213,6 +255,11 @@ class _DistributedOptimizer:
         synchronize are reduced as zeros, since another rank may have one.
         """
         if not self._communicate:
+            if self._nesterov is not None:  # one worker: nothing is sent, the momentum is still ours to apply
+                with torch.no_grad():
+                    for p, name in self._parameter_names.items():
+                        if p.grad is not None:
+                            self._nesterov.apply(name, p.grad, torch.zeros_like)
             self._synchronized = True
             return
         if self._synchronized and not self._pending:
@@ -233,6 +280,9 @@ class _DistributedOptimizer:
                     output = output * item.postscale
                 if output.data_ptr() != p.grad.data_ptr():
                     p.grad.copy_(output)
+                if item.momentum:
+                    with torch.no_grad():
+                        self._nesterov.apply(self._parameter_names[p], p.grad, torch.zeros_like)
                 if p in self._sparse:
                     p.grad = p.grad.to_sparse()
         finally:
@@ -303,7 +353,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          compression: Any = Compression.none, backward_passes_per_step: int = 1,
                          op: Any = Average, gradient_predivide_factor: float = 1.0, groups: Any = None,
                          sparse_as_dense: bool = False,
-                         process_set: Any = global_process_set) -> torch.optim.Optimizer:
+                         process_set: Any = global_process_set,
+                         compression_params: Optional[Dict[str, Any]] = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all workers.
 
     Returns an instance of a subclass of ``optimizer``'s class (so
@@ -339,6 +390,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     not fused). ``groups`` (Horovod's explicit fusion groups: a number, or
     lists of parameters) is checked and otherwise left to byteps' own
     fusion, which groups small gradients by itself (docs/horovod-compatibility.md).
+
+    ``compression_params`` is BytePS's gradient compression, the dict its
+    MXNet DistributedTrainer takes (docs/compression.md), e.g.
+    ``{"compressor": "onebit", "scaling": True, "ef": "vanilla",
+    "momentum": "nesterov"}``: gradients of at least
+    BYTEPS_MIN_COMPRESS_BYTES are compressed on their way to the servers
+    (one by one, not fused) and summed there; ``"momentum": "nesterov"``
+    takes the optimizer's momentum factor and turns the optimizer's own
+    momentum off, as BytePS does.
     """
     check_gradient_op(op, gradient_predivide_factor)
     check_passes(backward_passes_per_step)
@@ -353,7 +413,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     wrapped.__dict__.update(optimizer.__dict__)
     _check_groups(groups, optimizer)
     wrapped._setup_distributed(named, compression, backward_passes_per_step, op, gradient_predivide_factor,
-                               sparse_as_dense, process_set)
+                               sparse_as_dense, process_set, compression_params)
     return wrapped
 
 

@@ -1,0 +1,115 @@
+"""BytePS's gradient compression through a real job: 2 workers, 1 server, DistributedOptimizer(compression_params).
+
+Each rank records its local gradients and the gradients the compressed
+round left (scripts/compression_training.py); the test replays the local
+gradients through the numpy reference of byteps.testkit.compression_reference
+(worker momentum and error feedback and codec, server sum, server error
+feedback and codec) and requires the same averaged gradients on both ranks,
+every step, to float32 tolerance. The weight (800 bytes) is compressed; the
+bias (20 bytes) is below BYTEPS_MIN_COMPRESS_BYTES=64 and goes as it is,
+getting its Nesterov momentum after the pull.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+from job_checks import SCRIPTS
+
+from byteps.testkit import free_port, launch_job, report
+from byteps.testkit.compression_reference import ReferenceJob
+
+STEPS = 6
+CASES = {
+    "onebit-scaling-ef-nesterov": ({"compressor": "onebit", "scaling": True, "ef": "vanilla",
+                                    "momentum": "nesterov"}, 0.9),
+    "onebit-signs": ({"compressor": "onebit"}, 0.0),
+    "topk-fraction-ef": ({"compressor": "topk", "k": 0.1, "ef": "vanilla"}, 0.0),
+    "randomk-seeded-ef": ({"compressor": "randomk", "k": 20, "seed": 7, "ef": "vanilla"}, 0.0),
+    "dithering-natural-l2": ({"compressor": "dithering", "k": 4, "partition": "natural", "normalize": "l2",
+                              "seed": 3}, 0.0),
+    "dithering-linear-max-ef-nesterov": ({"compressor": "dithering", "k": 8, "seed": 11, "ef": "vanilla",
+                                          "momentum": "nesterov"}, 0.5),
+}
+
+
+def _bias_reference(records, mu):
+    """The uncompressed bias: the plain average, then BytePS's momentum after the pull."""
+    buffer, answers = np.zeros_like(records[0]["local_bias"][0]), []
+    for step in range(STEPS):
+        average = ((records[0]["local_bias"][step] + records[1]["local_bias"][step]) / np.float32(2)).astype(
+            np.float32)
+        if mu:
+            buffer = (np.float32(mu) * (buffer + average)).astype(np.float32)
+            average = (average + buffer).astype(np.float32)
+        answers.append(average)
+    return answers
+
+
+def _run(tmp_path, params, mu, *extra, layout=("--workers", "2", "--servers", "1"), ranks=2):
+    result = launch_job(list(layout), os.path.join(SCRIPTS, "compression_training.py"),
+                        [json.dumps(params), str(tmp_path), str(STEPS), str(mu), *extra],
+                        env={"BYTEPS_MIN_COMPRESS_BYTES": "64", "MASTER_PORT": str(free_port())}, timeout=120)
+    assert result.returncode == 0, report(result)
+    return [np.load(tmp_path / f"rank{rank}.npz") for rank in range(ranks)]
+
+
+def _check_weight(records, reference, case, per_machine=1):
+    for step in range(STEPS):
+        lr = float(records[0]["lr"][step])
+        machines = [records[m:m + per_machine] for m in range(0, len(records), per_machine)]
+        local_sums = []
+        for machine in machines:  # the local root sums its machine's gradients, then compresses that
+            total = machine[0]["local_weight"][step]
+            for other in machine[1:]:
+                total = (total + other["local_weight"][step]).astype(np.float32)
+            local_sums.append(total)
+        expected = reference.round("weight", local_sums, lr)
+        for rank, record in enumerate(records):
+            np.testing.assert_allclose(record["synced_weight"][step], expected, rtol=1e-6, atol=1e-7,
+                                       err_msg=f"{case}: weight, step {step}, rank {rank}")
+    # Compression did something: the weight's averaged gradient is not the plain average.
+    plain = (records[0]["local_weight"][-1] + records[1]["local_weight"][-1]) / 2
+    assert not np.allclose(records[0]["synced_weight"][-1], plain, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_workers_match_the_reference_algorithm(case, tmp_path):
+    params, mu = CASES[case]
+    records = _run(tmp_path, params, mu)
+    _check_weight(records, ReferenceJob(params, workers=2, momentum=mu), case)
+    bias = _bias_reference(records, mu)
+    for step in range(STEPS):
+        for rank, record in enumerate(records):
+            np.testing.assert_allclose(record["synced_bias"][step], bias[step], rtol=1e-6, atol=1e-7,
+                                       err_msg=f"{case}: bias, step {step}, rank {rank}")
+
+
+def test_two_machines_of_two_processes_compress_their_local_sums(tmp_path):
+    params = {"compressor": "onebit", "scaling": True, "ef": "vanilla"}
+    records = _run(tmp_path, params, 0.0, layout=("-np", "2", "--workers", "2", "--servers", "1"), ranks=4)
+    _check_weight(records, ReferenceJob(params, workers=2, size=4), "local aggregation onebit", per_machine=2)
+
+
+def test_native_ddp_with_the_byteps_hook_compresses_its_bucket(tmp_path):
+    params = {"compressor": "topk", "k": 0.1, "ef": "vanilla"}
+    records = _run(tmp_path, params, 0.0, "hook")
+    _check_weight(records, ReferenceJob(params, workers=2), "ddp hook topk")
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"compressor": "onebit", "k": 3}, "'k'] does not apply"),
+    ({"compressor": "onebit", "momentum": "nesterov"}, "optimizer's momentum, which is 0"),
+])
+def test_bad_compression_params_fail_at_the_call(params, message):
+    import torch
+
+    import byteps.torch as bps
+
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        bps.DistributedOptimizer(optimizer, compression_params=params)
