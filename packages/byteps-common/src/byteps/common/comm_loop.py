@@ -19,7 +19,8 @@ import logging
 import os
 import queue
 import threading
-from typing import Dict, List, Optional, Tuple, Union
+import time
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from byteps.common import kernels
 from byteps.common.buffers import TensorView
@@ -54,6 +55,7 @@ class PushPullTask:
     tag: int = 0  # what every rank must agree on besides averaging: 1 + the root of a broadcast, else 0
     compression: Optional[TensorCompressor] = None  # compressed on the way to the servers (averaged before)
     lr: Optional[float] = None  # the optimizer's learning rate, for error feedback's rescaling
+    started: float = 0.0  # time.time() when the comm thread started it (for the timeline)
     remaining: int = 0  # partitions not yet in the output
     network_partitions: int = 0  # partitions this process pushes
     failed: bool = False  # nothing more happens to its partitions
@@ -100,6 +102,7 @@ class CommOptions:
     secret: Optional[bytes] = dataclasses.field(default=None, repr=False)  # authenticates local ranks too
     handshake_timeout_s: float = 120.0
     partition_bytes: int = 4096000  # BYTEPS_PARTITION_BYTES (a joined local root re-cuts partitions with it)
+    tracer: Any = None  # byteps.common.tracing.Tracer while BYTEPS_TRACE_ON=1
 
 
 class CommLoop(threading.Thread):
@@ -116,7 +119,7 @@ class CommLoop(threading.Thread):
         super().__init__(name="byteps-comm", daemon=True)
         self.options = options
         self.rank = options.rank
-        self.dispatcher = RouteDispatcher(self._arrived)
+        self.dispatcher = RouteDispatcher(self._arrived, options.tracer)
         proceed = self.dispatcher.proceed
         self.dispatcher.register(Stage.COPY_OUT, self._copy_out)
         self.exchange: Optional[ServerExchange] = None
@@ -285,6 +288,9 @@ class CommLoop(threading.Thread):
             task.handle.set_done()
             return
         self._active[id(task)] = task
+        tracer = self.options.tracer
+        if tracer is not None and tracer.traces(task.round):
+            task.started = time.time()
         local_members = self._local_members(task)
         aggregates = self.local is not None and len(local_members) > 1
         if aggregates and not self.local.prepare(task):
@@ -344,6 +350,9 @@ class CommLoop(threading.Thread):
         task.remaining -= 1
         if task.remaining == 0:
             self._active.pop(id(task), None)
+            if task.started:
+                self.options.tracer.span("tensor", task.name, task.started, time.time(), step=task.round + 1,
+                                         partitions=len(task.plan.partitions), nbytes=task.plan.nbytes)
             task.handle.set_done()
             self._maybe_start_join()
 

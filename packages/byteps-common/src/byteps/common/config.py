@@ -97,6 +97,11 @@ ENV_DEFAULTS: Mapping[str, object] = MappingProxyType({
     "BYTEPS_CPU_BLACKLIST": (),
     "BYTEPS_MULTITHREADED_CPU": True,
     "BYTEPS_PCIE_SWITCH_SIZE": DEFAULT_PCIE_SWITCH_SIZE,
+    # Timeline (docs/timeline.md)
+    "BYTEPS_TRACE_ON": False,
+    "BYTEPS_TRACE_START_STEP": 10,
+    "BYTEPS_TRACE_END_STEP": 20,
+    "BYTEPS_TRACE_DIR": "./trace",
     # Set by bpslaunch
     "BYTEPS_JOB_ID": None,
     "BYTEPS_REPORT_DIR": None,
@@ -262,6 +267,11 @@ class Config:
     server_assignment: str = "balanced"
     # Gradient compression (compression_params): smaller tensors are sent as they are
     min_compress_bytes: int = DEFAULT_MIN_COMPRESS_BYTES
+    # Timeline: trace the rounds (a tensor's count of push_pulls) start..end of every tensor into trace_dir
+    trace_on: bool = False
+    trace_start_step: int = 10
+    trace_end_step: int = 20
+    trace_dir: str = "./trace"
     # Placement on the machine
     numa_on: bool = True
     visible_cpu_cores: Optional[Tuple[Tuple[int, ...], ...]] = None
@@ -351,6 +361,12 @@ class Config:
         if distributed and needs_servers and num_server < 1:
             raise ConfigError("DMLC_NUM_SERVER", f"must be >= 1 {why}, got {num_server}")
 
+        trace_on = env.get("BYTEPS_TRACE_ON", _parse_bool)
+        trace_start = env.get("BYTEPS_TRACE_START_STEP", _int(1))
+        trace_end = env.get("BYTEPS_TRACE_END_STEP", _int(1))
+        if trace_on and trace_end <= trace_start:
+            raise ConfigError("BYTEPS_TRACE_END_STEP",
+                              f"must be > BYTEPS_TRACE_START_STEP={trace_start}, got {trace_end}")
         heartbeat_interval = env.get("PS_HEARTBEAT_INTERVAL", _parse_seconds)
         heartbeat_timeout = env.get("PS_HEARTBEAT_TIMEOUT", _parse_seconds)
         if heartbeat_interval > 0 and heartbeat_timeout < 2 * heartbeat_interval:
@@ -396,4 +412,8 @@ class Config:
             job_id=env.get("BYTEPS_JOB_ID", _job_id),
             report_dir=env.get("BYTEPS_REPORT_DIR", _text),
             min_compress_bytes=env.get("BYTEPS_MIN_COMPRESS_BYTES", _int(0)),
+            trace_on=trace_on,
+            trace_start_step=trace_start,
+            trace_end_step=trace_end,
+            trace_dir=env.get("BYTEPS_TRACE_DIR", _text),
         )

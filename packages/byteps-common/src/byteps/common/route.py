@@ -24,6 +24,7 @@ the dispatcher: nothing else moves.
 from __future__ import annotations
 
 import enum
+import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from byteps.common.partition import Partition
@@ -64,7 +65,7 @@ class PartitionTrip:
     """
 
     __slots__ = ("task", "part", "route", "data", "position", "acked", "landing", "source", "output", "dense",
-                 "pull_nbytes")
+                 "pull_nbytes", "stage_started")
 
     def __init__(self, task: Any, part: Partition, route: Tuple[Stage, ...]) -> None:
         self.task = task  # the PushPullTask
@@ -79,6 +80,7 @@ class PartitionTrip:
         self.landing: Any = None  # where PULL receives the sum (None: keep the message)
         self.dense: Any = None  # COMPRESS: the dense buffer DECOMPRESS writes the sum into
         self.pull_nbytes = part.nbytes  # bytes of the server's answer (the compressed size when compressed)
+        self.stage_started = 0.0  # when the current stage began (time.time(); kept only while tracing)
 
     @property
     def stage(self) -> Stage:
@@ -94,11 +96,17 @@ Handler = Callable[[PartitionTrip], None]
 
 
 class RouteDispatcher:
-    """Moves trips from stage to stage; ``arrived(trip)`` is called when a trip's route is done."""
+    """Moves trips from stage to stage; ``arrived(trip)`` is called when a trip's route is done.
 
-    def __init__(self, arrived: Handler) -> None:
+    With a ``tracer`` (:class:`byteps.common.tracing.Tracer`), every stage of
+    a traced round becomes a span, from the moment the dispatcher started it
+    to the moment it was told the stage is finished.
+    """
+
+    def __init__(self, arrived: Handler, tracer: Any = None) -> None:
         self._handlers: Dict[Stage, Handler] = {}
         self._arrived = arrived
+        self._tracer = tracer
 
     def register(self, stage: Stage, handler: Handler) -> None:
         if stage in self._handlers:
@@ -113,6 +121,8 @@ class RouteDispatcher:
         """
         if trip.task.failed:
             return
+        if self._tracer is not None and self._tracer.traces(trip.task.round):
+            self._trace(trip)
         position = trip.position = trip.position + 1
         if position == len(trip.route):
             self._arrived(trip)
@@ -121,3 +131,11 @@ class RouteDispatcher:
         if handler is None:
             raise RuntimeError(f"no handler for stage {trip.stage.name} of {trip.route}")
         handler(trip)
+
+    def _trace(self, trip: PartitionTrip) -> None:
+        now = time.time()
+        if trip.position >= 0:
+            task, part = trip.task, trip.part
+            self._tracer.span(trip.stage.value, task.name, trip.stage_started, now, key=part.key,
+                              partition=part.index, step=task.round + 1)
+        trip.stage_started = now

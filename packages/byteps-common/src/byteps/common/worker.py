@@ -39,6 +39,7 @@ from byteps.common.handle import Handle
 from byteps.common.job_report import ProcessReport, write_report
 from byteps.common.server_assignment import ServerAssigner
 from byteps.common.tensor_description import TAG_GATHER
+from byteps.common.tracing import WORKER_TRACKS, Tracer, worker_trace_path
 from byteps.transport import Context, NodeInfo, SchedulerClient, TransportError, authenticate
 from byteps.transport.addressing import resolve_host
 
@@ -74,6 +75,7 @@ class Worker:
         self._context: Optional[Context] = None
         self._scheduler: Optional[SchedulerClient] = None
         self._comm: Optional[CommLoop] = None
+        self._tracer: Optional[Tracer] = None  # BYTEPS_TRACE_ON=1 in a distributed job
         self._assigner: Optional[ServerAssigner] = None
         self.job_id: Optional[str] = config.job_id
         self._started = time.monotonic()
@@ -99,6 +101,10 @@ class Worker:
     def _connect(self) -> None:
         cfg = self.config
         self._context = Context()
+        if cfg.trace_on:  # before rendezvous: a bad BYTEPS_TRACE_DIR fails at once, on its own
+            self._tracer = Tracer(worker_trace_path(cfg.trace_dir, cfg.worker_id, cfg.num_worker, cfg.local_rank),
+                                  f"worker {cfg.rank}", cfg.rank, WORKER_TRACKS, cfg.trace_start_step,
+                                  cfg.trace_end_step)
         host = resolve_host(cfg.node_host, cfg.interface, cfg.root_uri)
         self._scheduler = SchedulerClient(self._context, cfg.root_uri, cfg.root_port, cfg.rendezvous_timeout,
                                           cfg.heartbeat_interval_s, cfg.heartbeat_timeout_s, cfg.secret)
@@ -114,7 +120,8 @@ class Worker:
             rank=self.rank, max_payload_bytes=max(cfg.partition_bytes, 1 << 20),
             credit_bytes=cfg.scheduling_credit * cfg.partition_bytes, pipeline=cfg.pipeline,
             job_id=self.job_id, machine=cfg.worker_id, local_rank=cfg.local_rank, local_size=cfg.local_size,
-            secret=cfg.secret, handshake_timeout_s=cfg.rendezvous_timeout, partition_bytes=cfg.partition_bytes)
+            secret=cfg.secret, handshake_timeout_s=cfg.rendezvous_timeout, partition_bytes=cfg.partition_bytes,
+            tracer=self._tracer)
         # From here on the comm thread owns the scheduler connection (heartbeats, barriers).
         self._comm = CommLoop(self._context, list(book.servers), options, self._scheduler)
         if cfg.secret is not None:
@@ -371,6 +378,8 @@ class Worker:
         if self._comm is not None:
             self._comm.stop()
         self._write_report()
+        if self._tracer is not None:
+            self._tracer.write({"rank": self.rank, "size": self.size, "local_rank": self.local_rank})
         if self._scheduler is not None:
             try:
                 self._scheduler.finalize()

@@ -51,6 +51,8 @@ def _run_server(config: Config) -> None:
         server.run()
         write_report(config.report_dir, server.report())
     finally:
+        if server.tracer is not None:
+            server.tracer.write({"server": server.rank})
         server.close()
 
 

@@ -39,6 +39,7 @@ from byteps.common.config import Config
 from byteps.common.dtypes import DType
 from byteps.common.job_report import ProcessReport
 from byteps.common.tensor_description import MISMATCH_ADVICE, PartitionSpec, describe_op
+from byteps.common.tracing import SERVER_PID_BASE, SERVER_TRACKS, Tracer, server_trace_path
 from byteps.server.engine import create_engine
 from byteps.server.stall_inspector import PartialRound, StallInspector
 from byteps.transport import (
@@ -99,6 +100,11 @@ class ParameterServer:
         book = self.scheduler.register(NodeInfo(role="server", host=host, port=self.listener.port))
         self.registered_at = time.monotonic()
         self.rank = book.rank
+        self.tracer: Optional[Tracer] = None
+        if config.trace_on:
+            self.tracer = Tracer(server_trace_path(config.trace_dir, self.rank), f"server {self.rank}",
+                                 SERVER_PID_BASE + self.rank, SERVER_TRACKS, config.trace_start_step,
+                                 config.trace_end_step)
         # Local aggregation: one process per worker machine pushes each key.
         self.num_workers = book.num_worker_machines
         self.local_size = book.local_size
@@ -262,6 +268,7 @@ class ParameterServer:
         if state.pushed and (header.flags, header.aux) != (state.round_flags, state.round_tag):
             self._refuse_round(header.key, state, message)
         payload = message.payload if message.payload is not None else b""
+        received = time.time() if self.tracer is not None and self.tracer.traces(header.round) else 0.0
         if state.codec is not None:  # summed dense; the engine holds the decompressed array until the round ends
             payload, lr = state.codec.decompress_push(payload)
             if not state.pushed:
@@ -270,6 +277,9 @@ class ParameterServer:
             wire_log.debug("PUSH key %d round %d from worker %d (%s)", header.key, header.round, header.sender,
                            state.spec.name)
         complete = self.engine.push(header.key, header.round, payload)
+        if received:
+            self.tracer.span("receive", state.spec.name, received, time.time(), key=header.key,
+                             partition=state.spec.partition, worker=header.sender, step=header.round + 1)
         # The ack frees the worker's scheduling credit; it depends on nothing
         # but this push, so no worker's credit waits on another worker.
         self.listener.send(Command.PUSH_ACK, self.rank, header.key, header.round, identity=message.identity)
@@ -284,6 +294,11 @@ class ParameterServer:
             self._add_joined_zeros(header.key, state)
 
     def _round_complete(self, key: int, state: KeyState) -> None:
+        round_ = self.engine.completed_round(key)
+        if self.tracer is not None and self.tracer.traces(round_):
+            finished = time.time()  # the round began at its first push (state.round_started, monotonic)
+            self.tracer.span("sum", state.spec.name, finished - (time.monotonic() - state.round_started), finished,
+                             key=key, partition=state.spec.partition, step=round_ + 1)
         if state.codec is not None:
             round_ = self.engine.completed_round(key)
             state.compressed[round_] = state.codec.compress_sum(self.engine.result(key, round_), state.round_lr)
@@ -370,6 +385,11 @@ class ParameterServer:
                 self._send_error(identity, key, failed, round_)
                 continue
             result = self.engine.result(key, round_) if state.codec is None else state.compressed[round_]
+            sending = time.time() if self.tracer is not None and self.tracer.traces(round_) else 0.0
             self.listener.send(Command.PULL_RESPONSE, self.rank, key, round_, payload=result,
                                dtype=state.spec.dtype, identity=identity)
+            if sending:
+                self.tracer.span("answer", state.spec.name, sending, time.time(), key=key,
+                                 partition=state.spec.partition, worker=self._rank_of(state, identity),
+                                 step=round_ + 1)
         state.pending_pulls = still_waiting

@@ -1,0 +1,119 @@
+"""Merging a job's timeline: every process's comm.json into one file a trace viewer opens.
+
+::
+
+    python -m byteps.launcher.trace merge ./trace            # writes ./trace/merged.json
+    python -m byteps.launcher.trace merge ./trace -o job.json
+
+Each worker and server of a job run with BYTEPS_TRACE_ON=1 writes its own
+comm.json under BYTEPS_TRACE_DIR (see :mod:`byteps.common.tracing`). The
+merged file holds all their events, one process per worker (pid = rank)
+and server (pid = 1000 + rank), and flow arrows that follow each
+partition: from a worker's push to the server's receipt of it, and from
+the server's sum to the worker's pull that brought it back. Open it in
+https://ui.perfetto.dev or chrome://tracing. Clocks are every process's
+wall clock as recorded (on one machine they agree; aligning several
+machines' clocks is not done yet, and the metadata says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+__all__ = ["merge", "main"]
+
+# The flow ids of pushes (worker -> server) and answers (server -> worker) are kept apart by their lowest bit.
+_PUSH, _ANSWER = 0, 1
+
+
+def _files(directory: str) -> List[str]:
+    found = []
+    for folder, _, names in os.walk(directory):
+        found += [os.path.join(folder, name) for name in names if name == "comm.json"]
+    return sorted(found)
+
+
+def _flow(kind: str, flow_id: int, span: dict, at: float, name: str) -> dict:
+    return {"name": name, "cat": "flow", "ph": kind, "id": flow_id, "pid": span["pid"], "tid": span["tid"],
+            "ts": at, **({"bp": "e"} if kind == "f" else {})}
+
+
+def _flows(events: List[dict]) -> List[dict]:
+    """Arrows per partition and step: worker push -> server receive, server sum -> worker pull."""
+    spans = [e for e in events if e.get("ph") == "X"]
+    receives = {(e["args"]["key"], e["args"]["step"], e["args"]["worker"]): e for e in spans if e["cat"] == "receive"}
+    sums = {(e["args"]["key"], e["args"]["step"]): e for e in spans if e["cat"] == "sum"}
+    flows, number = [], 0
+    for push in (e for e in spans if e["cat"] == "push"):
+        key, step, worker = push["args"]["key"], push["args"]["step"], push["pid"]
+        receive = receives.get((key, step, worker))
+        if receive is not None:
+            number += 1
+            flow_id = number << 1 | _PUSH
+            flows += [_flow("s", flow_id, push, push["ts"], "push"),
+                      _flow("f", flow_id, receive, receive["ts"], "push")]
+    for pull in (e for e in spans if e["cat"] == "pull"):
+        summed = sums.get((pull["args"]["key"], pull["args"]["step"]))
+        if summed is not None:
+            number += 1
+            flow_id = number << 1 | _ANSWER
+            end = summed["ts"] + summed["dur"]
+            flows += [_flow("s", flow_id, summed, end, "sum"),
+                      _flow("f", flow_id, pull, pull["ts"] + pull["dur"], "sum")]
+    return flows
+
+
+def merge(directory: str, output: Optional[str] = None) -> Tuple[str, Dict[str, int]]:
+    """Merge every comm.json under ``directory`` into ``output`` (default ``directory/merged.json``).
+
+    Returns the path and a count of processes, spans and flows; raises
+    ValueError when there is nothing to merge or a file is not a trace.
+    """
+    files = _files(directory)
+    if not files:
+        raise ValueError(f"no comm.json under {directory}: was the job run with BYTEPS_TRACE_ON=1 "
+                         "and BYTEPS_TRACE_DIR pointing there?")
+    events: List[dict] = []
+    processes = []
+    for path in files:
+        try:
+            with open(path) as handle:
+                document = json.load(handle)
+            events += document["traceEvents"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path} is not a byteps trace: {exc}") from None
+        processes.append(os.path.relpath(path, directory))
+    flows = _flows(events)
+    output = output or os.path.join(directory, "merged.json")
+    merged = {"traceEvents": events + flows, "displayTimeUnit": "ms",
+              "metadata": {"sources": processes,
+                           "clock_alignment": "none: each process's wall clock as recorded (exact on one machine)"}}
+    with open(output, "w") as out:
+        json.dump(merged, out)
+    counts = {"processes": len(files), "spans": sum(e.get("ph") == "X" for e in events), "flows": len(flows) // 2}
+    return output, counts
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m byteps.launcher.trace",
+                                     description="Merge a job's timeline (BYTEPS_TRACE_DIR) into one trace file.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    merging = commands.add_parser("merge", help="merge every comm.json under DIR")
+    merging.add_argument("directory", metavar="DIR")
+    merging.add_argument("-o", "--output", help="the merged file (default DIR/merged.json)")
+    args = parser.parse_args(argv)
+    try:
+        path, counts = merge(args.directory, args.output)
+    except ValueError as exc:
+        print(f"byteps trace: {exc}", file=sys.stderr)
+        return 2
+    print(f"merged {counts['processes']} processes, {counts['spans']} spans, {counts['flows']} flows into {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
