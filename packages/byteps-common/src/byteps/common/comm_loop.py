@@ -119,6 +119,7 @@ class CommLoop(threading.Thread):
         super().__init__(name="byteps-comm", daemon=True)
         self.options = options
         self.rank = options.rank
+        self.tracer = options.tracer  # set_tracer() replaces it (Horovod's start_timeline)
         self.dispatcher = RouteDispatcher(self._arrived, options.tracer)
         proceed = self.dispatcher.proceed
         self.dispatcher.register(Stage.COPY_OUT, self._copy_out)
@@ -192,6 +193,11 @@ class CommLoop(threading.Thread):
         if not self._wake_pending:
             self._wake_pending = True
             os.write(self._wake_write, b"t")
+
+    def set_tracer(self, tracer: Any) -> None:
+        """Trace from now on into ``tracer`` (None: stop); the comm thread picks it up at its next event."""
+        self.tracer = tracer
+        self.dispatcher.set_tracer(tracer)
 
     def stop(self) -> None:
         """Ask the thread to finish; in-flight tasks fail if it must cut them off."""
@@ -288,7 +294,7 @@ class CommLoop(threading.Thread):
             task.handle.set_done()
             return
         self._active[id(task)] = task
-        tracer = self.options.tracer
+        tracer = self.tracer
         if tracer is not None and tracer.traces(task.round):
             task.started = time.time()
         local_members = self._local_members(task)
@@ -350,8 +356,8 @@ class CommLoop(threading.Thread):
         task.remaining -= 1
         if task.remaining == 0:
             self._active.pop(id(task), None)
-            if task.started:
-                self.options.tracer.span("tensor", task.name, task.started, time.time(), step=task.round + 1,
+            if task.started and self.tracer is not None:
+                self.tracer.span("tensor", task.name, task.started, time.time(), step=task.round + 1,
                                          partitions=len(task.plan.partitions), nbytes=task.plan.nbytes)
             task.handle.set_done()
             self._maybe_start_join()

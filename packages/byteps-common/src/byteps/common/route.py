@@ -108,6 +108,9 @@ class RouteDispatcher:
         self._arrived = arrived
         self._tracer = tracer
 
+    def set_tracer(self, tracer: Any) -> None:
+        self._tracer = tracer
+
     def register(self, stage: Stage, handler: Handler) -> None:
         if stage in self._handlers:
             raise ValueError(f"stage {stage.name} has a handler already")

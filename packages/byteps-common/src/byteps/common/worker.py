@@ -76,6 +76,7 @@ class Worker:
         self._scheduler: Optional[SchedulerClient] = None
         self._comm: Optional[CommLoop] = None
         self._tracer: Optional[Tracer] = None  # BYTEPS_TRACE_ON=1 in a distributed job
+        self._timeline: Optional[Tracer] = None  # start_timeline() .. stop_timeline()
         self._assigner: Optional[ServerAssigner] = None
         self.job_id: Optional[str] = config.job_id
         self._started = time.monotonic()
@@ -351,6 +352,23 @@ class Worker:
             self._in_flight.discard(name)
             self._last_done = time.monotonic()
 
+    def start_timeline(self, path: str) -> None:
+        """Trace every push_pull of this worker from now on into ``path`` (Horovod's ``start_timeline``)."""
+        self.stop_timeline()
+        tracer = Tracer(path, f"worker {self.rank}", self.rank, WORKER_TRACKS, 1, 2 ** 62)
+        self._timeline = tracer
+        if self._comm is not None:  # a single worker process sends nothing: its trace stays empty
+            self._comm.set_tracer(tracer)
+
+    def stop_timeline(self) -> Optional[str]:
+        """End :meth:`start_timeline`'s trace and write it; BYTEPS_TRACE_ON's goes on. Returns the path."""
+        timeline, self._timeline = self._timeline, None
+        if timeline is None:
+            return None
+        if self._comm is not None:
+            self._comm.set_tracer(self._tracer)
+        return timeline.write({"rank": self.rank, "size": self.size, "window": "start_timeline .. stop_timeline"})
+
     def barrier(self) -> None:
         """Block until every worker process reaches the barrier."""
         if self._comm is not None:
@@ -378,6 +396,7 @@ class Worker:
         if self._comm is not None:
             self._comm.stop()
         self._write_report()
+        self.stop_timeline()
         if self._tracer is not None:
             self._tracer.write({"rank": self.rank, "size": self.size, "local_rank": self.local_rank})
         if self._scheduler is not None:

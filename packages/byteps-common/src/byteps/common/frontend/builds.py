@@ -7,9 +7,10 @@ its own (workers talk to parameter servers over its own transport, and GPU
 tensors are staged through host memory by the adapters), so every one of
 them answers False (``nccl_built()`` answers 0, as Horovod does without NCCL).
 
-Horovod's timeline (``start_timeline``/``stop_timeline``) has no byteps
-counterpart yet: both raise NotImplementedError naming the replacement to
-use meanwhile (docs/horovod-compatibility.md).
+Horovod's timeline (``start_timeline``/``stop_timeline``) records rank
+0's push_pulls between the two calls into the file, in the format of
+byteps' own timeline (docs/timeline.md), as Horovod's coordinator writes
+its timeline alone.
 
 Example::
 
@@ -70,12 +71,25 @@ def rocm_built() -> bool:
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Not available yet: raises NotImplementedError (Horovod writes a Chrome trace here)."""
-    raise NotImplementedError(
-        f"start_timeline({file_path!r}): byteps has no timeline yet; per-op timing is available from "
-        "get_pushpull_speed() and BYTEPS_LOG_LEVEL=DEBUG (docs/horovod-compatibility.md)")
+    """Horovod's dynamic timeline: rank 0 traces its push_pulls into ``file_path`` until :func:`stop_timeline`.
+
+    The trace is byteps' timeline format (docs/timeline.md), written at
+    :func:`stop_timeline` (or shutdown). ``mark_cycles`` is accepted and
+    ignored (byteps has no negotiation cycles to mark).
+    """
+    from byteps.common import api
+
+    if not file_path:
+        raise ValueError("start_timeline: file_path must not be empty")
+    if not api.is_initialized():
+        raise ValueError("start_timeline: call init() first")
+    if api.rank() == 0:
+        api.worker().start_timeline(file_path)
 
 
 def stop_timeline() -> None:
-    """Not available yet: raises NotImplementedError, as :func:`start_timeline` does."""
-    raise NotImplementedError("stop_timeline(): byteps has no timeline yet (docs/horovod-compatibility.md)")
+    """End :func:`start_timeline`'s recording and write the file (rank 0)."""
+    from byteps.common import api
+
+    if api.is_initialized():
+        api.worker().stop_timeline()
