@@ -251,7 +251,7 @@ def tests_server(session: nox.Session) -> None:
 
 @nox.session(name="tests-launcher")
 def tests_launcher(session: nox.Session) -> None:
-    _tests(session, "byteps-launcher")
+    _tests(session, "byteps-launcher", "matplotlib")  # matplotlib: the timeline's picture
 
 
 @nox.session(name="tests-torch")

@@ -77,14 +77,16 @@ def test_workers_and_servers_trace_every_stage_of_the_traced_steps(tmp_path):
     assert sum(e["cat"] == "sum" for e in served) == 5 * len(STEPS)
     assert sum(e["cat"] == "answer" for e in served) == 2 * 5 * len(STEPS)
 
-    merged = subprocess.run([PY, "-m", "byteps.launcher.trace", "merge", str(trace)], capture_output=True,
-                            text=True, timeout=60)
+    picture = tmp_path / "timeline.png"
+    merged = subprocess.run([PY, "-m", "byteps.launcher.trace", "merge", str(trace), "--png", str(picture)],
+                            capture_output=True, text=True, timeout=120)
     assert merged.returncode == 0, merged.stderr
     assert merged.stdout.startswith("merged 3 processes, ") and "80 flows" in merged.stdout, merged.stdout
     events = json.load(open(trace / "merged.json"))["traceEvents"]
     starts = {e["id"]: e for e in events if e["ph"] == "s"}
     ends = {e["id"]: e for e in events if e["ph"] == "f"}
     assert starts.keys() == ends.keys() and len(starts) == 80
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
     for flow_id, start in starts.items():  # one machine's clocks: every receipt after its push began
         assert ends[flow_id]["ts"] >= start["ts"], (start, ends[flow_id])
         assert (start["pid"] >= 1000) != (ends[flow_id]["pid"] >= 1000)  # worker <-> server

@@ -3,7 +3,7 @@
 ::
 
     python -m byteps.launcher.trace merge ./trace            # writes ./trace/merged.json
-    python -m byteps.launcher.trace merge ./trace -o job.json
+    python -m byteps.launcher.trace merge ./trace -o job.json --png job.png
 
 Each worker and server of a job run with BYTEPS_TRACE_ON=1 writes its own
 comm.json under BYTEPS_TRACE_DIR (see :mod:`byteps.common.tracing`). The
@@ -13,7 +13,9 @@ partition: from a worker's push to the server's receipt of it, and from
 the server's sum to the worker's pull that brought it back. Open it in
 https://ui.perfetto.dev or chrome://tracing. Clocks are every process's
 wall clock as recorded (on one machine they agree; aligning several
-machines' clocks is not done yet, and the metadata says so).
+machines' clocks is not done yet, and the metadata says so). ``--png``
+also draws it (needs matplotlib): one row per process and track, a bar per
+span, coloured by track, time from the first span.
 """
 
 from __future__ import annotations
@@ -98,6 +100,39 @@ def merge(directory: str, output: Optional[str] = None) -> Tuple[str, Dict[str, 
     return output, counts
 
 
+def draw(events: List[dict], path: str, title: str = "") -> None:
+    """A Gantt view of ``events``' spans into ``path`` (PNG): rows are process/track pairs, in pid order."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("--png needs matplotlib: pip install matplotlib") from None
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+    spans = [e for e in events if e.get("ph") == "X"]
+    if not spans:
+        raise ValueError("nothing to draw: the trace has no spans")
+    origin = min(e["ts"] for e in spans)
+    rows = sorted({(e["pid"], e["tid"], e["cat"]) for e in spans})
+    tracks = sorted({cat for _, _, cat in rows})
+    colours = {cat: plt.get_cmap("tab10")(i % 10) for i, cat in enumerate(tracks)}
+    figure, axes = plt.subplots(figsize=(12, 0.28 * len(rows) + 1.5))
+    for y, (pid, tid, cat) in enumerate(rows):
+        bars = [((e["ts"] - origin) / 1e3, max(e["dur"] / 1e3, 0.01)) for e in spans
+                if (e["pid"], e["tid"]) == (pid, tid)]
+        axes.broken_barh(bars, (y - 0.4, 0.8), facecolors=colours[cat])
+    axes.set_yticks(range(len(rows)))
+    axes.set_yticklabels([f"{names.get(pid, pid)} · {cat}" for pid, _, cat in rows], fontsize=7)
+    axes.invert_yaxis()
+    axes.set_xlabel("ms from the first span")
+    axes.set_title(title or "byteps timeline", fontsize=10)
+    axes.grid(axis="x", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m byteps.launcher.trace",
                                      description="Merge a job's timeline (BYTEPS_TRACE_DIR) into one trace file.")
@@ -105,9 +140,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     merging = commands.add_parser("merge", help="merge every comm.json under DIR")
     merging.add_argument("directory", metavar="DIR")
     merging.add_argument("-o", "--output", help="the merged file (default DIR/merged.json)")
+    merging.add_argument("--png", help="also draw the merged trace into this PNG (needs matplotlib)")
     args = parser.parse_args(argv)
     try:
         path, counts = merge(args.directory, args.output)
+        if args.png:
+            with open(path) as handle:
+                draw(json.load(handle)["traceEvents"], args.png, f"byteps timeline of {args.directory}")
     except ValueError as exc:
         print(f"byteps trace: {exc}", file=sys.stderr)
         return 2
