@@ -52,6 +52,9 @@ def test_workers_and_servers_trace_every_stage_of_the_traced_steps(tmp_path):
     trace = tmp_path / "trace"
     workers = [trace / f"machine{m}" / "0" / "comm.json" for m in (0, 1)]
     server = trace / "server0" / "comm.json"
+    for path in [*workers, server]:  # every process estimated its clock against the scheduler's
+        metadata = json.load(open(path))["metadata"]
+        assert abs(metadata["clock_offset_s"]) < 0.05 and 0 <= metadata["clock_error_s"] < 0.05, metadata
     for rank, path in enumerate(workers):
         spans = _events(path)
         assert {e["pid"] for e in spans} == {rank}
@@ -82,7 +85,10 @@ def test_workers_and_servers_trace_every_stage_of_the_traced_steps(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert merged.returncode == 0, merged.stderr
     assert merged.stdout.startswith("merged 3 processes, ") and "80 flows" in merged.stdout, merged.stdout
-    events = json.load(open(trace / "merged.json"))["traceEvents"]
+    document = json.load(open(trace / "merged.json"))
+    assert document["metadata"]["clock_alignment"] == "offsets from heartbeat round trips"
+    assert document["metadata"]["clock_error_bound_s"] < 0.05
+    events = document["traceEvents"]
     starts = {e["id"]: e for e in events if e["ph"] == "s"}
     ends = {e["id"]: e for e in events if e["ph"] == "f"}
     assert starts.keys() == ends.keys() and len(starts) == 80

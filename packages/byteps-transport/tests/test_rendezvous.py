@@ -9,6 +9,7 @@ import zmq
 
 from byteps.transport import (
     _C,
+    ClockEstimate,
     Command,
     NodeInfo,
     RemoteError,
@@ -79,7 +80,10 @@ def finish(client, info):
         client.barrier()
         client.finalize()
     else:
-        assert client.recv().header.command == Command.TERMINATE
+        message = client.recv()
+        while message.header.command == Command.HEARTBEAT:  # the answer to a heartbeat the test sent
+            message = client.recv()
+        assert message.header.command == Command.TERMINATE
 
 
 def test_two_machines_of_two_and_two_servers(scheduler_factory):
@@ -189,3 +193,32 @@ def test_waiting_nodes_learn_from_the_scheduler_which_ranks_are_missing(schedule
     assert any(line.startswith("server registered; the scheduler still waits for worker rank 1") for line in lines)
     assert any(line.startswith("all nodes registered in ") and "1 server, 2 worker processes on 2 machines" in line
                for line in lines)
+
+
+def test_the_clock_estimate_keeps_the_shortest_round_trip():
+    clock = ClockEstimate()
+    assert clock.offset_s is None
+    clock.add(sent=100.0, scheduler=105.5, received=101.0)  # offset 5.0 within 0.5
+    assert (clock.offset_s, clock.error_s) == (5.0, 0.5)
+    clock.add(sent=200.0, scheduler=207.0, received=204.0)  # a slower trip: ignored
+    assert (clock.offset_s, clock.error_s) == (5.0, 0.5)
+    clock.add(sent=300.0, scheduler=305.2, received=300.2)  # faster: kept
+    assert clock.offset_s == pytest.approx(5.1) and clock.error_s == pytest.approx(0.1)
+
+
+def test_nodes_learn_their_clock_offset_from_heartbeats(scheduler_factory):
+    scheduler = scheduler_factory(1, 1)
+
+    def beat(client, info):
+        deadline = time.monotonic() + 10
+        while client.clock.offset_s is None:  # a heartbeat, then its answer
+            assert time.monotonic() < deadline, "no clock estimate from the heartbeats"
+            client.pulse()
+            if client.connection.wait_readable(0.1):
+                client.recv()
+        assert abs(client.clock.offset_s) < 0.05 and client.clock.error_s < 0.05  # one machine, one clock
+        finish(client, info)
+
+    books, errors = run_nodes(scheduler.listener.port, [NodeInfo("server", "127.0.0.1", 1), NodeInfo("worker")],
+                              beat)
+    assert errors == []

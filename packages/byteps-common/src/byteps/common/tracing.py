@@ -18,7 +18,10 @@ Files are Chrome's trace event format (chrome://tracing, Perfetto):
 ``{"traceEvents": [...], "metadata": {...}}`` with complete events
 (``"ph": "X"``, microseconds of wall-clock time), one process per file
 (pid: the worker's rank, 1000 + a server's rank) and one thread per kind
-of span. ``python -m byteps.launcher.trace merge DIR`` joins them.
+of span; the metadata holds the process's clock offset from the
+scheduler's, estimated from heartbeat round trips, and its error bound.
+``python -m byteps.launcher.trace merge DIR`` joins them on the
+scheduler's clock.
 """
 
 from __future__ import annotations
@@ -26,10 +29,10 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from typing import Any, Dict, List, Optional
 
-__all__ = ["Tracer", "worker_trace_path", "server_trace_path", "WORKER_TRACKS", "SERVER_TRACKS", "SERVER_PID_BASE"]
+__all__ = ["Tracer", "clock_metadata", "worker_trace_path", "server_trace_path", "WORKER_TRACKS", "SERVER_TRACKS",
+           "SERVER_PID_BASE"]
 
 #: One trace thread per kind of span, in route order (tid = position + 1).
 WORKER_TRACKS = ("tensor", "copy_in", "local_reduce", "compress", "push", "pull", "decompress", "local_broadcast",
@@ -100,5 +103,8 @@ class Tracer:
         return self.path
 
 
-def now() -> float:
-    return time.time()
+def clock_metadata(clock: Any) -> Dict[str, Any]:
+    """A trace's clock fields from a :class:`byteps.transport.ClockEstimate` (None: not estimated)."""
+    if clock is None or clock.offset_s is None:
+        return {"clock_offset_s": None, "clock_error_s": None}
+    return {"clock_offset_s": clock.offset_s, "clock_error_s": clock.error_s}

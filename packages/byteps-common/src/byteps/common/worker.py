@@ -39,7 +39,7 @@ from byteps.common.handle import Handle
 from byteps.common.job_report import ProcessReport, write_report
 from byteps.common.server_assignment import ServerAssigner
 from byteps.common.tensor_description import TAG_GATHER
-from byteps.common.tracing import WORKER_TRACKS, Tracer, worker_trace_path
+from byteps.common.tracing import WORKER_TRACKS, Tracer, clock_metadata, worker_trace_path
 from byteps.transport import Context, NodeInfo, SchedulerClient, TransportError, authenticate
 from byteps.transport.addressing import resolve_host
 
@@ -367,7 +367,11 @@ class Worker:
             return None
         if self._comm is not None:
             self._comm.set_tracer(self._tracer)
-        return timeline.write({"rank": self.rank, "size": self.size, "window": "start_timeline .. stop_timeline"})
+        return timeline.write({"rank": self.rank, "size": self.size, "window": "start_timeline .. stop_timeline",
+                               **self._clock()})
+
+    def _clock(self) -> dict:
+        return clock_metadata(self._scheduler.clock if self._scheduler is not None else None)
 
     def barrier(self) -> None:
         """Block until every worker process reaches the barrier."""
@@ -398,7 +402,7 @@ class Worker:
         self._write_report()
         self.stop_timeline()
         if self._tracer is not None:
-            self._tracer.write({"rank": self.rank, "size": self.size, "local_rank": self.local_rank})
+            self._tracer.write({"rank": self.rank, "size": self.size, "local_rank": self.local_rank, **self._clock()})
         if self._scheduler is not None:
             try:
                 self._scheduler.finalize()

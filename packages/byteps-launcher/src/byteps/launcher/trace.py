@@ -11,9 +11,11 @@ merged file holds all their events, one process per worker (pid = rank)
 and server (pid = 1000 + rank), and flow arrows that follow each
 partition: from a worker's push to the server's receipt of it, and from
 the server's sum to the worker's pull that brought it back. Open it in
-https://ui.perfetto.dev or chrome://tracing. Clocks are every process's
-wall clock as recorded (on one machine they agree; aligning several
-machines' clocks is not done yet, and the metadata says so). ``--png``
+https://ui.perfetto.dev or chrome://tracing. Every process's spans are
+moved onto the scheduler's clock by the offset it estimated from its
+heartbeats, unless that offset is within its own error bound (no evidence
+of an offset: processes of one machine share a clock); the merged
+metadata gives the largest error bound. ``--png``
 also draws it (needs matplotlib): one row per process and track, a bar per
 span, coloured by track, time from the first span.
 """
@@ -80,20 +82,33 @@ def merge(directory: str, output: Optional[str] = None) -> Tuple[str, Dict[str, 
         raise ValueError(f"no comm.json under {directory}: was the job run with BYTEPS_TRACE_ON=1 "
                          "and BYTEPS_TRACE_DIR pointing there?")
     events: List[dict] = []
-    processes = []
+    processes, errors, unaligned = [], [], []
     for path in files:
         try:
             with open(path) as handle:
                 document = json.load(handle)
-            events += document["traceEvents"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            metadata = document.get("metadata", {})
+            offset, error = metadata.get("clock_offset_s"), metadata.get("clock_error_s")
+            # An offset within its own error bound is no evidence of an offset (one machine, one clock).
+            shift = 0.0 if offset is None or abs(offset) <= error else offset * 1e6
+            for event in document["traceEvents"]:
+                if "ts" in event:
+                    event["ts"] = round(event["ts"] + shift, 1)
+                events.append(event)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{path} is not a byteps trace: {exc}") from None
         processes.append(os.path.relpath(path, directory))
+        if offset is None:
+            unaligned.append(processes[-1])
+        else:
+            errors.append(error)
     flows = _flows(events)
     output = output or os.path.join(directory, "merged.json")
     merged = {"traceEvents": events + flows, "displayTimeUnit": "ms",
-              "metadata": {"sources": processes,
-                           "clock_alignment": "none: each process's wall clock as recorded (exact on one machine)"}}
+              "metadata": {"sources": processes, "clock": "the scheduler's wall clock, microseconds",
+                           "clock_alignment": ("offsets from heartbeat round trips" if not unaligned else
+                                               f"no estimate for {unaligned}: their own clocks as recorded"),
+                           "clock_error_bound_s": max(errors) if errors else None}}
     with open(output, "w") as out:
         json.dump(merged, out)
     counts = {"processes": len(files), "spans": sum(e.get("ph") == "X" for e in events), "flows": len(flows) // 2}

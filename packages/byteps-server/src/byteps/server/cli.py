@@ -27,6 +27,7 @@ from byteps.common.config import Config, ConfigError
 from byteps.common.interface import distribution_version
 from byteps.common.job_report import write_report
 from byteps.common.logging_setup import configure_logging
+from byteps.common.tracing import clock_metadata
 from byteps.transport import Scheduler, SchedulerOptions, TransportError
 
 __all__ = ["main"]
@@ -52,7 +53,7 @@ def _run_server(config: Config) -> None:
         write_report(config.report_dir, server.report())
     finally:
         if server.tracer is not None:
-            server.tracer.write({"server": server.rank})
+            server.tracer.write({"server": server.rank, **clock_metadata(server.scheduler.clock)})
         server.close()
 
 

@@ -27,7 +27,7 @@ from byteps.transport.frames import (
     parse_json_payload,
 )
 from byteps.transport.poller import Poller
-from byteps.transport.rendezvous import AddressBook, NodeInfo, SchedulerClient
+from byteps.transport.rendezvous import AddressBook, ClockEstimate, NodeInfo, SchedulerClient
 from byteps.transport.scheduler import Scheduler, SchedulerOptions
 from byteps.transport.zmq_endpoints import Connection, Listener, tcp_address
 
@@ -45,6 +45,7 @@ __all__ = [
     "AuthenticationError",
     "ByteCounters",
     "ClientHandshake",
+    "ClockEstimate",
     "Command",
     "Connection",
     "Context",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import struct
 import time
 from typing import Any, Optional, Tuple
 
@@ -35,10 +36,31 @@ from byteps.transport.frames import MAX_CONTROL_PAYLOAD, Command, command_name, 
 from byteps.transport.job_log import WaitReporter, job_log
 from byteps.transport.zmq_endpoints import Connection
 
-__all__ = ["NodeInfo", "AddressBook", "SchedulerClient", "BARRIER_WORKERS", "BARRIER_ALL"]
+__all__ = ["NodeInfo", "AddressBook", "SchedulerClient", "ClockEstimate", "BARRIER_WORKERS", "BARRIER_ALL", "CLOCK"]
 
 BARRIER_WORKERS = 1
 BARRIER_ALL = 2
+#: After the address book, the scheduler answers a heartbeat with its wall clock (a float64 of time.time()).
+CLOCK = struct.Struct("<d")
+
+
+@dataclasses.dataclass
+class ClockEstimate:
+    """This node's wall clock against the scheduler's, from heartbeat round trips (NTP's idea, simplified).
+
+    A heartbeat sent at local time ``t0`` is answered with the scheduler's
+    time ``s`` and received at ``t1``: the offset (scheduler minus local)
+    is ``s - (t0 + t1)/2``, within ``(t1 - t0)/2``. The estimate of the
+    shortest round trip so far is kept; ``offset_s`` is None until one came.
+    """
+
+    offset_s: Optional[float] = None
+    error_s: float = float("inf")
+
+    def add(self, sent: float, scheduler: float, received: float) -> None:
+        error = (received - sent) / 2
+        if 0 <= error < self.error_s:
+            self.offset_s, self.error_s = scheduler - (sent + received) / 2, error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +146,8 @@ class SchedulerClient:
         self.rank = -1
         self._last_heard = time.monotonic()
         self._last_beat = 0.0
+        self._beat_sent_wall = 0.0  # time.time() of the last heartbeat, for the clock estimate
+        self.clock = ClockEstimate()
 
     def pulse(self) -> Optional[float]:
         """Heartbeat if due; NodeFailure if the scheduler is silent; seconds until the next beat."""
@@ -136,6 +160,7 @@ class SchedulerClient:
                 f"the scheduler at {self.address} has not answered for {silent:.1f} s "
                 f"(PS_HEARTBEAT_TIMEOUT={self.heartbeat_timeout_s:g}): presumed dead")
         if now - self._last_beat >= self.heartbeat_interval_s:
+            self._beat_sent_wall = time.time()
             self.connection.send(Command.HEARTBEAT, self.rank)
             self._last_beat = now
         return max(0.0, self._last_beat + self.heartbeat_interval_s - now)
@@ -189,6 +214,9 @@ class SchedulerClient:
         """Receive one message; ERROR raises RemoteError, NODE_FAILED raises NodeFailure."""
         message = self.connection.recv()
         self._last_heard = time.monotonic()
+        if (message.header.command == Command.HEARTBEAT and self.rank >= 0 and self._beat_sent_wall
+                and message.payload is not None and len(message.payload) == CLOCK.size):
+            self.clock.add(self._beat_sent_wall, CLOCK.unpack(message.payload)[0], time.time())
         if message.header.command == Command.ERROR:
             raise RemoteError(f"scheduler {self.address}", _text(message))
         if message.header.command == Command.NODE_FAILED:

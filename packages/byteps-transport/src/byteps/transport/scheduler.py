@@ -34,7 +34,7 @@ from byteps.transport.frames import (
     parse_json_payload,
 )
 from byteps.transport.job_log import WaitReporter, job_log
-from byteps.transport.rendezvous import BARRIER_ALL, BARRIER_WORKERS, AddressBook, NodeInfo
+from byteps.transport.rendezvous import BARRIER_ALL, BARRIER_WORKERS, CLOCK, AddressBook, NodeInfo
 from byteps.transport.zmq_endpoints import Listener
 
 __all__ = ["SchedulerOptions", "Scheduler"]
@@ -166,8 +166,9 @@ class Scheduler:
         self._heard_from(message.identity)
         try:
             if command == Command.HEARTBEAT:
-                # Before the address book, the answer tells a waiting node what the job still lacks.
-                status = None if self.book_sent else self._missing().encode()
+                # Before the address book, the answer tells a waiting node what the job still lacks;
+                # after it, the scheduler's wall clock, from which nodes estimate their clock's offset.
+                status = CLOCK.pack(time.time()) if self.book_sent else self._missing().encode()
                 self.listener.send(Command.HEARTBEAT, SCHEDULER_SENDER, payload=status, identity=message.identity)
             elif command == Command.REGISTER:
                 self._register(message)
