@@ -12,16 +12,23 @@ The wrapper is an instance of a subclass of the tape's own class that shares
 the tape's recording, so it may wrap a tape before or after recording
 (``with bps.DistributedGradientTape(tf.GradientTape()) as tape:`` works too).
 Only ``gradient()`` communicates; ``jacobian`` and the rest are the tape's own.
+
+BytePS's gradient compression (docs/compression.md) takes the optimizer
+that applies the gradients, for its learning rate and momentum::
+
+    tape = bps.DistributedGradientTape(tape, optimizer=optimizer,
+                                       compression_params={"compressor": "topk", "k": 0.01, "ef": "vanilla"})
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import tensorflow as tf
 
 from byteps.common.frontend.reductions import Average
 from byteps.tensorflow.compression import Compression
+from byteps.tensorflow.gradient_compression import take_compression_params
 from byteps.tensorflow.gradients import GradientReducer
 from byteps.tensorflow.ops import check_process_set
 
@@ -45,7 +52,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
                             compression: Any = Compression.none, sparse_as_dense: bool = False,
                             op: int = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                             groups: Any = None, process_set: Any = None,
-                            scale_local_gradients: bool = True) -> tf.GradientTape:
+                            scale_local_gradients: bool = True, compression_params: Optional[Dict[str, Any]] = None,
+                            optimizer: Any = None) -> tf.GradientTape:
     """Wrap ``gradtape`` so that ``gradient()`` returns gradients averaged over all workers.
 
     Horovod's signature. ``compression=Compression.fp16`` sends float16;
@@ -56,13 +64,26 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     pipelines them), so ``num_groups``/``groups`` are accepted and ignored,
     as are the device arguments and ``scale_local_gradients`` (no local
     variables here).
+
+    ``compression_params`` is BytePS's gradient compression (the dict of
+    docs/compression.md, as on ``DistributedOptimizer``): gradients of at
+    least BYTEPS_MIN_COMPRESS_BYTES are compressed on their way to the
+    servers, one by one. ``optimizer`` (Keras 3 or TF1; not in Horovod's
+    signature) is the one that applies the gradients: its learning rate
+    goes with each push (error feedback rescales by its change; without
+    an optimizer, by 1), and ``"momentum": "nesterov"`` takes its momentum
+    factor and sets its own momentum to 0 (pass the tape the optimizer
+    before its first update).
     """
     check_process_set(process_set)
     if isinstance(gradtape, _DistributedGradientTape):
         raise ValueError("this tape is already a DistributedGradientTape; wrap the original tape once")
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape, got {type(gradtape).__name__}")
-    reducer = GradientReducer("DistributedGradientTape", compression, sparse_as_dense, op, gradient_predivide_factor)
+    prefix = "DistributedGradientTape"
+    compression, compressed = take_compression_params(compression_params, optimizer, compression, prefix,
+                                                      "DistributedGradientTape")
+    reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, compressed)
     base = type(gradtape)
     cls = _classes.get(base)
     if cls is None:

@@ -16,6 +16,13 @@ per process).
 * ``gradient_predivide_factor=f`` divides by ``f`` before the sum and
   multiplies by ``f / size()`` after (Horovod), for float16 range.
 * With one worker nothing is sent (as in Horovod).
+* ``compression`` with a :class:`~byteps.tensorflow.gradient_compression.GradientCompression`
+  (BytePS's ``compression_params``): each dense gradient goes alone, not
+  fused, with the optimizer's learning rate; the worker core averages it,
+  then compresses it when it is large enough. With ``"nesterov"``,
+  ``tf.IndexedSlices`` are densified (the momentum is dense) and the
+  gradients that went uncompressed get the momentum after the pull (all of
+  them with one worker).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import tensorflow as tf
 
 from byteps.common.frontend import Average, check_gradient_op, size
 from byteps.tensorflow.compression import Compression
+from byteps.tensorflow.gradient_compression import GradientCompression
 from byteps.tensorflow.graph_ops import run_group
 from byteps.tensorflow.reduction import Gather, Reduce
 
@@ -42,6 +50,7 @@ class GradientReducer:
     sparse_as_dense: bool = False
     op: int = Average
     gradient_predivide_factor: float = 1.0
+    compressed: Optional[GradientCompression] = None  # BytePS's compression_params, with its optimizer
 
     def __post_init__(self) -> None:
         check_gradient_op(self.op, self.gradient_predivide_factor)
@@ -49,8 +58,12 @@ class GradientReducer:
     def reduce(self, gradients: Sequence[Optional[Any]]) -> List[Optional[Any]]:
         """The reduced gradients, in order (eager or in a graph)."""
         gradients = list(gradients)
+        compressed = self.compressed
+        momentum = compressed is not None and compressed.momentum is not None
+        if momentum:
+            gradients = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
         if size() == 1:
-            return gradients
+            return self._local_momentum(gradients) if momentum else gradients
         average = self.op == Average
         predivide = self.gradient_predivide_factor
         specs, inputs, finishers = [], [], []
@@ -67,18 +80,36 @@ class GradientReducer:
             if average and predivide != 1.0:
                 dense = dense / tf.cast(predivide, dense.dtype)
             sent, ctx = self.compression.compress(dense)
-            specs.append(Reduce(name, average=average and predivide == 1.0))
+            specs.append(Reduce(name, average=average and predivide == 1.0,
+                                compression=None if compressed is None else compressed.spec))
             inputs.append(sent)
             finishers.append((i, self._dense_finisher(ctx, predivide / size() if average and predivide != 1.0
                                                       else 1.0)))
-        outputs = run_group(specs, inputs)
+        lr = compressed.learning_rate_now() if compressed is not None and specs else None
+        outputs = run_group(specs, inputs, lr)
         reduced: List[Optional[Any]] = [None] * len(gradients)
         position = 0
         for spec, (i, finish) in zip(specs, finishers):
             count = spec.outputs()
             reduced[i] = finish(outputs[position:position + count])
             position += count
+        if momentum:  # every gradient is dense here: one Reduce and one input each
+            indices = [i for i, _ in finishers]
+            with_momentum = compressed.apply_momentum([spec.name for spec in specs], [reduced[i] for i in indices],
+                                                      [sent.dtype.size for sent in inputs], True)
+            for i, gradient in zip(indices, with_momentum):
+                reduced[i] = gradient
         return reduced
+
+    def _local_momentum(self, gradients: List[Optional[Any]]) -> List[Optional[Any]]:
+        """One worker: nothing is sent, but the momentum (turned off in the optimizer) is still byteps' to apply."""
+        present = [i for i, g in enumerate(gradients) if g is not None]
+        with_momentum = self.compressed.apply_momentum([f"{self.prefix}.{i}" for i in present],
+                                                       [gradients[i] for i in present],
+                                                       [gradients[i].dtype.size for i in present], False)
+        for i, gradient in zip(present, with_momentum):
+            gradients[i] = gradient
+        return gradients
 
     def _dense_finisher(self, ctx: Any, postscale: float):
         def finish(outputs: List[tf.Tensor]) -> tf.Tensor:

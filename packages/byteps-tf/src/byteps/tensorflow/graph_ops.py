@@ -56,24 +56,35 @@ def _output_dtypes(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]) -> List[t
     return dtypes
 
 
-def run_group(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]) -> List[tf.Tensor]:
-    """Outputs of every spec, flattened in order; eager or graph, whichever is current."""
+def run_group(specs: Sequence[Spec], inputs: Sequence[tf.Tensor], lr: Optional[tf.Tensor] = None) -> List[tf.Tensor]:
+    """Outputs of every spec, flattened in order; eager or graph, whichever is current.
+
+    ``lr`` (a scalar, the optimizer's learning rate now, or None) goes with
+    compressed specs; in a graph it is one more input of the op, so its
+    value is the one of the step that runs, schedules included.
+    """
     inputs = [tf.convert_to_tensor(tensor) for tensor in inputs]
     if not specs:
         return []
     if tf.executing_eagerly():
-        return execute(specs, inputs)
+        return execute(specs, inputs, None if lr is None else float(lr))
     position = 0
     for spec in specs:  # at trace time: the error points at the user's call (a gather moves any dtype)
         for tensor in inputs[position:position + spec.inputs] if isinstance(spec, Reduce) else ():
             byteps_dtype(tensor.dtype, f"push_pull({spec.name!r})")
         position += spec.inputs
     specs = list(specs)
+    dtypes, shapes = _output_dtypes(specs, inputs), _static_shapes(specs, inputs)
+    if lr is None:
+        def body(*eager_inputs: tf.Tensor) -> List[tf.Tensor]:
+            return execute(specs, eager_inputs)
 
-    def body(*eager_inputs: tf.Tensor) -> List[tf.Tensor]:
-        return execute(specs, eager_inputs)
+        return run_eagerly(body, inputs, dtypes, shapes)
 
-    return run_eagerly(body, inputs, _output_dtypes(specs, inputs), _static_shapes(specs, inputs))
+    def body_with_lr(*eager_inputs: tf.Tensor) -> List[tf.Tensor]:
+        return execute(specs, eager_inputs[:-1], float(eager_inputs[-1]))
+
+    return run_eagerly(body_with_lr, [*inputs, tf.cast(lr, tf.float64)], dtypes, shapes)
 
 
 def run_eagerly(body: Callable[..., List[tf.Tensor]], inputs: Sequence[tf.Tensor], dtypes: Sequence[tf.DType],

@@ -16,12 +16,13 @@ A Keras optimizer is handed to :func:`byteps.tensorflow.keras.DistributedOptimiz
 from __future__ import annotations
 
 import sys
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 from byteps.common.frontend.reductions import Average
 from byteps.tensorflow.compression import Compression
+from byteps.tensorflow.gradient_compression import take_compression_params
 from byteps.tensorflow.gradients import GradientReducer
 from byteps.tensorflow.ops import check_process_set
 
@@ -67,13 +68,22 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
                          sparse_as_dense: bool = False, backward_passes_per_step: int = 1, op: int = Average,
                          gradient_predivide_factor: float = 1.0, average_aggregated_gradients: bool = False,
                          num_groups: int = 0, groups: Any = None, process_set: Any = None,
-                         scale_local_gradients: bool = True) -> Any:
+                         scale_local_gradients: bool = True, compression_params: Optional[Dict[str, Any]] = None) -> Any:
     """Wrap ``optimizer`` so that its updates use gradients averaged over all workers (Horovod's signature).
 
     Keras 3 optimizers support every argument (see
     :func:`byteps.tensorflow.keras.DistributedOptimizer`); TF1 optimizers
     support ``backward_passes_per_step=1`` only. Device, group and
     ``scale_local_gradients`` arguments are accepted and ignored.
+
+    ``compression_params`` is BytePS's gradient compression, the dict of
+    docs/compression.md, e.g. ``{"compressor": "onebit", "scaling": True,
+    "ef": "vanilla", "momentum": "nesterov"}``: gradients of at least
+    BYTEPS_MIN_COMPRESS_BYTES are compressed on their way to the servers
+    (one by one, not fused) with the optimizer's learning rate;
+    ``"nesterov"`` takes the optimizer's momentum (a TF1
+    ``MomentumOptimizer``'s, or a Keras optimizer's ``momentum``) and sets
+    the optimizer's own to 0, as BytePS does.
     """
     check_process_set(process_set)
     if _is_keras_optimizer(optimizer):
@@ -83,14 +93,16 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
             optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
             gradient_predivide_factor=gradient_predivide_factor, op=op,
             backward_passes_per_step=backward_passes_per_step,
-            average_aggregated_gradients=average_aggregated_gradients)
+            average_aggregated_gradients=average_aggregated_gradients, compression_params=compression_params)
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         if backward_passes_per_step != 1:
             raise NotImplementedError(
                 "backward_passes_per_step > 1 needs a Keras optimizer (or accumulate gradients yourself before "
                 "DistributedGradientTape); TF1 optimizers are wrapped with backward_passes_per_step=1 only")
-        reducer = GradientReducer(f"DistributedOptimizer.{name or type(optimizer).__name__}", compression,
-                                  sparse_as_dense, op, gradient_predivide_factor)
+        prefix = f"DistributedOptimizer.{name or type(optimizer).__name__}"
+        compression, compressed = take_compression_params(compression_params, optimizer, compression, prefix,
+                                                          "DistributedOptimizer")
+        reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, compressed)
         return _DistributedV1Optimizer(optimizer, name, use_locking, reducer)
     raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer or a tf.compat.v1.train.Optimizer, "
                     f"got {type(optimizer).__module__}.{type(optimizer).__name__}")

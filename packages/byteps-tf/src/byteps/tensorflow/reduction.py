@@ -18,7 +18,10 @@ thread) and the group returns when all of it is done. Consecutive Reduce
 specs go as one grouped push_pull (:func:`byteps.common.frontend.group.push_pull_group`),
 which fuses the small tensors into buckets of at most
 BYTEPS_FUSION_THRESHOLD bytes: a model's biases and norms, reduced by
-DistributedGradientTape or DistributedOptimizer, cost a few messages. Runs eagerly; inside
+DistributedGradientTape or DistributedOptimizer, cost a few messages. A
+Reduce with a ``compression`` (BytePS's compression_params, parsed) goes
+alone, never fused: the worker core compresses each tensor's partitions,
+with the group's learning rate. Runs eagerly; inside
 a ``tf.function`` :mod:`byteps.tensorflow.graph_ops` calls it through
 ``tf.py_function``.
 
@@ -37,6 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from byteps.common import Handle, PushPullError, api
+from byteps.common.compression import CompressionSpec
 from byteps.common.dtypes import DType
 from byteps.common.frontend import TensorNames, after_shutdown
 from byteps.common.frontend.collectives import RankView, allgather
@@ -71,6 +75,7 @@ class Reduce:
     average: bool
     contribute: bool = True
     root: Optional[int] = None  # a broadcast's root: ranks that name different roots fail
+    compression: Optional[CompressionSpec] = None  # BytePS's compression: sent alone, compressed by the core
 
     inputs = 1
 
@@ -129,16 +134,18 @@ class _Pending:
         return self.result.to_tensor(self.shape, self.device)
 
 
-def _push_pull(source: np.ndarray, result: ResultBuffer, name: str, shape: Tuple[int, ...], average: bool,
-               device: str = "") -> _Pending:
-    """Start one push_pull of ``source`` into ``result`` (the same memory for an in-place one)."""
-    key = key_name(name, shape, result.dtype)
+def _push_pull_compressed(spec: Reduce, tensor: tf.Tensor, lr: Optional[float]) -> _Pending:
+    """Start one push_pull that the worker core compresses (BytePS compresses tensors one by one)."""
+    view = host_view(tensor, f"push_pull({spec.name!r})")
+    result = ResultBuffer.like(view)
+    pending = _Pending(None, result, view.shape, view.device)
     if result.array.nbytes == 0:  # nothing to send; every rank has the same empty result
-        return _Pending(None, result, shape, device)
+        return pending
     # Shaped views: servers compare shapes too, not only sizes, across ranks.
-    output = None if source is result.array else result.array.reshape(shape)
-    core = api.worker().push_pull_async(source.reshape(shape), key, average, output, result.dtype)
-    return _Pending(core, result, shape, device)
+    pending.core = api.worker().push_pull_async(
+        view.array.reshape(view.shape), key_name(spec.name, view.shape, result.dtype), spec.average,
+        result.array.reshape(view.shape), result.dtype, compression=spec.compression, lr=lr)
+    return pending
 
 
 def _submit_reduces(run: Sequence[Tuple[Reduce, tf.Tensor]]) -> List[_Pending]:
@@ -197,28 +204,33 @@ class _GatherInFlight:
         return outputs
 
 
-def execute(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+def execute(specs: Sequence[Spec], inputs: Sequence[tf.Tensor], lr: Optional[float] = None) -> List[tf.Tensor]:
     """Run a group eagerly; returns the outputs of every spec, flattened in order.
 
-    Dtypes are checked before anything is sent. If submitting fails half way,
-    what is already in flight is waited for before the error is raised, so
-    no name stays busy.
+    ``lr`` (the optimizer's learning rate, or None) goes with every
+    compressed Reduce: error feedback rescales by its change. Dtypes are
+    checked before anything is sent. If submitting fails half way, what is
+    already in flight is waited for before the error is raised, so no name
+    stays busy.
     """
     for spec, tensors in _split(specs, inputs):
         for tensor in tensors if isinstance(spec, Reduce) else ():  # a gather moves any dtype
             byteps_dtype(tensor.dtype, f"push_pull({spec.name!r})")
     started: List[Union[_Pending, _GatherInFlight]] = []
-    run: List[Tuple[Reduce, tf.Tensor]] = []  # consecutive Reduce specs of one averaging flag and root
+    run: List[Tuple[Reduce, tf.Tensor]] = []  # consecutive uncompressed Reduce specs of one averaging flag and root
     try:
         for spec, tensors in _split(specs, inputs):
+            fusable = isinstance(spec, Reduce) and spec.compression is None
             joins = not run or (run[0][0].average, run[0][0].root) == (spec.average, getattr(spec, "root", None))
-            if isinstance(spec, Reduce) and joins:
+            if fusable and joins:
                 run.append((spec, tensors[0]))
                 continue
             started.extend(_submit_reduces(run))
             run = []
-            if isinstance(spec, Reduce):
+            if fusable:
                 run.append((spec, tensors[0]))
+            elif isinstance(spec, Reduce):
+                started.append(_push_pull_compressed(spec, tensors[0], lr))
             else:
                 started.append(_GatherInFlight(spec, tensors))
         started.extend(_submit_reduces(run))

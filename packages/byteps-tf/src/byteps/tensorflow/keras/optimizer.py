@@ -27,6 +27,7 @@ import tensorflow as tf
 from byteps.common.frontend import check_passes
 from byteps.common.frontend.reductions import Average
 from byteps.tensorflow.compression import Compression
+from byteps.tensorflow.gradient_compression import take_compression_params
 from byteps.tensorflow.gradients import GradientReducer
 from byteps.tensorflow.keras.accumulation import BackwardPassAccumulator
 from byteps.tensorflow.ops import check_process_set
@@ -112,7 +113,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
                          sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0, op: int = Average,
                          backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
                          num_groups: int = 0, groups: Any = None, process_set: Any = None,
-                         scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
+                         scale_local_gradients: bool = True,
+                         compression_params: Optional[Dict[str, Any]] = None) -> keras.optimizers.Optimizer:
     """A copy of ``optimizer`` (from its config) whose updates use gradients averaged over all workers.
 
     Horovod's signature. ``backward_passes_per_step=N`` sums N passes'
@@ -126,6 +128,16 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     :func:`byteps.tensorflow.DistributedGradientTape`; ``name`` names the
     byteps tensors (default: the optimizer's name). Device and group
     arguments and ``scale_local_gradients`` are accepted and ignored.
+
+    ``compression_params`` is BytePS's gradient compression, the dict of
+    docs/compression.md, e.g. ``{"compressor": "onebit", "scaling": True,
+    "ef": "vanilla", "momentum": "nesterov"}``: gradients of at least
+    BYTEPS_MIN_COMPRESS_BYTES are compressed on their way to the servers
+    (one by one, not fused), with ``learning_rate`` at the current
+    iteration (schedules included) for error feedback. ``"nesterov"``
+    takes the optimizer's ``momentum`` and sets the copy's ``momentum`` to
+    0.0 before it builds its variables (so its config, and a model saved
+    with it, say 0.0): byteps applies the momentum instead, as BytePS does.
 
     Wrap the optimizer before it is built (before ``fit`` or the first
     ``apply``): its state is not copied. ``jit_compile`` must stay False
@@ -142,8 +154,10 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
         raise ValueError("the optimizer is already built and its state would be lost: wrap it before training, "
                          "or load a saved model with byteps.tensorflow.keras.load_model")
     check_passes(backward_passes_per_step)
-    reducer = GradientReducer(f"DistributedOptimizer.{name or optimizer.name}", compression, sparse_as_dense, op,
-                              gradient_predivide_factor)
     wrapped = distributed_class(type(optimizer)).from_config(optimizer.get_config())
+    prefix = f"DistributedOptimizer.{name or optimizer.name}"
+    compression, compressed = take_compression_params(compression_params, wrapped, compression, prefix,
+                                                      "DistributedOptimizer")
+    reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, compressed)
     wrapped._byteps_configure(reducer, backward_passes_per_step, average_aggregated_gradients)
     return wrapped
