@@ -50,7 +50,7 @@ def records(tmp_path_factory):
                            env={"BYTEPS_MIN_COMPRESS_BYTES": "64", "MASTER_PORT": str(free_port())}, timeout=300)
     assert_all_ok(result, checks=len(CASES))
     loaded = {case: [np.load(out / f"{case}.rank{rank}.npz") for rank in range(2)] for case in CASES}
-    for case, ranks in loaded.items():
+    for ranks in loaded.values():
         assert all(len(r["lr"]) == STEPS for r in ranks), report(result)
     return loaded
 

@@ -4,8 +4,10 @@ Usage: compression_checks.py OUT_DIR STEPS CASES_JSON (under bpslaunch, 2 worker
 CASES_JSON maps each case's name to [compression_params, the optimizer's momentum], and the name's start
 (see :data:`RUNS`) says how it trains.
 
-Every case trains Dense(5) on 40 inputs: the kernel (800 bytes) is
-compressed, the bias (20 bytes) goes as it is. Each step saves the local
+Every case trains a Dense layer on 40 inputs (5 outputs; 4 for the
+tape in tf.function, whose gradients would otherwise share the eager
+tape's names): the kernel (800 bytes) is compressed, the bias (20 bytes)
+goes as it is. Each step saves the local
 gradients (what this rank computed), the gradients the compressed round
 gave (what the optimizer applied) and the learning rate that went with
 the push (it decays, so error feedback rescales), to

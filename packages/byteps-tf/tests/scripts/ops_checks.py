@@ -244,6 +244,15 @@ def gradient_tape():
                 dense = tf.math.unsorted_segment_sum(values, indices, 6)
             assert_equal(dense, dense_truth(), what)
 
+    # a dense gradient before an IndexedSlices in one call: a (fused) reduce, then a gather
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * float(r + 1)) + embedding_gradient(ids, table)[1]
+    dense_grad, sparse_grad = bps.DistributedGradientTape(tape).gradient(loss, [w, table])
+    assert isinstance(sparse_grad, tf.IndexedSlices), type(sparse_grad)
+    assert_equal(dense_grad, tf.fill([3], avg), "dense gradient before IndexedSlices")
+    assert_equal(tf.math.unsorted_segment_sum(sparse_grad.values, sparse_grad.indices, 6), dense_truth(),
+                 "IndexedSlices after a dense gradient")
+
     # the reduced IndexedSlices applied by a Keras optimizer: same update as the dense average
     import keras
 

@@ -131,6 +131,11 @@ def compression_and_scaling():
     assert_equal(y, torch.full((6,), total), "fp16 compression")
     y = bps.push_pull(x, average=False, name="fp16.pp", compression=bps.Compression.fp16)
     assert_equal(y, torch.full((6,), total), "fp16 compression, push_pull")
+    big = torch.full((6,), 1e6 * (r + 1))  # beyond float16's range (65504), within bfloat16's
+    y = bps.allreduce(big, op=bps.Sum, name="bf16", compression=bps.Compression.bf16)
+    assert y.dtype == torch.float32
+    expected = torch.full((6,), 1e6).to(torch.bfloat16).float() * torch.arange(1, n + 1).sum().float()
+    assert torch.allclose(y, expected, rtol=2 ** -7), (y, expected)  # bfloat16 keeps 8 bits of precision
     y = bps.allreduce(x, op=bps.Sum, name="scaled", prescale_factor=2.0, postscale_factor=0.25)
     assert_equal(y, torch.full((6,), total * 0.5), "prescale_factor / postscale_factor")
     z = torch.full((6,), float(r + 1))

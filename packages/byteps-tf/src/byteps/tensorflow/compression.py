@@ -21,7 +21,8 @@ from byteps.common.frontend.compression import Compressor, NoneCompressor, compr
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression", "TENSORFLOW"]
 
 
-TENSORFLOW = TensorBinding(float16=tf.float16, dtype=lambda t: t.dtype, is_floating=lambda t: t.dtype.is_floating,
+TENSORFLOW = TensorBinding(float16=tf.float16, bfloat16=tf.bfloat16,
+                           dtype=lambda t: t.dtype, is_floating=lambda t: t.dtype.is_floating,
                            cast=tf.cast)
 Compression = compression_for(TENSORFLOW, __name__)
 FP16Compressor = Compression.fp16

@@ -68,7 +68,8 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
                          sparse_as_dense: bool = False, backward_passes_per_step: int = 1, op: int = Average,
                          gradient_predivide_factor: float = 1.0, average_aggregated_gradients: bool = False,
                          num_groups: int = 0, groups: Any = None, process_set: Any = None,
-                         scale_local_gradients: bool = True, compression_params: Optional[Dict[str, Any]] = None) -> Any:
+                         scale_local_gradients: bool = True,
+                         compression_params: Optional[Dict[str, Any]] = None) -> Any:
     """Wrap ``optimizer`` so that its updates use gradients averaged over all workers (Horovod's signature).
 
     Keras 3 optimizers support every argument (see

@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 from typing import List, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import tensorflow as tf
 
 from byteps.common import Handle, PushPullError, api
@@ -221,8 +220,7 @@ def execute(specs: Sequence[Spec], inputs: Sequence[tf.Tensor], lr: Optional[flo
     try:
         for spec, tensors in _split(specs, inputs):
             fusable = isinstance(spec, Reduce) and spec.compression is None
-            joins = not run or (run[0][0].average, run[0][0].root) == (spec.average, getattr(spec, "root", None))
-            if fusable and joins:
+            if fusable and (not run or (run[0][0].average, run[0][0].root) == (spec.average, spec.root)):
                 run.append((spec, tensors[0]))
                 continue
             started.extend(_submit_reduces(run))

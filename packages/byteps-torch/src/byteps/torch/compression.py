@@ -20,7 +20,8 @@ from byteps.common.frontend.compression import Compressor, NoneCompressor, compr
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression", "TORCH"]
 
 
-TORCH = TensorBinding(float16=torch.float16, dtype=lambda t: t.dtype, is_floating=lambda t: t.dtype.is_floating_point,
+TORCH = TensorBinding(float16=torch.float16, bfloat16=torch.bfloat16,
+                      dtype=lambda t: t.dtype, is_floating=lambda t: t.dtype.is_floating_point,
                       cast=lambda t, dtype: t.to(dtype))
 Compression = compression_for(TORCH, __name__)
 FP16Compressor = Compression.fp16

@@ -90,6 +90,8 @@ def wire_size(tensor: torch.Tensor, compression: Any = Compression.none) -> Opti
         itemsize = tensor.element_size()
     elif compression is Compression.fp16 or isinstance(compression, Compression.fp16):
         itemsize = 2 if tensor.dtype.is_floating_point else tensor.element_size()
+    elif compression is Compression.bf16 or isinstance(compression, Compression.bf16):
+        itemsize = 2 if tensor.dtype.is_floating_point and tensor.element_size() > 2 else tensor.element_size()
     else:
         return None
     return tensor.numel() * itemsize, itemsize

@@ -33,6 +33,8 @@ class TensorBinding:
     is_floating: Callable[[Any], bool]
     #: a tensor converted to a dtype (a framework op, differentiable where the framework allows)
     cast: Callable[[Any, Any], Any]
+    #: the framework's bfloat16 dtype (what ``Compression.bf16`` sends); None where it has none (MXNet 1.x)
+    bfloat16: Any = None
 
 
 def dtype_table(framework_dtype: Callable[[str], Any]) -> Dict[Any, DType]:
