@@ -163,8 +163,8 @@ def main() -> None:
 
     def trainer_options():
         params = make_net("options_", seed=0).collect_params()
-        expect_error(NotImplementedError, "onebit", lambda: bps.DistributedTrainer(
-            params, "sgd", compression_params={"compressor": "onebit", "ef": "vanilla"}))
+        expect_error(NotImplementedError, "kvstore compression", lambda: bps.DistributedTrainer(
+            params, "sgd", compression_params={"type": "2bit"}))
         expect_error(ValueError, "root_rank", lambda: bps.DistributedTrainer(params, "sgd", root_rank=5))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

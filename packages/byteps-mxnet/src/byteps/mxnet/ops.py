@@ -45,7 +45,7 @@ pass, go first); byteps' own queue has no priorities yet.
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import mxnet as mx
 
@@ -100,17 +100,24 @@ def _token(key: str) -> mx.nd.NDArray:
     return token
 
 
-def submit(tensor: mx.nd.NDArray, spec: OpSpec, inplace: bool, contribute: bool = True) -> mx.nd.NDArray:
+def submit(tensor: mx.nd.NDArray, spec: OpSpec, inplace: bool, contribute: bool = True,
+           compression_spec: Any = None, lr: Optional[float] = None) -> mx.nd.NDArray:
     """Issue one op on MXNet's engine; returns its result array (``tensor`` itself if ``inplace``).
 
     ``contribute=False`` pushes zeros instead of ``tensor`` (the non-root
-    ranks of a broadcast).
+    ranks of a broadcast). ``compression_spec`` (BytePS's compression_params,
+    parsed: a :class:`byteps.common.compression.CompressionSpec`) compresses it
+    on the way to the servers; ``lr``, the optimizer's learning rate when the
+    op is issued, rescales error feedback.
     """
     name = _names.resolve(spec.family, spec.name)
     what = f"{spec.family}({name!r})"
     check_array(tensor, what)
     dtype = dtype_name(tensor)
     check_scale(spec.prescale, spec.postscale, dtype.startswith("float"), what, dtype, needed="a floating-point array")
+    if compression_spec is not None and compression_spec.compressor != "none" and not dtype.startswith("float"):
+        raise ValueError(f"{what}: compression_params {compression_spec.compressor!r} takes float16, float32 or "
+                         f"float64 arrays, not {dtype}")
     worker = api.worker()
     key = _key_name(name, tensor)
     worker.declare(key)  # ids follow the order ops are issued, not the order they become ready
@@ -132,7 +139,7 @@ def submit(tensor: mx.nd.NDArray, spec: OpSpec, inplace: bool, contribute: bool 
 
     def start(arrays, dtype):
         output = arrays[1] if len(arrays) > 1 else None
-        return worker.push_pull_async(arrays[0], key, average, output, dtype)
+        return worker.push_pull_async(arrays[0], key, average, output, dtype, compression=compression_spec, lr=lr)
 
     _bridge.submit(reads, [result], _token(key), spec.priority, key, what, start)
     if spec.postscale != 1.0:
@@ -223,10 +230,15 @@ def allreduce(tensor: mx.nd.NDArray, average: Optional[bool] = None, name: Optio
 
 
 def allreduce_(tensor: mx.nd.NDArray, average: Optional[bool] = None, name: Optional[str] = None, priority: int = 0,
-               prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: Optional[int] = None) -> mx.nd.NDArray:
-    """:func:`allreduce` into ``tensor`` itself; returns it."""
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: Optional[int] = None, *,
+               compression_spec: Any = None, lr: Optional[float] = None) -> mx.nd.NDArray:
+    """:func:`allreduce` into ``tensor`` itself; returns it.
+
+    ``compression_spec`` and ``lr``: BytePS's gradient compression, as
+    DistributedTrainer's ``compression_params`` uses it (see :func:`submit`).
+    """
     spec = OpSpec("allreduce", name, average_of(op, average), prescale_factor, postscale_factor, priority)
-    return submit(tensor, spec, inplace=True)
+    return submit(tensor, spec, inplace=True, compression_spec=compression_spec, lr=lr)
 
 
 def _check_root(root_rank: int) -> None:

@@ -17,20 +17,29 @@ Example::
 
 Attributes are read from and written to the wrapped optimizer, so a
 Trainer setting ``rescale_grad`` or ``param_dict`` on the wrapper reaches it.
+
+``compression_params`` (BytePS's gradient compression, docs/compression.md)
+works here as on :class:`~byteps.mxnet.DistributedTrainer`::
+
+    opt = bps.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9),
+                                   compression_params={"compressor": "onebit", "ef": "vanilla",
+                                                       "momentum": "nesterov"})
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Dict, Optional
 
 import mxnet as mx
+import numpy as np
 
+from byteps.mxnet.gradient_compression import take_compression_params
 from byteps.mxnet.ops import allreduce_
 
 __all__ = ["DistributedOptimizer"]
 
 #: Attributes that live on the wrapper itself; everything else is the wrapped optimizer's.
-_OWN = ("_optimizer", "_predivide")
+_OWN = ("_optimizer", "_predivide", "_gradient_compression")
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):
@@ -40,17 +49,32 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     before the sum and multiplies the average by it after, for numerical
     range; the result is the same average. ``num_groups`` is accepted for
     Horovod compatibility and ignored.
+
+    ``compression_params``: BytePS's dict with a compressor (without
+    ``fp16``, which is DistributedTrainer's: a ValueError here). Every gradient is pushed with the optimizer's current
+    ``learning_rate``; ``"momentum": "nesterov"`` takes ``optimizer.momentum``
+    and sets it to 0.0 (wrap the optimizer before its first update, which
+    creates its momentum state), and with ``onebit`` its ``wd`` too, which
+    comes back with its own momentum in each update, as in BytePS.
     """
 
     def __init__(self, optimizer: mx.optimizer.Optimizer, gradient_predivide_factor: float = 1.0,
-                 num_groups: int = 0) -> None:
+                 num_groups: int = 0, compression_params: Optional[Dict[str, Any]] = None) -> None:
         # No super().__init__: this object holds no optimizer state of its own.
         if not isinstance(optimizer, mx.optimizer.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps an mxnet Optimizer, got {type(optimizer).__name__}")
         if gradient_predivide_factor <= 0:
             raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+        if isinstance(compression_params, dict) and compression_params and gradient_predivide_factor != 1.0:
+            raise ValueError("gradient_predivide_factor must be 1.0 with compression_params: compressed gradients "
+                             "are averaged before compression and summed in full precision")
+        if isinstance(compression_params, dict) and compression_params.get("fp16"):
+            raise ValueError("DistributedOptimizer: compression_params['fp16'] is DistributedTrainer's (or "
+                             "compression=Compression.fp16 there); the optimizer updates with the gradient it is given")
+        _, compression, _ = take_compression_params(compression_params, optimizer, None)
         object.__setattr__(self, "_optimizer", optimizer)
         object.__setattr__(self, "_predivide", float(gradient_predivide_factor))
+        object.__setattr__(self, "_gradient_compression", compression)
 
     def __getattr__(self, item: str) -> Any:
         if item in _OWN:  # not set yet (unpickling): no recursion through the wrapped optimizer
@@ -64,11 +88,13 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             setattr(self._optimizer, name, value)
 
     def __getstate__(self) -> dict:
-        return {"optimizer": self._optimizer, "predivide": self._predivide}
+        return {"optimizer": self._optimizer, "predivide": self._predivide,
+                "compression": self._gradient_compression}
 
     def __setstate__(self, state: dict) -> None:
         object.__setattr__(self, "_optimizer", state["optimizer"])
         object.__setattr__(self, "_predivide", state["predivide"])
+        object.__setattr__(self, "_gradient_compression", state.get("compression"))
 
     @property
     def learning_rate(self) -> float:
@@ -89,15 +115,34 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
                 self._push_pull(i, g)
             return
         priority = -index if isinstance(index, int) else 0
-        allreduce_(grad, average=True, name=f"Gradient.{index}", priority=priority,
-                   prescale_factor=1.0 / self._predivide, postscale_factor=self._predivide)
+        name = f"Gradient.{index}"
+        compression = self._gradient_compression
+        if compression is None:
+            allreduce_(grad, average=True, name=name, priority=priority,
+                       prescale_factor=1.0 / self._predivide, postscale_factor=self._predivide)
+            return
+        allreduce_(grad, average=True, name=name, priority=priority, compression_spec=compression.spec,
+                   lr=float(self._optimizer.learning_rate))
+        compression.after_pull(name, grad, grad.size * np.dtype(grad.dtype).itemsize)
+
+    def _add_weight_decay(self, index: Any, weight: Any, grad: Any) -> None:
+        compression = self._gradient_compression
+        if compression is None or not compression.wd:
+            return
+        if isinstance(index, (tuple, list)):
+            for i, w, g in zip(index, weight, grad):
+                self._add_weight_decay(i, w, g)
+            return
+        compression.add_weight_decay(f"Gradient.{index}", grad, weight, self._optimizer, index)
 
     def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
         self._push_pull(index, grad)
+        self._add_weight_decay(index, weight, grad)
         self._optimizer.update(index, weight, grad, state)
 
     def update_multi_precision(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
         self._push_pull(index, grad)
+        self._add_weight_decay(index, weight, grad)
         self._optimizer.update_multi_precision(index, weight, grad, state)
 
     def set_learning_rate(self, lr: float) -> None:

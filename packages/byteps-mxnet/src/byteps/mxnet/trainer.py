@@ -25,7 +25,9 @@ Gradients are *averaged* over the ranks in the push_pull, so after
 ``allreduce_grads()`` (e.g. for clipping) they have the scale of one
 worker's, and ``step(batch_size)`` takes the per-worker batch size.
 Horovod and BytePS sum and divide the learning-rate scale by the number of
-ranks instead; the update is the same.
+ranks instead; the update is the same. ``compression_params`` compresses
+them (one by one, through the servers; see :class:`DistributedTrainer` and
+:mod:`byteps.mxnet.gradient_compression`).
 """
 
 from __future__ import annotations
@@ -38,29 +40,19 @@ import numpy as np
 from mxnet.gluon.parameter import Parameter, ParameterDict
 
 from byteps.common import api
+from byteps.common.compression import CompressionSpec
 from byteps.mxnet.compression import Compression
 from byteps.mxnet.functions import broadcast_after_init, parameter_name
+from byteps.mxnet.gradient_compression import take_compression_params
 from byteps.mxnet.ops import allreduce_, allreduce_group_, broadcast_, byteps_declare_tensor, size
 from byteps.mxnet.optimizer import DistributedOptimizer
 
 __all__ = ["DistributedTrainer"]
 
-#: BytePS's compression_params keys for its server-side compressors, which byteps does not have.
-_SERVER_COMPRESSION_KEYS = ("compressor", "ef", "momentum", "scaling", "k", "seed", "partition", "type")
 
-
-def _compression_of(compression: Any, compression_params: Optional[Dict[str, Any]]) -> Any:
-    """The compressor from Horovod's ``compression`` or BytePS's ``compression_params``."""
-    params = dict(compression_params or {})
-    unsupported = sorted(k for k in params if k in _SERVER_COMPRESSION_KEYS and params[k] is not None)
-    if unsupported:
-        raise NotImplementedError(
-            f"compression_params {unsupported}: byteps has no server-side gradient compression (onebit, topk, "
-            "randomk, dithering, 2bit); use compression_params={'fp16': True} or compression=Compression.fp16")
-    unknown = sorted(k for k in params if k not in _SERVER_COMPRESSION_KEYS and k != "fp16")
-    if unknown:
-        raise ValueError(f"unknown compression_params {unknown}; byteps understands {{'fp16': True}}")
-    from_params = Compression.fp16 if params.get("fp16") else None
+def _cast_of(compression: Any, spec: Optional[CompressionSpec]) -> Any:
+    """The cast compressor from Horovod's ``compression`` or ``compression_params={'fp16': True}``."""
+    from_params = Compression.fp16 if spec is not None and spec.fp16 else None
     if compression is None or compression is Compression.none:
         return from_params or Compression.none
     if from_params is not None and from_params is not compression:
@@ -82,10 +74,25 @@ class DistributedTrainer(mx.gluon.Trainer):
 
     ``optimizer`` and ``optimizer_params`` as for ``gluon.Trainer``;
     ``root_rank`` is the rank whose parameters everybody starts from.
-    Compression: BytePS's ``compression_params={'fp16': True}`` or Horovod's
-    ``compression=Compression.fp16``. Horovod's ``gradient_predivide_factor``
-    and ``prefix`` (name prefix, for several trainers in one job) are
-    accepted; ``num_groups`` is accepted and ignored.
+    Horovod's ``gradient_predivide_factor`` and ``prefix`` (name prefix, for
+    several trainers in one job) are accepted; ``num_groups`` is accepted
+    and ignored.
+
+    ``compression_params`` is BytePS's gradient compression
+    (docs/compression.md), e.g. ``{"compressor": "onebit", "scaling": True,
+    "ef": "vanilla", "momentum": "nesterov"}``, or ``{"fp16": True}`` (the
+    same as Horovod's ``compression=Compression.fp16``). With a compressor,
+    every gradient goes alone (never fused), with the trainer's current
+    ``learning_rate``; those of at least BYTEPS_MIN_COMPRESS_BYTES are
+    averaged, then compressed, on their way through the servers.
+    ``"momentum": "nesterov"`` takes its factor from
+    ``optimizer_params["momentum"]`` (or the optimizer object's
+    ``momentum``) and runs the optimizer with momentum 0.0; with
+    ``onebit`` the optimizer's ``wd`` moves out of it too and comes back
+    with its own momentum before each update, as in BytePS.
+
+    >>> trainer = bps.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9},
+    ...     compression_params={"compressor": "topk", "k": 0.01, "ef": "vanilla", "momentum": "nesterov"})
     """
 
     def __init__(self, params: Any, optimizer: Any, optimizer_params: Optional[Dict[str, Any]] = None,
@@ -93,6 +100,9 @@ class DistributedTrainer(mx.gluon.Trainer):
                  compression: Any = None, gradient_predivide_factor: float = 1.0, prefix: Optional[str] = None,
                  num_groups: int = 0) -> None:
         if isinstance(optimizer, DistributedOptimizer):
+            if optimizer._gradient_compression is not None:
+                raise ValueError("DistributedTrainer: give compression_params to DistributedTrainer, not to the "
+                                 "DistributedOptimizer it would unwrap")
             optimizer = optimizer._optimizer
             warnings.warn("DistributedTrainer does not take a DistributedOptimizer: its optimizer was unwrapped",
                           stacklevel=2)
@@ -102,7 +112,13 @@ class DistributedTrainer(mx.gluon.Trainer):
             raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
         if prefix is not None and not isinstance(prefix, str):
             raise ValueError(f"prefix must be a string, got {prefix!r}")
-        self._compression = _compression_of(compression, compression_params)
+        if isinstance(compression_params, dict) and compression_params.get("compressor") \
+                and gradient_predivide_factor != 1.0:
+            raise ValueError("gradient_predivide_factor must be 1.0 with a compressor in compression_params: "
+                             "compressed gradients are averaged before compression and summed in full precision")
+        spec, self._gradient_compression, optimizer_params = take_compression_params(
+            compression_params, optimizer, optimizer_params)
+        self._compression = _cast_of(compression, spec)
         super().__init__(_sorted_parameters(params), optimizer, optimizer_params=optimizer_params, kvstore=None)
         self.root_rank = root_rank
         self._predivide = float(gradient_predivide_factor)
@@ -150,6 +166,9 @@ class DistributedTrainer(mx.gluon.Trainer):
         Which gradients are small depends only on the parameters, so every
         rank builds the same group.
         """
+        if self._gradient_compression is not None:
+            self._push_pull_compressed()
+            return
         config = api.worker().config
         small: List[Tuple[int, Parameter, mx.nd.NDArray, mx.nd.NDArray, Any]] = []
         for index, param in enumerate(self._params):
@@ -176,3 +195,40 @@ class DistributedTrainer(mx.gluon.Trainer):
         for _, _, grad, sent, ctx in small:
             if sent is not grad:
                 self._compression.decompress(sent, ctx).copyto(grad)
+
+    def _push_pull_compressed(self) -> None:
+        """compression_params: each gradient alone (never fused), with the learning rate of this step.
+
+        The worker core averages, then compresses the gradients it sends
+        through servers that are at least BYTEPS_MIN_COMPRESS_BYTES; the
+        others get their Nesterov momentum here, after the pull.
+        """
+        compression, lr = self._gradient_compression, float(self.learning_rate)
+        for index, param in enumerate(self._params):
+            if param.grad_req == "null":
+                continue
+            grad, name = param.list_grad()[0], self._gradient_name(param)
+            sent, ctx = self._compression.compress(grad)
+            allreduce_(sent, average=True, name=name, priority=-index, compression_spec=compression.spec, lr=lr)
+            if sent is not grad:
+                self._compression.decompress(sent, ctx).copyto(grad)
+            compression.after_pull(name, grad, sent.size * np.dtype(sent.dtype).itemsize)
+
+    def _update(self, ignore_stale_grad: bool = False) -> None:
+        """gluon's update, after onebit's weight-decay momentum (compression_params with onebit and Nesterov).
+
+        Here, not in :meth:`_allreduce_grads`, because it needs the
+        ``rescale_grad`` of this update, which ``update(batch_size)`` sets
+        after ``allreduce_grads()``.
+        """
+        compression = self._gradient_compression
+        if compression is not None and compression.wd:
+            for index, param in enumerate(self._params):
+                if param.grad_req == "null":
+                    continue
+                weight = param.list_data()[0]
+                if ignore_stale_grad and not weight._fresh_grad:
+                    continue  # gluon skips its update: its momentum waits too
+                compression.add_weight_decay(self._gradient_name(param), param.list_grad()[0], weight,
+                                             self._optimizer, index)
+        super()._update(ignore_stale_grad)
