@@ -26,7 +26,7 @@ import tensorflow as tf
 from tf_jobs import SCRIPTS, launch_tf_job
 
 from byteps.testkit import assert_all_ok, free_port, report, unset_byteps_env
-from byteps.testkit.compression_reference import ReferenceJob
+from byteps.testkit.compression_reference import ReferenceJob, uncompressed_rounds
 
 STEPS = 5
 #: name: (compression_params, the optimizer's momentum); the name's start says how the script trains.
@@ -55,25 +55,12 @@ def records(tmp_path_factory):
     return loaded
 
 
-def _bias_reference(records, mu):
-    """The uncompressed bias: the plain average, then BytePS's momentum after the pull."""
-    buffer, answers = np.zeros_like(records[0]["local_bias"][0]), []
-    for step in range(STEPS):
-        average = ((records[0]["local_bias"][step] + records[1]["local_bias"][step]) / np.float32(2)).astype(
-            np.float32)
-        if mu:
-            buffer = (np.float32(mu) * (buffer + average)).astype(np.float32)
-            average = (average + buffer).astype(np.float32)
-        answers.append(average)
-    return answers
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_workers_match_the_reference_algorithm(case, records):
     params, mu = CASES[case]
     ranks = records[case]
     reference = ReferenceJob(params, workers=2, momentum=mu)
-    bias = _bias_reference(ranks, mu)
+    bias = uncompressed_rounds([r["local_bias"] for r in ranks], mu)
     lrs = [float(ranks[0]["lr"][step]) for step in range(STEPS)]
     assert all(later < earlier for earlier, later in zip(lrs, lrs[1:])), lrs  # it decays: ef rescales
     for step in range(STEPS):

@@ -21,7 +21,7 @@ import pytest
 from job_checks import SCRIPTS
 
 from byteps.testkit import free_port, launch_job, report
-from byteps.testkit.compression_reference import ReferenceJob
+from byteps.testkit.compression_reference import ReferenceJob, uncompressed_rounds
 
 STEPS = 6
 CASES = {
@@ -35,19 +35,6 @@ CASES = {
     "dithering-linear-max-ef-nesterov": ({"compressor": "dithering", "k": 8, "seed": 11, "ef": "vanilla",
                                           "momentum": "nesterov"}, 0.5),
 }
-
-
-def _bias_reference(records, mu):
-    """The uncompressed bias: the plain average, then BytePS's momentum after the pull."""
-    buffer, answers = np.zeros_like(records[0]["local_bias"][0]), []
-    for step in range(STEPS):
-        average = ((records[0]["local_bias"][step] + records[1]["local_bias"][step]) / np.float32(2)).astype(
-            np.float32)
-        if mu:
-            buffer = (np.float32(mu) * (buffer + average)).astype(np.float32)
-            average = (average + buffer).astype(np.float32)
-        answers.append(average)
-    return answers
 
 
 def _run(tmp_path, params, mu, *extra, layout=("--workers", "2", "--servers", "1"), ranks=2):
@@ -82,7 +69,7 @@ def test_two_workers_match_the_reference_algorithm(case, tmp_path):
     params, mu = CASES[case]
     records = _run(tmp_path, params, mu)
     _check_weight(records, ReferenceJob(params, workers=2, momentum=mu), case)
-    bias = _bias_reference(records, mu)
+    bias = uncompressed_rounds([r["local_bias"] for r in records], mu)
     for step in range(STEPS):
         for rank, record in enumerate(records):
             np.testing.assert_allclose(record["synced_bias"][step], bias[step], rtol=1e-6, atol=1e-7,

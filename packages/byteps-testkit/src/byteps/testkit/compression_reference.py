@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["XorShift128Plus", "roundtrip", "ReferenceJob"]
+__all__ = ["XorShift128Plus", "roundtrip", "ReferenceJob", "uncompressed_rounds"]
 
 _MASK = (1 << 64) - 1
 _TWO_64 = 18446744073709551616.0
@@ -175,3 +175,20 @@ class ReferenceJob:
         if self.ef:
             state["server_error"] = (total - answer).astype(np.float32)
         return answer.reshape(np.shape(gradients[0]))
+
+
+def uncompressed_rounds(gradients: List[List[np.ndarray]], momentum: float = 0.0) -> List[np.ndarray]:
+    """What each round gives a tensor that goes uncompressed: the plain average of the ranks' gradients
+    (``gradients[rank][round]``), then BytePS's momentum after the pull, ``M = mu*(M + D); D = D + M``."""
+    mu, answers = np.float32(momentum), []
+    buffer = np.zeros_like(np.asarray(gradients[0][0], np.float32))
+    for step in range(len(gradients[0])):
+        total = np.asarray(gradients[0][step], np.float32)
+        for rank in gradients[1:]:
+            total = (total + np.asarray(rank[step], np.float32)).astype(np.float32)
+        average = (total / np.float32(len(gradients))).astype(np.float32)
+        if momentum:
+            buffer = (mu * (buffer + average)).astype(np.float32)
+            average = (average + buffer).astype(np.float32)
+        answers.append(average)
+    return answers

@@ -50,17 +50,23 @@ class NoneCompressor(Compressor):
         return tensor
 
 
-class FP16Compressor(Compressor):
-    """Sends floating-point tensors as float16 (the context is the original dtype); other dtypes as they are."""
+class _CastCompressor(Compressor):
+    """Sends floating-point tensors cast to a 16-bit type (the context is the original dtype)."""
 
     binding: ClassVar[TensorBinding]
+
+    @classmethod
+    def _casts(cls, dtype: Any) -> Any:
+        """The dtype a tensor of ``dtype`` is sent as, or None to send it as it is."""
+        raise NotImplementedError
 
     @classmethod
     def compress(cls, tensor: Any) -> Tuple[Any, Any]:  # type: ignore[override]
         binding = cls.binding
         dtype = binding.dtype(tensor)
-        if binding.is_floating(tensor) and dtype != binding.float16:
-            return binding.cast(tensor, binding.float16), dtype
+        target = cls._casts(dtype) if binding.is_floating(tensor) else None
+        if target is not None:
+            return binding.cast(tensor, target), dtype
         return tensor, None
 
     @classmethod
@@ -68,22 +74,20 @@ class FP16Compressor(Compressor):
         return tensor if ctx is None else cls.binding.cast(tensor, ctx)
 
 
-class BF16Compressor(Compressor):
-    """Sends float32 and float64 tensors as bfloat16 (the context is the original dtype); others as they are."""
-
-    binding: ClassVar[TensorBinding]
+class FP16Compressor(_CastCompressor):
+    """Sends floating-point tensors as float16; other dtypes as they are."""
 
     @classmethod
-    def compress(cls, tensor: Any) -> Tuple[Any, Any]:  # type: ignore[override]
-        binding = cls.binding
-        dtype = binding.dtype(tensor)
-        if binding.is_floating(tensor) and dtype not in (binding.float16, binding.bfloat16):
-            return binding.cast(tensor, binding.bfloat16), dtype
-        return tensor, None
+    def _casts(cls, dtype: Any) -> Any:
+        return None if dtype == cls.binding.float16 else cls.binding.float16
+
+
+class BF16Compressor(_CastCompressor):
+    """Sends float32 and float64 tensors as bfloat16; 16-bit floats and other dtypes as they are."""
 
     @classmethod
-    def decompress(cls, tensor: Any, ctx: Any) -> Any:  # type: ignore[override]
-        return tensor if ctx is None else cls.binding.cast(tensor, ctx)
+    def _casts(cls, dtype: Any) -> Any:
+        return None if dtype in (cls.binding.float16, cls.binding.bfloat16) else cls.binding.bfloat16
 
 
 def compression_for(binding: TensorBinding, module: str = __name__) -> type:
