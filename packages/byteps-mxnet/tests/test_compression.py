@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from mxnet_jobs import launch_mxnet_job
 
-from byteps.testkit import assert_all_ok, unset_byteps_env
+from byteps.testkit import assert_all_ok
 from byteps.testkit.compression_reference import ReferenceJob
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
@@ -96,15 +96,6 @@ def test_two_workers_match_the_reference_algorithm(recorded, case):
 
 # --- one process: no servers, so nothing is compressed and every gradient gets its momentum after the pull ---
 
-
-@pytest.fixture
-def bps(monkeypatch):
-    unset_byteps_env(monkeypatch)
-    import byteps.mxnet as bps
-
-    bps.init()
-    yield bps
-    bps.shutdown()
 
 
 def _dense(prefix):

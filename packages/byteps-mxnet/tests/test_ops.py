@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from mxnet_jobs import launch_mxnet_job
 
-from byteps.testkit import JOB_LAYOUTS, assert_all_ok, rank_lines, unset_byteps_env
+from byteps.testkit import JOB_LAYOUTS, assert_all_ok, rank_lines
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 
@@ -36,15 +36,6 @@ def test_ops_under_the_naive_engine():
 
 # --- one process: no scheduler or server, push_pull is a copy (as in BytePS) -----------------
 
-
-@pytest.fixture
-def bps(monkeypatch):
-    unset_byteps_env(monkeypatch)
-    import byteps.mxnet as bps
-
-    bps.init()
-    yield bps
-    bps.shutdown()
 
 
 DTYPES = ["float16", "float32", "float64", "int32", "int64"]

@@ -25,7 +25,7 @@ import pytest
 import tensorflow as tf
 from tf_jobs import SCRIPTS, launch_tf_job
 
-from byteps.testkit import assert_all_ok, free_port, report, unset_byteps_env
+from byteps.testkit import assert_all_ok, free_port, report
 from byteps.testkit.compression_reference import ReferenceJob, uncompressed_rounds
 
 STEPS = 5
@@ -75,15 +75,6 @@ def test_two_workers_match_the_reference_algorithm(case, records):
     plain = (ranks[0]["local_kernel"][-1] + ranks[1]["local_kernel"][-1]) / 2
     assert not np.allclose(ranks[0]["synced_kernel"][-1], plain, atol=1e-6)
 
-
-@pytest.fixture
-def bps(monkeypatch):
-    unset_byteps_env(monkeypatch)
-    import byteps.tensorflow as bps
-
-    bps.init()
-    yield bps
-    bps.shutdown()
 
 
 @pytest.mark.parametrize("params, message", [

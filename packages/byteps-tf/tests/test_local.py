@@ -12,19 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from byteps.testkit import unset_byteps_env
-
 DTYPES = [tf.float16, tf.float32, tf.float64, tf.bfloat16, tf.int32, tf.int64]
 
-
-@pytest.fixture
-def bps(monkeypatch):
-    unset_byteps_env(monkeypatch)
-    import byteps.tensorflow as bps
-
-    bps.init()
-    yield bps
-    bps.shutdown()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
