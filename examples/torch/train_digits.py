@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -73,7 +74,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
-    parser.add_argument("--lr", type=float, default=0.05, help="per worker; scaled by the number of workers")
+    parser.add_argument("--lr", type=float, default=0.05,
+                        help="per worker; scaled by the number of workers when they average gradients (not in "
+                             "asynchronous training, BYTEPS_ENABLE_ASYNC=1, where every worker's step lands)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fp16-pushpull", action="store_true", help="send gradients as float16")
     parser.add_argument("--compression", type=json.loads, default=None, metavar="JSON",
@@ -90,7 +93,10 @@ def main() -> int:
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 
     model = DigitsNet()
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * bps.size(), momentum=0.9)
+    # Averaged gradients take n workers' worth of data per step: scale the rate (Horovod's rule). In
+    # asynchronous training every worker's own step is added to the servers' parameters: keep it.
+    scale = 1 if os.environ.get("BYTEPS_ENABLE_ASYNC", "0") == "1" else bps.size()
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * scale, momentum=0.9)
     optimizer = bps.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(),
         compression=bps.Compression.fp16 if args.fp16_pushpull else bps.Compression.none,

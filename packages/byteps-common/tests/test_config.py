@@ -134,3 +134,35 @@ def test_parse_visible_cpu_cores(text, expected):
 def test_parse_visible_cpu_cores_rejects(text):
     with pytest.raises(ValueError, match="BYTEPS_VISIBLE_CPU_CORES"):
         parse_cpu_sections("BYTEPS_VISIBLE_CPU_CORES", text)
+
+
+TWO_MACHINES = {**DISTRIBUTED, "DMLC_NUM_WORKER": "2", "DMLC_WORKER_ID": "1"}
+
+
+def test_training_mode_knobs_and_the_settings_every_node_shares():
+    cfg = Config.from_env({**TWO_MACHINES, "BYTEPS_ENABLE_ASYNC": "1", "BYTEPS_ASYNC_MAX_STALENESS": "3",
+                           "BYTEPS_SERVER_ENABLE_SCHEDULE": "1"})
+    assert (cfg.enable_async, cfg.async_max_staleness, cfg.server_enable_schedule) == (True, 3, True)
+    assert cfg.job_settings() == {"BYTEPS_ENABLE_ASYNC": "1", "BYTEPS_ASYNC_MAX_STALENESS": "3",
+                                  "BYTEPS_BACKUP_WORKERS": "0"}
+    assert Config.from_env({**TWO_MACHINES, "BYTEPS_BACKUP_WORKERS": "1"}).backup_workers == 1
+    # A server does not know the job's size: its workers judge it
+    assert Config.from_env({**DISTRIBUTED, "DMLC_ROLE": "server", "BYTEPS_BACKUP_WORKERS": "5"}).backup_workers == 5
+
+
+@pytest.mark.parametrize("env,variable,fragment", [
+    ({"BYTEPS_ENABLE_ASYNC": "1"}, "BYTEPS_ENABLE_ASYNC", "more than one worker process"),
+    ({"BYTEPS_ENABLE_ASYNC": "1", "BYTEPS_LOCAL_SIZE": "2", **DISTRIBUTED}, "BYTEPS_ENABLE_ASYNC",
+     "BYTEPS_FORCE_DISTRIBUTED=1"),
+    ({"BYTEPS_ASYNC_MAX_STALENESS": "2", **TWO_MACHINES}, "BYTEPS_ASYNC_MAX_STALENESS", "BYTEPS_ENABLE_ASYNC=1"),
+    ({"BYTEPS_ENABLE_ASYNC": "1", "BYTEPS_BACKUP_WORKERS": "1", **TWO_MACHINES}, "BYTEPS_BACKUP_WORKERS",
+     "synchronous"),
+    ({"BYTEPS_BACKUP_WORKERS": "2", **TWO_MACHINES}, "BYTEPS_BACKUP_WORKERS", "less than DMLC_NUM_WORKER=2"),
+    ({"BYTEPS_BACKUP_WORKERS": "-1", **TWO_MACHINES}, "BYTEPS_BACKUP_WORKERS", ">= 0"),
+    ({"BYTEPS_ASYNC_MAX_STALENESS": "x", "BYTEPS_ENABLE_ASYNC": "1", **TWO_MACHINES}, "BYTEPS_ASYNC_MAX_STALENESS",
+     "integer"),
+])
+def test_training_mode_combinations_that_cannot_work_are_refused(env, variable, fragment):
+    with pytest.raises(ConfigError) as info:
+        Config.from_env(env)
+    assert info.value.variable == variable and fragment in str(info.value)

@@ -222,3 +222,38 @@ def test_nodes_learn_their_clock_offset_from_heartbeats(scheduler_factory):
     books, errors = run_nodes(scheduler.listener.port, [NodeInfo("server", "127.0.0.1", 1), NodeInfo("worker")],
                               beat)
     assert errors == []
+
+
+def test_a_node_with_other_job_settings_fails_every_node_and_the_scheduler(context):
+    scheduler = Scheduler(SchedulerOptions("127.0.0.1", 0, 2, 1), context)
+    ended = []
+
+    def run():
+        try:
+            scheduler.run()
+        except Exception as exc:  # the scheduler's exit, checked below
+            ended.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        first = SchedulerClient(context, "127.0.0.1", scheduler.listener.port, timeout_s=10)
+        first.connection.send(Command.REGISTER, -1,
+                              payload=b'{"role":"server","host":"127.0.0.1","port":7000,"pid":1,'
+                                      b'"settings":{"BYTEPS_ENABLE_ASYNC":"1"}}')
+        deadline = time.monotonic() + 10
+        while not scheduler.servers:
+            assert time.monotonic() < deadline, "the first registration never arrived"
+            time.sleep(0.01)
+        second = SchedulerClient(context, "127.0.0.1", scheduler.listener.port, timeout_s=5)
+        with pytest.raises(RemoteError, match=r"worker 0 local rank 0 \(pid 2\) has BYTEPS_ENABLE_ASYNC='0' but "
+                                              r"server at 127.0.0.1:7000 \(pid 1\) has BYTEPS_ENABLE_ASYNC='1'"):
+            second.register(NodeInfo("worker", pid=2, settings={"BYTEPS_ENABLE_ASYNC": "0"}))
+        # The node already registered is told too, and the scheduler ends instead of waiting for the rest.
+        with pytest.raises(RemoteError, match="BYTEPS_ENABLE_ASYNC"):
+            first.recv()
+        thread.join(timeout=10)
+        assert not thread.is_alive() and "BYTEPS_ENABLE_ASYNC" in str(ended[0])
+    finally:
+        scheduler.stop()
+        thread.join(timeout=5)

@@ -55,6 +55,8 @@ class PushPullTask:
     tag: int = 0  # what every rank must agree on besides averaging: 1 + the root of a broadcast, else 0
     compression: Optional[TensorCompressor] = None  # compressed on the way to the servers (averaged before)
     lr: Optional[float] = None  # the optimizer's learning rate, for error feedback's rescaling
+    asynchronous: bool = False  # a parameter delta added at the servers as it comes (docs/async.md)
+    quorum: int = 0  # backup workers: the machines whose pushes close a round (0: all)
     started: float = 0.0  # time.time() when the comm thread started it (for the timeline)
     remaining: int = 0  # partitions not yet in the output
     network_partitions: int = 0  # partitions this process pushes

@@ -22,7 +22,7 @@ import dataclasses
 import os
 import re
 from types import MappingProxyType
-from typing import Callable, Mapping, Optional, Tuple, TypeVar
+from typing import Callable, Dict, Mapping, Optional, Tuple, TypeVar
 
 __all__ = [
     "Config", "ConfigError", "ENV_DEFAULTS", "ROLES", "LOG_LEVELS", "KEY_HASH_FNS", "SERVER_ASSIGNMENTS",
@@ -81,6 +81,11 @@ ENV_DEFAULTS: Mapping[str, object] = MappingProxyType({
     "BYTEPS_SERVER_ASSIGNMENT": "balanced",
     "BYTEPS_KEY_HASH_FN": "djb2",
     "BYTEPS_MIN_COMPRESS_BYTES": DEFAULT_MIN_COMPRESS_BYTES,
+    "BYTEPS_SERVER_ENABLE_SCHEDULE": False,
+    # Training mode (docs/async.md): every process of a job must agree on these
+    "BYTEPS_ENABLE_ASYNC": False,
+    "BYTEPS_ASYNC_MAX_STALENESS": None,
+    "BYTEPS_BACKUP_WORKERS": 0,
     # Diagnostics and timeouts
     "BYTEPS_LOG_LEVEL": "WARNING",
     "PS_VERBOSE": 0,
@@ -267,6 +272,13 @@ class Config:
     server_assignment: str = "balanced"
     # Gradient compression (compression_params): smaller tensors are sent as they are
     min_compress_bytes: int = DEFAULT_MIN_COMPRESS_BYTES
+    # Server-side scheduling: a server sums the waiting pushes of the earliest-declared tensors first
+    server_enable_schedule: bool = False
+    # Asynchronous training (BytePS's BYTEPS_ENABLE_ASYNC): parameter deltas added at the servers as they come
+    enable_async: bool = False
+    async_max_staleness: Optional[int] = None  # a worker at most this many steps ahead of the slowest; None: no bound
+    # Backup workers: a synchronous averaging round closes once all worker machines but this many pushed
+    backup_workers: int = 0
     # Timeline: trace the rounds (a tensor's count of push_pulls) start..end of every tensor into trace_dir
     trace_on: bool = False
     trace_start_step: int = 10
@@ -374,6 +386,12 @@ class Config:
                 "PS_HEARTBEAT_TIMEOUT",
                 f"must be at least twice PS_HEARTBEAT_INTERVAL={heartbeat_interval:g}, got {heartbeat_timeout:g}")
 
+        enable_async = env.get("BYTEPS_ENABLE_ASYNC", _parse_bool)
+        max_staleness = env.get("BYTEPS_ASYNC_MAX_STALENESS", _int(0))
+        backup_workers = env.get("BYTEPS_BACKUP_WORKERS", _int(0))
+        _check_training_mode(role, num_worker, local_size, force_distributed, enable_async, max_staleness,
+                             backup_workers)
+
         return cls(
             role=role,
             num_worker=num_worker,
@@ -416,4 +434,39 @@ class Config:
             trace_start_step=trace_start,
             trace_end_step=trace_end,
             trace_dir=env.get("BYTEPS_TRACE_DIR", _text),
+            server_enable_schedule=env.get("BYTEPS_SERVER_ENABLE_SCHEDULE", _parse_bool),
+            enable_async=enable_async,
+            async_max_staleness=max_staleness,
+            backup_workers=backup_workers,
         )
+
+    def job_settings(self) -> Dict[str, str]:
+        """The settings every process of a job must share, as their variables' values: the scheduler
+        refuses a node whose settings differ from the first node's, naming the variable."""
+        return {"BYTEPS_ENABLE_ASYNC": "1" if self.enable_async else "0",
+                "BYTEPS_ASYNC_MAX_STALENESS": "" if self.async_max_staleness is None else str(self.async_max_staleness),
+                "BYTEPS_BACKUP_WORKERS": str(self.backup_workers)}
+
+
+def _check_training_mode(role: str, num_worker: int, local_size: int, force_distributed: bool, enable_async: bool,
+                         max_staleness: Optional[int], backup_workers: int) -> None:
+    """Refuse the combinations of BYTEPS_ENABLE_ASYNC, BYTEPS_ASYNC_MAX_STALENESS and BYTEPS_BACKUP_WORKERS
+    that cannot work, before anything starts (docs/async.md)."""
+    if max_staleness is not None and not enable_async:
+        raise ConfigError("BYTEPS_ASYNC_MAX_STALENESS", "bounds asynchronous training: set BYTEPS_ENABLE_ASYNC=1 "
+                          "too, or unset it")
+    if enable_async and backup_workers:
+        raise ConfigError("BYTEPS_BACKUP_WORKERS", "applies to synchronous training; unset it or "
+                          "BYTEPS_ENABLE_ASYNC")
+    if role != "worker":
+        return  # a server or scheduler does not know the job's size; its workers check
+    if enable_async and num_worker * local_size < 2:
+        raise ConfigError("BYTEPS_ENABLE_ASYNC", "asynchronous training needs more than one worker process "
+                          f"(DMLC_NUM_WORKER={num_worker}, BYTEPS_LOCAL_SIZE={local_size}); unset it")
+    if enable_async and num_worker == 1 and not force_distributed:
+        raise ConfigError("BYTEPS_ENABLE_ASYNC", "asynchronous training keeps the parameters on the servers; with "
+                          "one worker machine set BYTEPS_FORCE_DISTRIBUTED=1 and DMLC_NUM_SERVER>=1 "
+                          "(bpslaunch --force-distributed), or use several (bpslaunch --workers N)")
+    if backup_workers >= num_worker:
+        raise ConfigError("BYTEPS_BACKUP_WORKERS", f"must be less than DMLC_NUM_WORKER={num_worker} (the worker "
+                          f"machines; a round needs at least one), got {backup_workers}")

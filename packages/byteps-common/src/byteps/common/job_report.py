@@ -41,6 +41,8 @@ class ProcessReport:
     busy_s: float = 0.0  # a worker's time from its first push_pull to its last completion
     bytes_sent: int = 0  # over the network, headers included
     bytes_received: int = 0
+    async_pushes: int = 0  # a server's deltas added to asynchronous keys (BYTEPS_ENABLE_ASYNC)
+    late_pushes: int = 0  # a server's pushes dropped for rounds closed without them (BYTEPS_BACKUP_WORKERS)
 
     @property
     def file_name(self) -> str:
@@ -97,6 +99,11 @@ def summarize(reports: List[ProcessReport], wall_s: float) -> str:
             parts.append(f"each pushed {_bytes(pushed)} and pulled {_bytes(pulled)}")
         elif len(workers) > 1:
             parts.append("summed in shared memory (no servers)")
+    applied, late = sum(r.async_pushes for r in servers), sum(r.late_pushes for r in servers)
+    if applied:
+        parts.append(f"servers applied {applied} asynchronous pushes")
+    if late:
+        parts.append(f"{late} late pushes dropped (backup workers)")
     total = sum(r.bytes_received for r in servers)
     if len(servers) > 1 and total:
         parts.append("servers' share of the bytes " + " / ".join(

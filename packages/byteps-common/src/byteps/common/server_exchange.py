@@ -45,7 +45,7 @@ def partition_spec(trip: PartitionTrip) -> PartitionSpec:
     task, part = trip.task, trip.part
     return PartitionSpec(name=task.name, partition=part.index, shape=tuple(task.source.shape),
                          tensor_nbytes=task.plan.nbytes, nbytes=part.nbytes, dtype=int(task.source.dtype),
-                         contributors=task.machines,
+                         contributors=task.machines, asynchronous=task.asynchronous, quorum=task.quorum,
                          compression=task.compression.spec.wire() if task.compression is not None else None)
 
 
@@ -152,6 +152,10 @@ class ServerExchange:
             raise TransportError(
                 f"unexpected {command_name(header.command)} for key {header.key} round {header.round} "
                 f"({header.payload_bytes} bytes) from server {connection.address}")
+        if trip.task.quorum and header.aux != trip.task.quorum:
+            raise TransportError(f"server {connection.address} summed {header.aux} machines' pushes of key "
+                                 f"{header.key} round {header.round}, not the {trip.task.quorum} expected "
+                                 "(BYTEPS_BACKUP_WORKERS must be the same everywhere)")
         del self._in_flight[entry]
         if not trip.acked:  # the ack is sent before the answer; tolerate it anyway
             self.queue.release(trip.part.nbytes)

@@ -75,6 +75,10 @@ class PartitionSpec:
     dtype: int
     contributors: int = 0  # pushes per round: 0 for every worker machine; a process set's machines otherwise
     compression: Optional[dict] = None  # CompressionSpec.wire() of a compressed tensor
+    # Asynchronous (BYTEPS_ENABLE_ASYNC): round 0 broadcasts the initial value into the server's store, every
+    # later push is a delta added to it as it comes, and a pull returns the store (docs/async.md)
+    asynchronous: bool = False
+    quorum: int = 0  # backup workers: an averaging round closes after this many machines' pushes; 0: all of them
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
@@ -82,14 +86,18 @@ class PartitionSpec:
     def describe(self) -> str:
         among = f", summed over {self.contributors} machine(s)" if self.contributors else ""
         compressed = f", compressed with {_compression_text(self.compression)}" if self.compression else ""
+        mode = ", asynchronous" if self.asynchronous else \
+            f", rounds closed by {self.quorum} machine(s)" if self.quorum else ""
         return (f"{describe_tensor(self.name, self.shape, self.tensor_nbytes, self.dtype)}, "
-                f"partition {self.partition} of {self.nbytes} bytes{among}{compressed}")
+                f"partition {self.partition} of {self.nbytes} bytes{among}{compressed}{mode}")
 
     def to_json(self) -> dict:
         return {"name": self.name, "partition": self.partition, "shape": list(self.shape),
                 "tensor_nbytes": self.tensor_nbytes, "nbytes": self.nbytes, "dtype": self.dtype,
                 **({"contributors": self.contributors} if self.contributors else {}),
-                **({"compression": self.compression} if self.compression else {})}
+                **({"compression": self.compression} if self.compression else {}),
+                **({"asynchronous": True} if self.asynchronous else {}),
+                **({"quorum": self.quorum} if self.quorum else {})}
 
     def check(self, max_partition_bytes: int) -> None:
         """Refuse a description that is inconsistent or asks for too much memory (before allocating)."""
@@ -107,7 +115,8 @@ class PartitionSpec:
         if not 0 < self.nbytes <= max_partition_bytes or self.nbytes % dtype.itemsize:
             raise ValueError(f"partition of {self.nbytes} bytes: it must be a positive multiple of "
                              f"{dtype.itemsize} and at most {max_partition_bytes} bytes")
-        if self.tensor_nbytes != elements * dtype.itemsize or not 0 <= self.partition or self.contributors < 0:
+        if self.tensor_nbytes != elements * dtype.itemsize or not 0 <= self.partition or self.contributors < 0 \
+                or self.quorum < 0 or (self.quorum and self.asynchronous):
             raise ValueError(f"inconsistent description: {self.describe()}")
 
 

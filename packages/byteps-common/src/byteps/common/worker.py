@@ -111,7 +111,7 @@ class Worker:
                                           cfg.heartbeat_interval_s, cfg.heartbeat_timeout_s, cfg.secret)
         book = self._scheduler.register(
             NodeInfo(role="worker", host=host, worker_id=cfg.worker_id,
-                     local_rank=cfg.local_rank, local_size=cfg.local_size))
+                     local_rank=cfg.local_rank, local_size=cfg.local_size, settings=cfg.job_settings()))
         self.rank, self.size = book.rank, book.num_workers
         self.job_id = cfg.job_id or book.job_id
         if cfg.local_size > 1 and not self.job_id:
@@ -171,7 +171,7 @@ class Worker:
                         dtype: Optional[Union[str, DType]] = None, members: Optional[Sequence[int]] = None,
                         set_id: int = 0, root: Optional[int] = None, tensor_id: Optional[int] = None,
                         joinable: bool = True, compression: Optional[CompressionSpec] = None,
-                        lr: Optional[float] = None) -> Handle:
+                        lr: Optional[float] = None, asynchronous: bool = False) -> Handle:
         """Start summing (or averaging) ``tensor`` over all workers.
 
         The result goes into ``output`` (default: ``tensor`` itself, in
@@ -199,11 +199,18 @@ class Worker:
         tensor on its way to the servers when it is at least
         BYTEPS_MIN_COMPRESS_BYTES and crosses machines (:meth:`compresses`);
         ``lr``, the optimizer's learning rate, rescales error feedback.
+
+        ``asynchronous`` (BYTEPS_ENABLE_ASYNC's parameter exchange, docs/async.md): the servers keep the
+        tensor. Its first push_pull broadcasts the initial value into their store (``root`` given); each
+        later one pushes a delta (a sum, ``average=False``), which the servers add as it comes, and
+        returns the store as it stands after this worker's delta.
         """
         source, target = input_and_output_views(tensor, output, f"push_pull({name!r})", dtype)
         if compression is not None and compression.compressor != "none" and source.dtype not in COMPRESSIBLE_DTYPES:
             raise ValueError(f"push_pull({name!r}): compression_params {compression.compressor!r} takes float16, "
                              f"float32 or float64 tensors, not {source.dtype.name.lower()}")
+        if asynchronous:
+            self._check_asynchronous(name, members, compression, average)
         ranks, machines = None, 0
         if members is not None:
             ranks = tuple(sorted(int(r) for r in members))
@@ -229,6 +236,9 @@ class Worker:
                 plan = self._assigner.plan(tensor_id, source.nbytes, source.dtype.itemsize,
                                            balanced=is_new and ranks is None and not derived)
             round_ = self._rounds[name]
+            if asynchronous and (round_ == 0) != (root is not None):
+                raise ValueError(f"push_pull({name!r}): an asynchronous tensor's first push_pull broadcasts its "
+                                 "initial value (root=...), and only the first")
             self._rounds[name] = round_ + 1
             self._in_flight.add(name)
             if self._first_push_pull is None:
@@ -245,12 +255,27 @@ class Worker:
             compressor = self._compressors.get(name)
             if compressor is None or compressor.spec != compression or compressor.dtype != source.dtype:
                 compressor = self._compressors[name] = TensorCompressor(compression, source.dtype)
+        tag = int(root) + 1 if root is not None else 0 if joinable else TAG_GATHER
+        quorum = 0
+        if self.config.backup_workers and average and ranks is None and tag == 0 and self._comm.exchange:
+            # Backup workers: the round closes once all machines but b pushed, and is averaged over those.
+            quorum = self.config.num_worker - self.config.backup_workers
+            count = quorum * self.local_size
         task = PushPullTask(name=name, round=round_, source=source, output=target, plan=plan,
                             average_over=count if average else 0, handle=handle, members=ranks, machines=machines,
-                            tag=int(root) + 1 if root is not None else 0 if joinable else TAG_GATHER,
-                            compression=compressor, lr=lr)
+                            tag=tag, compression=compressor, lr=lr, asynchronous=asynchronous, quorum=quorum)
         self._comm.submit(task)
         return handle
+
+    def _check_asynchronous(self, name: str, members: Optional[Sequence[int]],
+                            compression: Optional[CompressionSpec], average: bool) -> None:
+        if self._comm is None or self._comm.exchange is None:
+            raise ValueError(f"push_pull({name!r}, asynchronous=True): asynchronous training keeps the parameters "
+                             "on the servers, and this job has none (BYTEPS_FORCE_DISTRIBUTED=1 or several "
+                             "worker machines)")
+        if members is not None or average or (compression is not None and compression.compressor != "none"):
+            raise ValueError(f"push_pull({name!r}, asynchronous=True): an asynchronous exchange sums deltas over "
+                             "every worker, uncompressed (no members, average=False, no compression)")
 
     def compresses(self, nbytes: int, crosses_machines: bool = True,
                    compression: Optional[CompressionSpec] = None) -> bool:
@@ -296,6 +321,10 @@ class Worker:
         """
         if self._comm is None:
             return self.rank, [extra]
+        if self.config.backup_workers:
+            raise NotImplementedError(
+                "join() with BYTEPS_BACKUP_WORKERS is not supported: rounds close without the slowest machines "
+                "already; unset BYTEPS_BACKUP_WORKERS to use join()")
         if self._comm.local is not None and self._comm.exchange is not None:
             raise NotImplementedError(
                 "join() with several worker processes per machine and servers is not supported yet: "

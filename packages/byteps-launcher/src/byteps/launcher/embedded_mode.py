@@ -116,7 +116,9 @@ def embedded_plan(
     base_env = {k: v for k, v in environ.items() if k not in OWNED_VARIABLES}
     # Judge the user's own knobs (BYTEPS_FORCE_DISTRIBUTED, BYTEPS_LOG_LEVEL,
     # ...) against a stand-in topology: the real one is ours to build.
-    stand_in = {"DMLC_PS_ROOT_URI": LOCALHOST, "DMLC_PS_ROOT_PORT": "1", "DMLC_NUM_SERVER": "1"}
+    # (A scheduler's: the checks that depend on the job's size run in plan.validate(), on each child's.)
+    stand_in = {"DMLC_PS_ROOT_URI": LOCALHOST, "DMLC_PS_ROOT_PORT": "1", "DMLC_NUM_SERVER": "1",
+                "DMLC_ROLE": "scheduler"}
     inherited = Config.from_env({**base_env, **stand_in})
     if inherited.force_distributed and not options.force_distributed:
         options = dataclasses.replace(options, force_distributed=True)

@@ -23,6 +23,24 @@ server forgets them all. A round that gathers or broadcasts (its pushes'
 aux is not 0) cannot take zeros for a missing rank: it completes, but its
 pulls are answered with an ERROR naming the joined rank, as Horovod fails
 an allgather or broadcast after a rank joined.
+
+Asynchronous keys (BYTEPS_ENABLE_ASYNC, docs/async.md): round 0 is a
+synchronous broadcast whose result becomes the key's store; every later
+push is a delta, added to the store as it arrives (each worker's in order,
+each once), and a pull is answered with a copy of the store at once, or,
+with BYTEPS_ASYNC_MAX_STALENESS=s, once the slowest worker is at most s
+pushes behind the puller.
+
+Backup workers (BYTEPS_BACKUP_WORKERS=b): a key declared with a quorum
+closes each round at that many machines' pushes; a push for a round
+already closed is acknowledged, dropped and counted, and its pull is
+answered with the last closed round's sum. The answer's aux says how many
+machines the sum holds.
+
+Server-side scheduling (BYTEPS_SERVER_ENABLE_SCHEDULE=1): the messages
+waiting at the listener are read together and their pushes handled in key
+order (earlier-declared tensors, lower partitions first), so the sums the
+workers need first are answered first.
 """
 
 from __future__ import annotations
@@ -63,6 +81,8 @@ log = logging.getLogger("byteps.server")
 #: One line per PUSH in arrival order at PS_VERBOSE=2, as ps-lite logged its messages.
 wire_log = logging.getLogger("byteps.transport.server_pushes")
 _STALL_POLL_S = 1.0
+#: With server-side scheduling, at most this many waiting messages are read and ordered at a time.
+_SCHEDULE_BATCH = 64
 
 
 class StallShutdown(TransportError):
@@ -82,6 +102,9 @@ class KeyState:
     codec: Optional[ServerPartition] = None  # a compressed key: pushes decompressed, the sum compressed again
     round_lr: float = float("nan")  # the learning rate the round's first compressed push carried
     compressed: Dict[int, np.ndarray] = dataclasses.field(default_factory=dict)  # round -> compressed sum (last 2)
+    store: Optional[np.ndarray] = None  # an asynchronous key's parameters (uint8), from its round-0 broadcast on
+    applied: Dict[bytes, int] = dataclasses.field(default_factory=dict)  # asynchronous: identity -> deltas added
+    held_pulls: List[Tuple[bytes, int]] = dataclasses.field(default_factory=list)  # asynchronous, past the bound
 
 
 class ParameterServer:
@@ -97,7 +120,8 @@ class ParameterServer:
         self.scheduler = SchedulerClient(self.context, config.root_uri, config.root_port,
                                          config.rendezvous_timeout, config.heartbeat_interval_s,
                                          config.heartbeat_timeout_s, config.secret)
-        book = self.scheduler.register(NodeInfo(role="server", host=host, port=self.listener.port))
+        book = self.scheduler.register(NodeInfo(role="server", host=host, port=self.listener.port,
+                                                        settings=config.job_settings()))
         self.registered_at = time.monotonic()
         self.rank = book.rank
         self.tracer: Optional[Tracer] = None
@@ -119,6 +143,8 @@ class ParameterServer:
         self.join_failed: Dict[Tuple[int, int], str] = {}  # (key, round) a joined machine could not take part in
         self.stall_inspector = StallInspector(config.stall_check_s, config.stall_shutdown_s, self.num_workers,
                                               "worker ranks" if self.local_size == 1 else "worker machines")
+        self.async_pushes = 0  # deltas added to asynchronous keys' stores
+        self.late_pushes = 0  # backup workers: pushes for rounds already closed, dropped
         self.running = True
         log.info("server %d at %s sums for %d worker machines on %d threads", self.rank,
                  self.listener.address, self.num_workers, config.server_engine_threads)
@@ -139,7 +165,9 @@ class ParameterServer:
                 until = max(0.0, next_inspection - now)
                 wait_s = until if wait_s is None else min(wait_s, until)
             for ready in poller.poll(wait_s):
-                if ready is self.listener:
+                if ready is self.listener and self.config.server_enable_schedule:
+                    self._handle_waiting_messages()
+                elif ready is self.listener:
                     self._handle_worker_message()
                 else:
                     self._handle_scheduler_message()
@@ -167,7 +195,8 @@ class ParameterServer:
         """What this server received and sent since registration, for the job's summary."""
         counters = self.listener.counters
         return ProcessReport("server", self.rank, time.monotonic() - self.registered_at,
-                             bytes_sent=counters.bytes_sent, bytes_received=counters.bytes_received)
+                             bytes_sent=counters.bytes_sent, bytes_received=counters.bytes_received,
+                             async_pushes=self.async_pushes, late_pushes=self.late_pushes)
 
     def close(self) -> None:
         self.listener.close()
@@ -182,10 +211,39 @@ class ParameterServer:
         elif message.header.command != Command.HEARTBEAT:
             log.error("unexpected %s from the scheduler", command_name(message.header.command))
 
-    def _handle_worker_message(self) -> None:
+    def _receive(self) -> Optional[Message]:
         message = self.listener.recv_or_refuse(self.rank, log)
         if message is None or not self.gate.admit(self.listener, message):
-            return
+            return None
+        return message
+
+    def _handle_worker_message(self) -> None:
+        message = self._receive()
+        if message is not None:
+            self._dispatch(message)
+
+    def _handle_waiting_messages(self) -> None:
+        """Server-side scheduling: read what waits, then INIT_KEYs, pushes in key order, the rest as they came.
+
+        Reordering is safe: a push needs its key's INIT_KEY (which came
+        before it); a pull may wait for its round's pushes anyway; a worker's
+        JOIN or ERROR follows its own pushes in both orders.
+        """
+        batch: List[Message] = []
+        while len(batch) < _SCHEDULE_BATCH and (not batch or self.listener.wait_readable(0)):
+            message = self._receive()
+            if message is None:
+                if not self.listener.wait_readable(0):
+                    break
+                continue
+            batch.append(message)
+        inits = [m for m in batch if m.header.command == Command.INIT_KEY]
+        pushes = sorted((m for m in batch if m.header.command == Command.PUSH), key=lambda m: m.header.key)
+        rest = [m for m in batch if m.header.command not in (Command.INIT_KEY, Command.PUSH)]
+        for message in inits + pushes + rest:
+            self._dispatch(message)
+
+    def _dispatch(self, message: Message) -> None:
         header = message.header
         try:
             if header.command == Command.PUSH:
@@ -225,7 +283,9 @@ class ParameterServer:
             if spec.compression:
                 codec = ServerPartition(CompressionSpec.from_wire(spec.compression), DType(spec.dtype),
                                         spec.nbytes // DType(spec.dtype).itemsize)
-            self.engine.declare(key, spec.nbytes, spec.dtype, contributors)
+            if spec.quorum and not 0 < spec.quorum < contributors:
+                raise ValueError(f"{spec.describe()}: a quorum must be below the {contributors} machines")
+            self.engine.declare(key, spec.nbytes, spec.dtype, spec.quorum or contributors)
             state = self.keys[key] = KeyState(spec, codec=codec)
         elif spec != state.spec:
             text = (f"mismatch for key {key}: worker {message.header.sender} declares {spec.describe()}, "
@@ -263,6 +323,12 @@ class ParameterServer:
         state = self._state_for(message)
         if header.dtype != state.spec.dtype:
             raise ValueError(f"push of dtype code {header.dtype} for {state.spec.describe()}")
+        if state.spec.asynchronous and header.round > 0:
+            self._push_delta(message, state)
+            return
+        if state.spec.quorum and header.round <= self.engine.completed_round(header.key):
+            self._drop_late_push(message, state)
+            return
         if message.identity in state.pushed:
             raise ValueError(f"second push of round {header.round} for {state.spec.describe()}")
         if state.pushed and (header.flags, header.aux) != (state.round_flags, state.round_tag):
@@ -299,8 +365,9 @@ class ParameterServer:
             finished = time.time()  # the round began at its first push (state.round_started, monotonic)
             self.tracer.span("sum", state.spec.name, finished - (time.monotonic() - state.round_started), finished,
                              key=key, partition=state.spec.partition, step=round_ + 1)
+        if state.spec.asynchronous and state.store is None:  # the initial broadcast: the store begins with it
+            state.store = np.frombuffer(self.engine.result(key, round_), dtype=np.uint8).copy()
         if state.codec is not None:
-            round_ = self.engine.completed_round(key)
             state.compressed[round_] = state.codec.compress_sum(self.engine.result(key, round_), state.round_lr)
             state.compressed.pop(round_ - 2, None)  # pulls come for the last two rounds at most, like the engine's
         state.pushed.clear()
@@ -354,6 +421,56 @@ class ParameterServer:
             self._send_error(identity, key, text, message.header.round)
         raise ValueError(text)
 
+    # --- asynchronous keys and backup workers -------------------------------------------
+    def _push_delta(self, message: Message, state: KeyState) -> None:
+        """An asynchronous key's delta: added to the store now, once, in each worker's order."""
+        header = message.header
+        expected = state.applied.get(message.identity, 0) + 1
+        if header.round != expected or state.store is None:
+            raise ValueError(f"asynchronous push of round {header.round} for {state.spec.describe()}: expected "
+                             f"round {expected}, after the initial broadcast (round 0) completed")
+        payload = message.payload if message.payload is not None else b""
+        if len(payload) != state.spec.nbytes:
+            raise ValueError(f"push of {len(payload)} bytes for {state.spec.describe()}")
+        if wire_log.isEnabledFor(logging.DEBUG):
+            wire_log.debug("PUSH key %d round %d from worker %d (%s)", header.key, header.round, header.sender,
+                           state.spec.name)
+        self.engine.reduce_into(state.store, payload, state.spec.dtype)
+        state.applied[message.identity] = header.round
+        self.async_pushes += 1
+        self.listener.send(Command.PUSH_ACK, self.rank, header.key, header.round, identity=message.identity)
+        if state.held_pulls:
+            self._answer_async_pulls(header.key, state)
+
+    def _pull_store(self, message: Message, state: KeyState) -> None:
+        header = message.header
+        if state.applied.get(message.identity, 0) < header.round:
+            raise ValueError(f"pull of round {header.round} for {state.spec.describe()} before its push")
+        state.held_pulls.append((message.identity, header.round))
+        self._answer_async_pulls(header.key, state)
+
+    def _answer_async_pulls(self, key: int, state: KeyState) -> None:
+        """Answer the pulls within BYTEPS_ASYNC_MAX_STALENESS of the slowest worker, with the store as it is."""
+        bound = self.config.async_max_staleness
+        slowest = min(state.applied.get(identity, 0) for identity in state.declared_by)
+        waiting = []
+        for identity, round_ in state.held_pulls:
+            if bound is not None and round_ - slowest > bound:
+                waiting.append((identity, round_))
+                continue
+            # A copy: the store changes with the next push while this answer may still be queued.
+            self.listener.send(Command.PULL_RESPONSE, self.rank, key, round_, payload=state.store.tobytes(),
+                               dtype=state.spec.dtype, identity=identity)
+        state.held_pulls = waiting
+
+    def _drop_late_push(self, message: Message, state: KeyState) -> None:
+        """Backup workers: a push for a round that closed without it is acknowledged and dropped."""
+        header = message.header
+        self.late_pushes += 1
+        log.debug("dropped the late push of round %d for %s from worker %d (round %d closed)", header.round,
+                  state.spec.describe(), header.sender, self.engine.completed_round(header.key))
+        self.listener.send(Command.PUSH_ACK, self.rank, header.key, header.round, identity=message.identity)
+
     def _pull(self, message: Message) -> None:
         header = message.header
         failed = self.failed_rounds.get((header.key, header.round)) or self.join_failed.get(
@@ -361,7 +478,12 @@ class ParameterServer:
         if failed is not None:
             raise ValueError(failed)
         state = self._state_for(message)
+        if state.spec.asynchronous and header.round > 0:
+            self._pull_store(message, state)
+            return
         completed = self.engine.completed_round(header.key)
+        if state.spec.quorum and header.round < completed:
+            completed = header.round  # a late machine's pull: answered below with the last closed round
         # A worker pulls round r after pushing it, and pushes r + 1 only after
         # its pull of r was answered: r is the last completed round or the next.
         if header.round not in (completed, completed + 1):
@@ -384,10 +506,12 @@ class ParameterServer:
             if failed is not None:
                 self._send_error(identity, key, failed, round_)
                 continue
-            result = self.engine.result(key, round_) if state.codec is None else state.compressed[round_]
+            # A late machine (backup workers) gets the last closed round: older sums are gone.
+            served = completed if state.spec.quorum else round_
+            result = self.engine.result(key, served) if state.codec is None else state.compressed[served]
             sending = time.time() if self.tracer is not None and self.tracer.traces(round_) else 0.0
             self.listener.send(Command.PULL_RESPONSE, self.rank, key, round_, payload=result,
-                               dtype=state.spec.dtype, identity=identity)
+                               dtype=state.spec.dtype, identity=identity, aux=state.spec.quorum)
             if sending:
                 self.tracer.span("answer", state.spec.name, sending, time.time(), key=key,
                                  partition=state.spec.partition, worker=self._rank_of(state, identity),

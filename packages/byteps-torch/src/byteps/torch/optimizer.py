@@ -52,7 +52,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 from byteps.common import api
 from byteps.common.compression import NesterovMomentum, parse_compression_params
 from byteps.common.frontend import Average, check_gradient_op, check_passes
+from byteps.common.frontend.async_training import async_enabled, check_async_compression
 from byteps.common.frontend.process_sets import global_process_set, rank_view
+from byteps.torch.async_optimizer import AsyncDistributedOptimizer
 from byteps.torch.buckets import Bucket, GradientBuckets
 from byteps.torch.collectives import sparse_allreduce_async
 from byteps.torch.compression import Compression
@@ -399,21 +401,37 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     (one by one, not fused) and summed there; ``"momentum": "nesterov"``
     takes the optimizer's momentum factor and turns the optimizer's own
     momentum off, as BytePS does.
+
+    With BYTEPS_ENABLE_ASYNC=1 (on every process) the same call returns
+    BytePS's asynchronous optimizer instead: each ``step()`` applies this
+    worker's own gradients locally, pushes the parameters' change and takes
+    the servers' parameters (:mod:`byteps.torch.async_optimizer`, docs/async.md).
     """
     check_gradient_op(op, gradient_predivide_factor)
     check_passes(backward_passes_per_step)
-    if isinstance(optimizer, _DistributedOptimizer):
+    if isinstance(optimizer, (_DistributedOptimizer, AsyncDistributedOptimizer)):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap the original optimizer once")
     named = _named_parameters(optimizer, named_parameters)
     base = optimizer.__class__
-    cls = type(base.__name__, (_DistributedOptimizer, base), {})
-    wrapped = cls.__new__(cls)
-    # Share everything (param groups, state, defaults, hook tables) rather
-    # than building a second optimizer: a state loaded before wrapping survives.
-    wrapped.__dict__.update(optimizer.__dict__)
     _check_groups(groups, optimizer)
+    if api.is_initialized() and async_enabled():
+        check_async_compression(compression_params, compression is Compression.none)
+        if process_set is not global_process_set and process_set is not None:
+            raise ValueError("BYTEPS_ENABLE_ASYNC=1 exchanges parameters over every worker: drop process_set")
+        wrapped = _share(optimizer, type(base.__name__, (AsyncDistributedOptimizer, base), {}))
+        wrapped._setup_async(named)
+        return wrapped
+    wrapped = _share(optimizer, type(base.__name__, (_DistributedOptimizer, base), {}))
     wrapped._setup_distributed(named, compression, backward_passes_per_step, op, gradient_predivide_factor,
                                sparse_as_dense, process_set, compression_params)
+    return wrapped
+
+
+def _share(optimizer: torch.optim.Optimizer, cls: type) -> torch.optim.Optimizer:
+    """An instance of ``cls`` sharing everything with ``optimizer`` (param groups, state, defaults, hook
+    tables) rather than a second optimizer: a state loaded before wrapping survives."""
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)
     return wrapped
 
 

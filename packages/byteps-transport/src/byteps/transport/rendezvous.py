@@ -27,7 +27,7 @@ import dataclasses
 import os
 import struct
 import time
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from byteps.transport.authentication import ClientHandshake
 from byteps.transport.endpoint import Message
@@ -74,6 +74,9 @@ class NodeInfo:
     local_rank: int = 0
     local_size: int = 1
     pid: int = dataclasses.field(default_factory=os.getpid)
+    # Job-wide settings every node must share, as {variable: value} (Config.job_settings()): the scheduler
+    # refuses a node whose settings differ from the first node's, naming the variable.
+    settings: Dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def short_name(self) -> str:

@@ -62,6 +62,10 @@ class _Registered:
     finished: bool = False  # a finalized worker is no longer watched
 
 
+#: After a settings mismatch the scheduler lingers this long (its errors reach the nodes), then exits non-zero.
+_REFUSAL_GRACE_S = 1.0
+
+
 class Scheduler:
     """Runs the rendezvous of one job; ``run()`` returns when the job is over."""
 
@@ -74,6 +78,9 @@ class Scheduler:
         self.servers: List[_Registered] = []
         self.workers: Dict[int, _Registered] = {}  # by rank
         self.local_size: Optional[int] = None
+        self.settings_from: Optional[NodeInfo] = None  # the first node registered: its job-wide settings hold
+        self.refusal: Optional[str] = None  # a settings mismatch: the job cannot assemble
+        self._refused_at = 0.0
         self.book_sent = False
         self.barriers: Dict[int, Set[bytes]] = {BARRIER_WORKERS: set(), BARRIER_ALL: set()}
         self.finalized: Set[int] = set()
@@ -100,6 +107,8 @@ class Scheduler:
                     job_log.warning("scheduler still waits for %s (%.0f s so far)", self._missing(),
                                     reporter.waited_s)
                 self._check_heartbeats()
+                if self.refusal is not None and time.monotonic() > self._refused_at + _REFUSAL_GRACE_S:
+                    raise TransportError(self.refusal)  # every node was told; the job cannot assemble
         finally:
             self.listener.close()
 
@@ -188,8 +197,11 @@ class Scheduler:
     def _register(self, message: Message) -> None:
         if self.book_sent:
             raise TransportError("registration refused: the job's nodes have all registered already")
+        if self.refusal is not None:
+            raise TransportError(self.refusal)
         fields = parse_json_payload(message.payload if message.payload is not None else b"")
         info = NodeInfo(**fields)
+        self._check_settings(info)
         entry = _Registered(message.identity, info)
         if info.role == "server":
             if len(self.servers) >= self.options.num_servers:
@@ -204,6 +216,24 @@ class Scheduler:
         log.info("registered %s (still missing: %s)", info.describe(), self._missing())
         if len(self.servers) == self.options.num_servers and len(self.workers) == self._expected_workers():
             self._send_address_books()
+
+    def _check_settings(self, info: NodeInfo) -> None:
+        """Every node must share the job-wide settings (BYTEPS_ENABLE_ASYNC, ...) of the first that registered."""
+        if self.settings_from is None:
+            self.settings_from = info
+            return
+        first = self.settings_from.settings
+        for variable in sorted(set(first) | set(info.settings)):
+            mine, theirs = info.settings.get(variable, ""), first.get(variable, "")
+            if mine != theirs:
+                self._refused_at = time.monotonic()
+                self.refusal = (
+                    f"registration refused: {info.describe()} has {variable}={mine!r} but "
+                    f"{self.settings_from.describe()} has {variable}={theirs!r}; every process of the job must "
+                    "have the same value")
+                for entry in self._nodes():  # the nodes already in wait for a job that cannot assemble
+                    self._error(entry.identity, self.refusal)
+                raise TransportError(self.refusal)
 
     def _register_worker(self, entry: _Registered) -> None:
         info = entry.info

@@ -15,6 +15,8 @@ depend on the framework lives here, one idea per module:
   :class:`~.binding.TensorBinding`;
 * :mod:`~.group`: grouped push_pulls with small tensors fused, through the
   same binding;
+* :mod:`~.async_training`: BYTEPS_ENABLE_ASYNC's parameter exchange (the
+  initial broadcast into the servers' store, a delta per step);
 * :mod:`~.checks`, :mod:`~.objects`, :mod:`~.versions`: argument checks with
   their messages, broadcast_object, framework version checks.
 
@@ -25,6 +27,12 @@ optimizer, trainer and callback wrappers. Example (an adapter's module)::
     from byteps.common.frontend import Average, Sum, average_of, init, rank, size
 """
 
+from byteps.common.frontend.async_training import (
+    ParameterExchange,
+    Snapshots,
+    async_enabled,
+    check_async_compression,
+)
 from byteps.common.frontend.binding import TensorBinding, dtype_table
 from byteps.common.frontend.checks import check_passes, check_root, check_scale
 from byteps.common.frontend.compression import Compressor, FP16Compressor, NoneCompressor, compression_for
@@ -72,4 +80,6 @@ __all__ = [
     "TensorBinding", "dtype_table", "Compressor", "NoneCompressor", "FP16Compressor", "compression_for",
     # checks, objects, versions
     "check_root", "check_scale", "check_passes", "broadcast_object", "require_framework", "version_tuple",
+    # asynchronous training
+    "ParameterExchange", "Snapshots", "async_enabled", "check_async_compression",
 ]
