@@ -171,8 +171,13 @@ class Bench:
         if outcome.ok:
             rounds = [max(r["times"][i] for r in outcome.results) for i in range(repeats)]
             record.update(times=rounds, **_summary(rounds), **outcome.cpu)
+            if all("first_layer" in r for r in outcome.results) and len(outcome.results[0]["times"]) > 0:
+                # When the last worker had its first layer's sum back (byteps; server-side scheduling's figure)
+                firsts = [max(r["first_layer"][i] for r in outcome.results) for i in range(repeats)]
+                record["first_layer_median"] = statistics.median(firsts)
+            first = f", first layer back {record['first_layer_median']:.3f} s" if "first_layer_median" in record else ""
             print(f"n={n} {workload:9} {system:17} {record['median']:7.3f} s ({record['min']:.3f}-"
-                  f"{record['max']:.3f}) machine busy {outcome.cpu.get('machine_busy', 0):.0%}", flush=True)
+                  f"{record['max']:.3f}) machine busy {outcome.cpu.get('machine_busy', 0):.0%}{first}", flush=True)
         else:
             record["error"] = outcome.error
             print(f"n={n} {workload:9} {system:17} FAILED: {outcome.error[:500]}", flush=True)

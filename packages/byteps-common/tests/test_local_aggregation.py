@@ -109,18 +109,20 @@ def test_local_ranks_that_disagree_fail_on_every_rank(what):
     assert fragment in text, text
 
 
-def pushes_seen_by(server_log: str):
-    return re.findall(r"PUSH key \d+ round 1 from worker 0 \((t\d)\)", server_log)
+def pushes_seen_by(server_log: str, what: str = "PUSH"):
+    return re.findall(what + r" key \d+ round 1 (?:from|to) worker 0 \((t\d)\)", server_log)
 
 
-@pytest.mark.parametrize("credit,expected", [
-    ("1", ["t5", "t0", "t1", "t2", "t3", "t4"]),  # t5 alone in flight, then by declaration order
-    ("0", ["t5", "t4", "t3", "t2", "t1", "t0"]),  # no credit bound: everything goes as it comes
+@pytest.mark.parametrize("credit,schedule,expected", [
+    ("1", "0", ["t5", "t0", "t1", "t2", "t3", "t4"]),  # t5 alone in flight, then by declaration order
+    ("0", "0", ["t5", "t4", "t3", "t2", "t1", "t0"]),  # no credit bound: everything goes as it comes
+    # ... unless the server orders what waits for it (BYTEPS_SERVER_ENABLE_SCHEDULE): declaration order
+    ("0", "1", ["t0", "t1", "t2", "t3", "t4", "t5"]),
 ])
-def test_push_order_on_the_wire_follows_priority_within_the_credit(tmp_path, credit, expected):
+def test_push_order_on_the_wire_follows_priority_within_the_credit(tmp_path, credit, schedule, expected):
     flag = tmp_path / "go"
     env = {"BYTEPS_FORCE_DISTRIBUTED": "1", "PS_VERBOSE": "2", "BYTEPS_SCHEDULING_CREDIT": credit,
-           "BYTEPS_PARTITION_BYTES": "65536", "PS_HEARTBEAT_TIMEOUT": "60"}
+           "BYTEPS_PARTITION_BYTES": "65536", "PS_HEARTBEAT_TIMEOUT": "60", "BYTEPS_SERVER_ENABLE_SCHEDULE": schedule}
     job = start_job(PRIORITY + [str(flag)], 1, 1, env=env, timeout=60)
     try:
         deadline = time.monotonic() + 60
@@ -142,6 +144,8 @@ def test_push_order_on_the_wire_follows_priority_within_the_credit(tmp_path, cre
         result = job.finish()
     assert_ok(result)
     assert pushes_seen_by(result.outputs["server0"]) == expected, result.outputs["server0"][-3000:]
+    # The sums are answered in the order their pushes were summed.
+    assert pushes_seen_by(result.outputs["server0"], "ANSWER") == expected, result.outputs["server0"][-3000:]
 
 
 def test_shared_memory_names_are_gone_once_the_job_runs():

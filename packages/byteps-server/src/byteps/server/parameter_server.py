@@ -34,8 +34,11 @@ pushes behind the puller.
 Backup workers (BYTEPS_BACKUP_WORKERS=b): a key declared with a quorum
 closes each round at that many machines' pushes; a push for a round
 already closed is acknowledged, dropped and counted, and its pull is
-answered with the last closed round's sum. The answer's aux says how many
-machines the sum holds.
+answered with that round's sum, the one every other machine got (the
+server keeps each closed round until every machine has pushed past it), so
+the late machine applies the same updates. A round's pulls wait while some
+machine is more than BACKUP_MAX_LAG rounds behind it, which bounds what is
+kept. The answer's aux says how many machines the sum holds.
 
 Server-side scheduling (BYTEPS_SERVER_ENABLE_SCHEDULE=1): the messages
 waiting at the listener are read together and their pushes handled in key
@@ -81,6 +84,8 @@ log = logging.getLogger("byteps.server")
 #: One line per PUSH in arrival order at PS_VERBOSE=2, as ps-lite logged its messages.
 wire_log = logging.getLogger("byteps.transport.server_pushes")
 _STALL_POLL_S = 1.0
+#: Backup workers: a round's sum is held back while a machine is more rounds behind it than this.
+BACKUP_MAX_LAG = 4
 #: With server-side scheduling, at most this many waiting messages are read and ordered at a time.
 _SCHEDULE_BATCH = 64
 
@@ -105,6 +110,8 @@ class KeyState:
     store: Optional[np.ndarray] = None  # an asynchronous key's parameters (uint8), from its round-0 broadcast on
     applied: Dict[bytes, int] = dataclasses.field(default_factory=dict)  # asynchronous: identity -> deltas added
     held_pulls: List[Tuple[bytes, int]] = dataclasses.field(default_factory=list)  # asynchronous, past the bound
+    history: Dict[int, bytes] = dataclasses.field(default_factory=dict)  # quorum: closed round -> its answer
+    last_round: Dict[bytes, int] = dataclasses.field(default_factory=dict)  # quorum: identity -> last round pushed
 
 
 class ParameterServer:
@@ -223,10 +230,12 @@ class ParameterServer:
             self._dispatch(message)
 
     def _handle_waiting_messages(self) -> None:
-        """Server-side scheduling: read what waits, then INIT_KEYs, pushes in key order, the rest as they came.
+        """Server-side scheduling: read what waits, then handle INIT_KEYs, pushes and pulls in key order, the
+        rest as they came.
 
         Reordering is safe: a push needs its key's INIT_KEY (which came
-        before it); a pull may wait for its round's pushes anyway; a worker's
+        before it); a pull comes after its own push (an asynchronous key's
+        must) and may wait for its round's other pushes anyway; a worker's
         JOIN or ERROR follows its own pushes in both orders.
         """
         batch: List[Message] = []
@@ -237,10 +246,11 @@ class ParameterServer:
                     break
                 continue
             batch.append(message)
+        by_key = lambda command: sorted((m for m in batch if m.header.command == command),  # noqa: E731
+                                        key=lambda m: m.header.key)
         inits = [m for m in batch if m.header.command == Command.INIT_KEY]
-        pushes = sorted((m for m in batch if m.header.command == Command.PUSH), key=lambda m: m.header.key)
-        rest = [m for m in batch if m.header.command not in (Command.INIT_KEY, Command.PUSH)]
-        for message in inits + pushes + rest:
+        rest = [m for m in batch if m.header.command not in (Command.INIT_KEY, Command.PUSH, Command.PULL)]
+        for message in inits + by_key(Command.PUSH) + by_key(Command.PULL) + rest:
             self._dispatch(message)
 
     def _dispatch(self, message: Message) -> None:
@@ -326,9 +336,11 @@ class ParameterServer:
         if state.spec.asynchronous and header.round > 0:
             self._push_delta(message, state)
             return
-        if state.spec.quorum and header.round <= self.engine.completed_round(header.key):
-            self._drop_late_push(message, state)
-            return
+        if state.spec.quorum:
+            state.last_round[message.identity] = header.round
+            if header.round <= self.engine.completed_round(header.key):
+                self._drop_late_push(message, state)
+                return
         if message.identity in state.pushed:
             raise ValueError(f"second push of round {header.round} for {state.spec.describe()}")
         if state.pushed and (header.flags, header.aux) != (state.round_flags, state.round_tag):
@@ -354,6 +366,8 @@ class ParameterServer:
         state.pushed.add(message.identity)
         if complete:
             self._round_complete(header.key, state)
+        elif state.spec.quorum and state.pending_pulls:  # a lagging machine moved: held sums may go
+            self._answer_pulls(header.key, state)
         elif message.identity in self.joined:
             state.round_after_join = True
         elif self.joined and not state.round_after_join:
@@ -370,6 +384,9 @@ class ParameterServer:
         if state.codec is not None:
             state.compressed[round_] = state.codec.compress_sum(self.engine.result(key, round_), state.round_lr)
             state.compressed.pop(round_ - 2, None)  # pulls come for the last two rounds at most, like the engine's
+        if state.spec.quorum:  # late machines pull this round later: keep it until all pushed past it
+            answer = state.compressed[round_] if state.codec is not None else self.engine.result(key, round_)
+            state.history[round_] = bytes(answer)
         state.pushed.clear()
         state.round_after_join = False
         self._answer_pulls(key, state)
@@ -470,6 +487,8 @@ class ParameterServer:
         log.debug("dropped the late push of round %d for %s from worker %d (round %d closed)", header.round,
                   state.spec.describe(), header.sender, self.engine.completed_round(header.key))
         self.listener.send(Command.PUSH_ACK, self.rank, header.key, header.round, identity=message.identity)
+        if state.pending_pulls:  # a lagging machine moved: held sums may go
+            self._answer_pulls(header.key, state)
 
     def _pull(self, message: Message) -> None:
         header = message.header
@@ -482,8 +501,8 @@ class ParameterServer:
             self._pull_store(message, state)
             return
         completed = self.engine.completed_round(header.key)
-        if state.spec.quorum and header.round < completed:
-            completed = header.round  # a late machine's pull: answered below with the last closed round
+        if state.spec.quorum and header.round in state.history:
+            completed = header.round  # a late machine's pull of a closed round
         # A worker pulls round r after pushing it, and pushes r + 1 only after
         # its pull of r was answered: r is the last completed round or the next.
         if header.round not in (completed, completed + 1):
@@ -498,22 +517,31 @@ class ParameterServer:
     def _answer_pulls(self, key: int, state: KeyState) -> None:
         completed = self.engine.completed_round(key)
         still_waiting = []
+        # A machine not heard from yet (not even its INIT_KEY) has pushed nothing: it is the slowest.
+        machines = state.spec.contributors or self.num_workers
+        slowest = min(state.last_round.values()) if len(state.last_round) == machines else -1
         for identity, round_ in state.pending_pulls:
-            if round_ > completed:
+            if round_ > completed or (state.spec.quorum and round_ - slowest > BACKUP_MAX_LAG):
                 still_waiting.append((identity, round_))
                 continue
             failed = self.join_failed.get((key, round_))
             if failed is not None:
                 self._send_error(identity, key, failed, round_)
                 continue
-            # A late machine (backup workers) gets the last closed round: older sums are gone.
-            served = completed if state.spec.quorum else round_
-            result = self.engine.result(key, served) if state.codec is None else state.compressed[served]
+            if state.spec.quorum:
+                result = state.history[round_]
+            else:
+                result = self.engine.result(key, round_) if state.codec is None else state.compressed[round_]
             sending = time.time() if self.tracer is not None and self.tracer.traces(round_) else 0.0
             self.listener.send(Command.PULL_RESPONSE, self.rank, key, round_, payload=result,
                                dtype=state.spec.dtype, identity=identity, aux=state.spec.quorum)
+            if wire_log.isEnabledFor(logging.DEBUG):
+                wire_log.debug("ANSWER key %d round %d to worker %d (%s)", key, round_,
+                               self._rank_of(state, identity), state.spec.name)
             if sending:
                 self.tracer.span("answer", state.spec.name, sending, time.time(), key=key,
                                  partition=state.spec.partition, worker=self._rank_of(state, identity),
                                  step=round_ + 1)
         state.pending_pulls = still_waiting
+        for old in [r for r in state.history if r < slowest]:  # every machine pushed past it: never pulled again
+            del state.history[old]
