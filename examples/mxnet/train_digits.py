@@ -8,6 +8,10 @@ all workers keep identical weights. Run it with the launcher:
 
     bpslaunch --workers 2 --servers 1 -- python examples/mxnet/train_digits.py
 
+With BYTEPS_ENABLE_ASYNC=1 the same script trains asynchronously: each
+worker steps on its own gradients and the servers add every worker's
+change to the parameters they keep (the learning rate is then not scaled).
+
 Rank 0 prints the progress and the held-out accuracy; the script exits
 non-zero if that accuracy is below --min-accuracy.
 """
@@ -15,6 +19,7 @@ non-zero if that accuracy is below --min-accuracy.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -51,7 +56,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
-    parser.add_argument("--lr", type=float, default=0.05, help="per worker; scaled by the number of workers")
+    parser.add_argument("--lr", type=float, default=0.05,
+                        help="per worker; scaled by the number of workers when they average gradients (not in "
+                             "asynchronous training, BYTEPS_ENABLE_ASYNC=1, where every worker's step lands)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fp16-pushpull", action="store_true", help="send gradients as float16")
     parser.add_argument("--min-accuracy", type=float, default=0.9)
@@ -64,8 +71,11 @@ def main() -> int:
     net = digits_net()
     net.initialize(mx.init.Xavier())         # shapes are inferred in the first forward pass
     net.hybridize()
+    # Averaged gradients take n workers' worth of data per step: scale the rate (Horovod's rule). In
+    # asynchronous training every worker's own step is added to the servers' parameters: keep it.
+    scale = 1 if os.environ.get("BYTEPS_ENABLE_ASYNC", "0") == "1" else bps.size()
     trainer = bps.DistributedTrainer(
-        net.collect_params(), "sgd", {"learning_rate": args.lr * bps.size(), "momentum": 0.9},
+        net.collect_params(), "sgd", {"learning_rate": args.lr * scale, "momentum": 0.9},
         compression=bps.Compression.fp16 if args.fp16_pushpull else bps.Compression.none)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 

@@ -24,22 +24,38 @@ works here as on :class:`~byteps.mxnet.DistributedTrainer`::
     opt = bps.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9),
                                    compression_params={"compressor": "onebit", "ef": "vanilla",
                                                        "momentum": "nesterov"})
+
+With BYTEPS_ENABLE_ASYNC=1 (on every process) ``update()`` trains
+asynchronously, as BytePS does: the wrapped optimizer updates the weight
+with this worker's own gradient (no push_pull, no division by the number
+of workers), then the weight's change goes to the servers under
+``"AsyncParameter.Weight.<index>"`` and the servers' value replaces the
+weight; a weight's first update first broadcasts rank 0's value into the
+servers (:mod:`byteps.mxnet.async_training`). Each index is exchanged on
+its own and ``update()`` waits for it. The mode is read when the optimizer
+is wrapped (at its first update if it was wrapped before ``init()``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import mxnet as mx
 import numpy as np
 
+from byteps.common import api
+from byteps.common.frontend.async_training import check_async_compression
+from byteps.mxnet.async_training import ArrayExchange, asynchronous, check_master_weights
 from byteps.mxnet.gradient_compression import take_compression_params
 from byteps.mxnet.ops import allreduce_
 
 __all__ = ["DistributedOptimizer"]
 
 #: Attributes that live on the wrapper itself; everything else is the wrapped optimizer's.
-_OWN = ("_optimizer", "_predivide", "_gradient_compression")
+_OWN = ("_optimizer", "_predivide", "_gradient_compression", "_async")
+
+#: ``_async`` before the training mode is known (wrapped before ``init()``).
+_UNDECIDED = object()
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):
@@ -47,8 +63,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
 
     ``gradient_predivide_factor`` (Horovod) divides gradients by the factor
     before the sum and multiplies the average by it after, for numerical
-    range; the result is the same average. ``num_groups`` is accepted for
-    Horovod compatibility and ignored.
+    range; the result is the same average (nothing to act on in asynchronous
+    training). ``num_groups`` is accepted for Horovod compatibility and ignored.
 
     ``compression_params``: BytePS's dict with a compressor (without
     ``fp16``, which is DistributedTrainer's: a ValueError here). Every gradient is pushed with the optimizer's current
@@ -63,6 +79,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         # No super().__init__: this object holds no optimizer state of its own.
         if not isinstance(optimizer, mx.optimizer.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps an mxnet Optimizer, got {type(optimizer).__name__}")
+        if asynchronous():  # first: nothing below, e.g. a compressor taking the momentum, applies then
+            check_async_compression(compression_params)
         if gradient_predivide_factor <= 0:
             raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
         if isinstance(compression_params, dict) and compression_params and gradient_predivide_factor != 1.0:
@@ -75,6 +93,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         object.__setattr__(self, "_optimizer", optimizer)
         object.__setattr__(self, "_predivide", float(gradient_predivide_factor))
         object.__setattr__(self, "_gradient_compression", compression)
+        object.__setattr__(self, "_async", _UNDECIDED)
+        self._asynchronous_exchange()
 
     def __getattr__(self, item: str) -> Any:
         if item in _OWN:  # not set yet (unpickling): no recursion through the wrapped optimizer
@@ -95,6 +115,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         object.__setattr__(self, "_optimizer", state["optimizer"])
         object.__setattr__(self, "_predivide", state["predivide"])
         object.__setattr__(self, "_gradient_compression", state.get("compression"))
+        object.__setattr__(self, "_async", _UNDECIDED)  # the exchange holds no state worth saving: decided anew
 
     @property
     def learning_rate(self) -> float:
@@ -135,12 +156,43 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             return
         compression.add_weight_decay(f"Gradient.{index}", grad, weight, self._optimizer, index)
 
+    def _asynchronous_exchange(self) -> Optional[ArrayExchange]:
+        """The exchange when training asynchronously, else None; decided once byteps is initialized."""
+        if self._async is _UNDECIDED and api.is_initialized():
+            exchange = None
+            if asynchronous():
+                check_async_compression(None, self._gradient_compression is None)
+                exchange = ArrayExchange()
+            object.__setattr__(self, "_async", exchange)
+        return None if self._async is _UNDECIDED else self._async
+
+    def _update_asynchronously(self, exchange: ArrayExchange, index: Any, weight: Any,
+                               update: Callable[[], None]) -> None:
+        """The wrapped optimizer's update, then each weight's change out and the servers' value in."""
+        indices, weights = (index, weight) if isinstance(index, (tuple, list)) else ((index,), (weight,))
+        copies = {}
+        for i, w in zip(indices, weights):
+            name = f"Weight.{i}"
+            check_master_weights(self._optimizer, name, w)
+            copies[name] = [w]
+        exchange.step(copies, update)
+
     def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
+        exchange = self._asynchronous_exchange()
+        if exchange is not None:
+            self._update_asynchronously(exchange, index, weight,
+                                        lambda: self._optimizer.update(index, weight, grad, state))
+            return
         self._push_pull(index, grad)
         self._add_weight_decay(index, weight, grad)
         self._optimizer.update(index, weight, grad, state)
 
     def update_multi_precision(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
+        exchange = self._asynchronous_exchange()
+        if exchange is not None:
+            self._update_asynchronously(exchange, index, weight,
+                                        lambda: self._optimizer.update_multi_precision(index, weight, grad, state))
+            return
         self._push_pull(index, grad)
         self._add_weight_decay(index, weight, grad)
         self._optimizer.update_multi_precision(index, weight, grad, state)

@@ -28,6 +28,12 @@ Horovod and BytePS sum and divide the learning-rate scale by the number of
 ranks instead; the update is the same. ``compression_params`` compresses
 them (one by one, through the servers; see :class:`DistributedTrainer` and
 :mod:`byteps.mxnet.gradient_compression`).
+
+With BYTEPS_ENABLE_ASYNC=1 (on every process) the same trainer trains
+asynchronously, as BytePS's does: ``allreduce_grads()`` leaves each
+gradient this worker's own, ``update()`` (and so ``step()``) makes exactly
+the update a plain gluon Trainer would, then exchanges every trainable
+parameter with the servers (:mod:`byteps.mxnet.async_training`).
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from mxnet.gluon.parameter import Parameter, ParameterDict
 
 from byteps.common import api
 from byteps.common.compression import CompressionSpec
+from byteps.common.frontend.async_training import check_async_compression
+from byteps.mxnet.async_training import ArrayExchange, asynchronous, check_master_weights
 from byteps.mxnet.compression import Compression
 from byteps.mxnet.functions import broadcast_after_init, parameter_name
 from byteps.mxnet.gradient_compression import take_compression_params
@@ -93,6 +101,17 @@ class DistributedTrainer(mx.gluon.Trainer):
 
     >>> trainer = bps.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9},
     ...     compression_params={"compressor": "topk", "k": 0.01, "ef": "vanilla", "momentum": "nesterov"})
+
+    Asynchronous training (BYTEPS_ENABLE_ASYNC=1): no gradient is averaged
+    (``gradient_predivide_factor`` has nothing to act on) and nothing
+    divides by the number of workers: each ``step(batch_size)`` is this
+    worker's plain gluon update, after which every parameter with a
+    gradient pushes its change under ``"AsyncParameter.<prefix><name>"``
+    and takes the servers' value (the first step first broadcasts rank 0's
+    values into the servers). Parameters without one (``grad_req="null"``,
+    e.g. BatchNorm's running statistics) stay this worker's own. Compression
+    (``compression_params``, ``compression=``) is refused: deltas travel
+    uncompressed.
     """
 
     def __init__(self, params: Any, optimizer: Any, optimizer_params: Optional[Dict[str, Any]] = None,
@@ -116,6 +135,10 @@ class DistributedTrainer(mx.gluon.Trainer):
                 and gradient_predivide_factor != 1.0:
             raise ValueError("gradient_predivide_factor must be 1.0 with a compressor in compression_params: "
                              "compressed gradients are averaged before compression and summed in full precision")
+        # Asynchronous: the parameters' changes go through the servers, no gradient does.
+        self._async = ArrayExchange() if asynchronous() else None
+        if self._async is not None:
+            check_async_compression(compression_params, compression is None or compression is Compression.none)
         spec, self._gradient_compression, optimizer_params = take_compression_params(
             compression_params, optimizer, optimizer_params)
         self._compression = _cast_of(compression, spec)
@@ -132,7 +155,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         # Ids in a fixed order, whatever order the gradients become ready in.
         for param in self._params:
             byteps_declare_tensor(self._parameter_name(param))
-            if param.grad_req != "null":
+            if param.grad_req != "null" and self._async is None:
                 byteps_declare_tensor(self._gradient_name(param))
         for param in self._params:
             if param._deferred_init:
@@ -166,6 +189,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         Which gradients are small depends only on the parameters, so every
         rank builds the same group.
         """
+        if self._async is not None:
+            return  # each worker updates with its own gradients
         if self._gradient_compression is not None:
             self._push_pull_compressed()
             return
@@ -221,6 +246,9 @@ class DistributedTrainer(mx.gluon.Trainer):
         ``rescale_grad`` of this update, which ``update(batch_size)`` sets
         after ``allreduce_grads()``.
         """
+        if self._async is not None:
+            self._update_asynchronously(ignore_stale_grad)
+            return
         compression = self._gradient_compression
         if compression is not None and compression.wd:
             for index, param in enumerate(self._params):
@@ -232,3 +260,24 @@ class DistributedTrainer(mx.gluon.Trainer):
                 compression.add_weight_decay(self._gradient_name(param), param.list_grad()[0], weight,
                                              self._optimizer, index)
         super()._update(ignore_stale_grad)
+
+    def _async_name(self, param: Parameter) -> str:
+        return f"{self._prefix}{param.name}"
+
+    def _update_asynchronously(self, ignore_stale_grad: bool) -> None:
+        """gluon's own update on this worker's gradients, then every trainable parameter through the servers.
+
+        The parameters trainable at the first update form one exchange
+        (their push_pulls run together); one made trainable later gets an
+        exchange of its own when it is met.
+        """
+        known = set(self._async.names)
+        copies = {}
+        for param in self._params:
+            name = self._async_name(param)
+            if param.grad_req != "null" or name in known:
+                check_master_weights(self._optimizer, param.name, param.list_data()[0])
+                copies[name] = param.list_data()
+        if not known:
+            self._async.group(list(copies))
+        self._async.step(copies, lambda: super(DistributedTrainer, self)._update(ignore_stale_grad))
