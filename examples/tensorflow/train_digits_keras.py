@@ -10,6 +10,10 @@ the number of workers. Run it with the launcher:
 
     bpslaunch --workers 2 --servers 1 -- python examples/tensorflow/train_digits_keras.py
 
+With BYTEPS_ENABLE_ASYNC=1 in the environment the same script trains
+asynchronously (each worker applies its own gradients and the servers add
+every worker's change; the learning rate is then not scaled).
+
 It is a Horovod script with one import changed (``horovod.tensorflow.keras``
 -> ``byteps.keras``). Rank 0 prints the progress and the held-out accuracy;
 every rank exits non-zero if that accuracy is below --min-accuracy.
@@ -73,7 +77,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
-    parser.add_argument("--lr", type=float, default=0.05, help="per worker; scaled by the number of workers")
+    parser.add_argument("--lr", type=float, default=0.05,
+                        help="per worker; scaled by the number of workers when they average gradients (not in "
+                             "asynchronous training, BYTEPS_ENABLE_ASYNC=1, where every worker's step lands)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fp16-pushpull", action="store_true", help="send gradients as float16")
     parser.add_argument("--min-accuracy", type=float, default=0.9)
@@ -86,15 +92,18 @@ def main() -> int:
     x_mine, y_mine = x_train[bps.rank()::bps.size()], y_train[bps.rank()::bps.size()]
 
     model = make_model()
+    # Averaged gradients take n workers' worth of data per step: scale the rate (Horovod's rule). In
+    # asynchronous training every worker's own step is added to the servers' parameters: keep it.
+    scale = 1 if os.environ.get("BYTEPS_ENABLE_ASYNC", "0") == "1" else bps.size()
     optimizer = bps.DistributedOptimizer(
-        keras.optimizers.SGD(args.lr * bps.size(), momentum=0.9),
+        keras.optimizers.SGD(args.lr * scale, momentum=0.9),
         compression=bps.Compression.fp16 if args.fp16_pushpull else bps.Compression.none)
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     callbacks = [
         bps.callbacks.BroadcastGlobalVariablesCallback(0),
         bps.callbacks.MetricAverageCallback(),
-        bps.callbacks.LearningRateWarmupCallback(initial_lr=args.lr * bps.size(), warmup_epochs=2),
+        bps.callbacks.LearningRateWarmupCallback(initial_lr=args.lr * scale, warmup_epochs=2),
     ]
     if bps.rank() == 0:
         callbacks.append(Progress(len(x_mine)))

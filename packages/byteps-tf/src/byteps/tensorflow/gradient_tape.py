@@ -18,15 +18,49 @@ that applies the gradients, for its learning rate and momentum::
 
     tape = bps.DistributedGradientTape(tape, optimizer=optimizer,
                                        compression_params={"compressor": "topk", "k": 0.01, "ef": "vanilla"})
+
+Asynchronous training (BYTEPS_ENABLE_ASYNC=1 on every process; docs/async.md)
+--------------------------------------------------------------------------------
+The same script trains asynchronously, BytePS's way: each worker applies its
+own gradients and the servers add every worker's change to their
+parameters. The tape does not own the update - the user's optimizer applies
+the gradients after ``gradient()`` returns - so the exchange moves to the
+next ``gradient()`` call, which
+
+1. returns this worker's own gradients, not averaged, computed on the
+   values the forward pass read;
+2. pushes, for each variable among the sources, its value now minus the
+   value the previous call left in it (the update applied in between: the
+   previous step's), and assigns the servers' values, the ones the
+   optimizer then updates.
+
+The first call broadcasts rank 0's values into the servers' store and into
+every rank's variables (its gradients were computed before that, on each
+rank's own values; the update is applied to rank 0's). Each update thus reaches the servers one call late;
+each forward pass runs on the servers' parameters of the previous exchange
+plus this worker's last update. The last update of a loop stays local until
+:func:`byteps.tensorflow.async_training.push_tape_updates` (or the next
+``gradient()`` call). State lives per list of source variables, not per
+tape, so a tape wrapped anew every step (the usual pattern) continues the
+previous one's exchange; a second ``gradient()`` call with no update in
+between pushes a zero change. Pass the same sources every step (or lists
+with no variable in common), and a plain optimizer: a variable that a
+DistributedOptimizer exchanges too is refused (ValueError), as its updates
+would count twice. In a graph (``tf.function``) the exchange is
+one ``tf.py_function`` op and the returned gradients wait for its assigns,
+so the optimizer updates the servers' values. Sources that are tensors, not
+variables, are not exchanged. Compression and process sets are refused
+there (ValueError).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
 
 from byteps.common.frontend.reductions import Average
+from byteps.tensorflow.async_training import asynchronous, is_variable, tape_exchange
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.gradient_compression import take_compression_params
 from byteps.tensorflow.gradients import GradientReducer
@@ -39,13 +73,40 @@ _classes: Dict[type, type] = {}
 
 class _DistributedGradientTape(tf.GradientTape):
     _byteps_reducer: GradientReducer
+    _byteps_async: bool
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
-        """The tape's gradients, averaged (or summed) over all workers; same structure as ``sources``."""
+        """The tape's gradients, averaged (or summed) over all workers; same structure as ``sources``.
+
+        Asynchronous training: this worker's own gradients, after the
+        exchange of the previous update (see the module docstring).
+        """
         gradients = super().gradient(target, sources, output_gradients, unconnected_gradients)
         flat = tf.nest.flatten(gradients)
+        if self._byteps_async:
+            return tf.nest.pack_sequence_as(gradients, _after_exchange(flat, sources))
         return tf.nest.pack_sequence_as(gradients, self._byteps_reducer.reduce(flat))
+
+
+def _after_exchange(gradients: List[Any], sources: Any) -> List[Any]:
+    """Exchange the source variables' last update; in a graph the gradients wait for its assigns."""
+    variables = [source for source in tf.nest.flatten(sources) if is_variable(source)]
+    if not variables:
+        return gradients
+    done = tape_exchange(variables).since_last()
+    if done is None:
+        return gradients
+    with tf.control_dependencies([done]):
+        return [_identity(gradient) for gradient in gradients]
+
+
+def _identity(gradient: Any) -> Any:
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.identity(gradient.values), tf.identity(gradient.indices), gradient.dense_shape)
+    return tf.identity(gradient)
 
 
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
@@ -74,7 +135,12 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     an optimizer, by 1), and ``"momentum": "nesterov"`` takes its momentum
     factor and sets its own momentum to 0 (pass the tape the optimizer
     before its first update).
+
+    With BYTEPS_ENABLE_ASYNC=1, ``gradient()`` returns local gradients and
+    exchanges the previous update with the servers (module docstring);
+    compression and process sets are refused with a ValueError.
     """
+    async_mode = asynchronous("DistributedGradientTape", compression, compression_params, process_set)
     check_process_set(process_set)
     if isinstance(gradtape, _DistributedGradientTape):
         raise ValueError("this tape is already a DistributedGradientTape; wrap the original tape once")
@@ -91,4 +157,5 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)  # the same recording, watched variables and flags
     tape._byteps_reducer = reducer
+    tape._byteps_async = async_mode
     return tape

@@ -11,6 +11,14 @@ Example::
 A Keras optimizer is handed to :func:`byteps.tensorflow.keras.DistributedOptimizer`
 (which averages in ``apply``); a TF1 optimizer is wrapped so that
 ``compute_gradients`` averages, as in Horovod.
+
+With BYTEPS_ENABLE_ASYNC=1 a TF1 optimizer trains BytePS's asynchronous way
+instead: ``compute_gradients`` returns this worker's own gradients and
+``apply_gradients`` applies them, then pushes the change of the variables
+it was given (those without a gradient too, with a zero change) and assigns
+the servers' values (:mod:`byteps.tensorflow.async_training`), eagerly, in
+``tf.function`` or in a TF1 graph (where its op does all of it). Pass the
+same variable list every step (or lists with no variable in common).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from byteps.common.frontend.reductions import Average
+from byteps.tensorflow.async_training import ExchangesByList, asynchronous
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.gradient_compression import take_compression_params
 from byteps.tensorflow.gradients import GradientReducer
@@ -33,20 +42,31 @@ class _DistributedV1Optimizer(tf.compat.v1.train.Optimizer):
     """A TF1 optimizer whose compute_gradients() averages over all workers; the rest is delegated."""
 
     def __init__(self, optimizer: tf.compat.v1.train.Optimizer, name: Optional[str], use_locking: bool,
-                 reducer: GradientReducer) -> None:
+                 reducer: GradientReducer, async_prefix: Optional[str] = None) -> None:
         self._optimizer = optimizer
         self._reducer = reducer
+        # Asynchronous training: one exchange per list of variables applied to, numbered in order of first use.
+        self._async_prefix = async_prefix
+        self._exchanges = None if async_prefix is None else ExchangesByList(async_prefix, "DistributedOptimizer")
         super().__init__(name=name or f"Distributed{type(optimizer).__name__}", use_locking=use_locking)
 
     def compute_gradients(self, *args: Any, **kwargs: Any) -> List[Tuple[Any, Any]]:
         pairs = self._optimizer.compute_gradients(*args, **kwargs)
-        if not pairs:
+        if not pairs or self._async_prefix is not None:
             return pairs
         gradients = self._reducer.reduce([gradient for gradient, _ in pairs])
         return [(gradient, variable) for gradient, (_, variable) in zip(gradients, pairs)]
 
-    def apply_gradients(self, *args: Any, **kwargs: Any) -> Any:
-        return self._optimizer.apply_gradients(*args, **kwargs)
+    def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._async_prefix is None:
+            return self._optimizer.apply_gradients(grads_and_vars, *args, **kwargs)
+        pairs = list(grads_and_vars)
+        if all(gradient is None for gradient, _ in pairs):
+            return self._optimizer.apply_gradients(pairs, *args, **kwargs)  # TF1's error for no gradients
+        # Every variable of the list, those without a gradient too (a zero delta): the same list, and the same
+        # servers' keys, every step.
+        exchange = self._exchanges.get([variable for _, variable in pairs])
+        return exchange.around(lambda: self._optimizer.apply_gradients(pairs, *args, **kwargs))
 
     def get_slot(self, *args: Any, **kwargs: Any) -> Any:
         return self._optimizer.get_slot(*args, **kwargs)
@@ -85,7 +105,11 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
     ``"nesterov"`` takes the optimizer's momentum (a TF1
     ``MomentumOptimizer``'s, or a Keras optimizer's ``momentum``) and sets
     the optimizer's own to 0, as BytePS does.
+
+    With BYTEPS_ENABLE_ASYNC=1 both kinds train asynchronously (see the
+    module docstring); compression and process sets are refused there.
     """
+    async_mode = asynchronous("DistributedOptimizer", compression, compression_params, process_set)
     check_process_set(process_set)
     if _is_keras_optimizer(optimizer):
         from byteps.tensorflow.keras.optimizer import DistributedOptimizer as keras_distributed_optimizer
@@ -104,6 +128,6 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
         compression, compressed = take_compression_params(compression_params, optimizer, compression, prefix,
                                                           "DistributedOptimizer")
         reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, compressed)
-        return _DistributedV1Optimizer(optimizer, name, use_locking, reducer)
+        return _DistributedV1Optimizer(optimizer, name, use_locking, reducer, prefix if async_mode else None)
     raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer or a tf.compat.v1.train.Optimizer, "
                     f"got {type(optimizer).__module__}.{type(optimizer).__name__}")

@@ -12,6 +12,13 @@ setters and schedules keep working. It averages the gradients in
 ``apply()``, which ``apply_gradients()``, ``minimize()`` and ``model.fit``
 all go through, before clipping, loss-scale unscaling and the update.
 
+With BYTEPS_ENABLE_ASYNC=1 (on every process) the same call gives BytePS's
+asynchronous training instead: ``apply()`` applies this worker's own
+gradients (not averaged), then pushes the change of every variable the
+optimizer was built for and takes the servers' values
+(:mod:`byteps.tensorflow.async_training`, docs/async.md). Eagerly or inside
+``model.fit``'s ``tf.function`` alike; no script change.
+
 Saving: the subclass reports the original class and module, so a model
 saved with it loads as the plain optimizer anywhere, and as a distributed
 one through :func:`byteps.tensorflow.keras.load_model`.
@@ -26,6 +33,7 @@ import tensorflow as tf
 
 from byteps.common.frontend import check_passes
 from byteps.common.frontend.reductions import Average
+from byteps.tensorflow.async_training import VariableExchange, asynchronous
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.gradient_compression import take_compression_params
 from byteps.tensorflow.gradients import GradientReducer
@@ -45,9 +53,11 @@ class _DistributedOptimizer:
     _byteps_average_passes: bool
     _byteps_accumulator: Optional[BackwardPassAccumulator]
     _byteps_slots: Dict[Any, int]
+    _byteps_async_prefix: Optional[str]
+    _byteps_exchange: Optional[VariableExchange]
 
     def _byteps_configure(self, reducer: GradientReducer, backward_passes_per_step: int,
-                          average_aggregated_gradients: bool) -> None:
+                          average_aggregated_gradients: bool, async_prefix: Optional[str] = None) -> None:
         # object.__setattr__: plain bookkeeping, kept out of Keras' (and TensorFlow's) attribute tracking, so
         # that the optimizer's variables, saved and broadcast, stay those of the optimizer it copies.
         object.__setattr__(self, "_byteps_reducer", reducer)
@@ -55,26 +65,46 @@ class _DistributedOptimizer:
         object.__setattr__(self, "_byteps_average_passes", average_aggregated_gradients)
         object.__setattr__(self, "_byteps_accumulator", None)
         object.__setattr__(self, "_byteps_slots", {})
+        object.__setattr__(self, "_byteps_async_prefix", async_prefix)  # None: synchronous training
+        object.__setattr__(self, "_byteps_exchange", None)
 
     def build(self, variables: List[Any]) -> None:
         # Keras' optimizers ignore a second build (their slots stay); so do the accumulators.
         first = not self.built
         super().build(variables)
+        if self._byteps_async_prefix is not None and first:
+            object.__setattr__(self, "_byteps_exchange",
+                               VariableExchange(self._byteps_async_prefix, self._trainable_variables,
+                                                "DistributedOptimizer"))
         if self._byteps_passes > 1 and first:
             object.__setattr__(self, "_byteps_accumulator", BackwardPassAccumulator(variables, self._byteps_passes))
             object.__setattr__(self, "_byteps_slots", {self._var_key(v): i for i, v in enumerate(variables)})
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
-        """Average ``grads`` over all workers (every ``backward_passes_per_step`` calls), then apply them."""
+        """Average ``grads`` over all workers (every ``backward_passes_per_step`` calls), then apply them.
+
+        Asynchronous training: apply them as they are, then exchange the change.
+        """
         grads = list(grads)
         if trainable_variables is not None:
             trainable_variables = list(trainable_variables)
             if not self.built:
                 self.build(trainable_variables)
         if self._byteps_passes == 1:
-            return super().apply(self._byteps_reducer.reduce(grads), trainable_variables)
+            return self._byteps_update(grads, trainable_variables)
         variables = trainable_variables if trainable_variables is not None else self._trainable_variables
         return self._byteps_accumulate(grads, variables, trainable_variables)
+
+    def _byteps_update(self, grads: List[Any], given: Optional[List[Any]]) -> None:
+        """One update: synchronous, the averaged gradients; asynchronous, the local ones and the exchange."""
+        apply = super().apply
+        exchange = self._byteps_exchange
+        if exchange is None or not grads:
+            apply(self._byteps_reducer.reduce(grads) if exchange is None else grads, given)
+            return
+        # Every variable the optimizer was built for goes (unchanged ones with a zero delta): the same names
+        # on every rank whichever subset a call updates.
+        exchange.around(lambda: apply(grads, given))
 
     def _byteps_accumulate(self, grads: List[Any], variables: List[Any], given: Optional[List[Any]]) -> None:
         """Add this pass's gradients locally; every N-th pass reduce the sums and apply them once.
@@ -92,7 +122,7 @@ class _DistributedOptimizer:
 
         def update() -> tf.Tensor:
             totals = accumulator.totals(slots, present, self._byteps_average_passes)
-            super(_DistributedOptimizer, self).apply(self._byteps_reducer.reduce(totals), given)
+            self._byteps_update(totals, given)
             accumulator.reset()
             return tf.constant(True)
 
@@ -142,7 +172,15 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     Wrap the optimizer before it is built (before ``fit`` or the first
     ``apply``): its state is not copied. ``jit_compile`` must stay False
     (XLA cannot compile byteps' ``tf.py_function``).
+
+    With BYTEPS_ENABLE_ASYNC=1 the updates are BytePS's asynchronous ones
+    (see the module docstring): each worker applies its own gradients (so
+    do not scale the learning rate by ``size()``) and exchanges the change
+    with the servers; ``compression``/``compression_params`` and process
+    sets are refused (ValueError), the reduction arguments do not apply.
+    ``backward_passes_per_step=N`` applies and exchanges every N-th pass.
     """
+    async_mode = asynchronous("DistributedOptimizer", compression, compression_params, process_set)
     check_process_set(process_set)
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap the original optimizer once")
@@ -159,5 +197,6 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     compression, compressed = take_compression_params(compression_params, wrapped, compression, prefix,
                                                       "DistributedOptimizer")
     reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, compressed)
-    wrapped._byteps_configure(reducer, backward_passes_per_step, average_aggregated_gradients)
+    wrapped._byteps_configure(reducer, backward_passes_per_step, average_aggregated_gradients,
+                              prefix if async_mode else None)
     return wrapped
