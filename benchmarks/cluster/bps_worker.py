@@ -27,6 +27,9 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="result JSON of this worker")
     parser.add_argument("--trace", help="write per-partition timestamps here (stage_probe)")
     parser.add_argument("--compression", type=json.loads, default=None, help="BytePS's compression_params (JSON)")
+    parser.add_argument("--backward-ms", type=float, default=0.0,
+                        help="spread the submissions over this long, in backward order, each after a share "
+                             "proportional to its size (an emulated backward pass); 0: all at once")
     args = parser.parse_args()
     if args.trace:
         import stage_probe
@@ -46,13 +49,21 @@ def main() -> None:
         bps.declare(name, nbytes=array.nbytes, itemsize=array.itemsize)
     expected = np.float32(sum(range(1, role["size"] + 1))) / np.float32(role["size"])
 
+    total = sum(array.nbytes for _, array in grads)
+    pauses = [args.backward_ms / 1000 * array.nbytes / total for _, array in grads]
+
     def one_round():
         bps.barrier()
         wall, start = time.time(), now()
-        handles = [bps.push_pull_async(array, name=name, average=True, compression_params=args.compression)
-                   for name, array in grads]
+        handles = []
+        for (name, array), pause in zip(grads, pauses):
+            if pause:
+                time.sleep(pause)
+            handles.append(bps.push_pull_async(array, name=name, average=True,
+                                               compression_params=args.compression))
+        submitted = now()
         bps.synchronize(handles[-1])  # the first layer's gradients: when could the next forward pass begin?
-        first = now() - start
+        first = now() - submitted  # from the end of the backward pass
         for handle in handles[:-1]:
             bps.synchronize(handle)
         return now() - start, wall, first

@@ -65,6 +65,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--workdir", help="logs and per-process results (default: a temporary folder)")
     p.add_argument("--byteps-env", action="append", default=[], metavar="NAME=VALUE",
                    help="extra environment for byteps processes, e.g. BYTEPS_SCHEDULING_CREDIT=8 (repeatable)")
+    p.add_argument("--backward-ms", type=float, default=0.0,
+                   help="byteps workers submit a model's gradients over this long, in backward order (bps_worker.py)")
     p.add_argument("--smoke", action="store_true", help="2 hosts, tiny tensor: the test suite's quick check")
     return p.parse_args(argv)
 
@@ -162,8 +164,10 @@ class Bench:
         nbytes = workload_bytes(workload)
         unit = nbytes / (rig.rate_bits / 8) * (n if system == "byteps-1server" else 2)
         workdir = os.path.join(self.workdir, f"n{n}", workload, system)
+        extra = ["--backward-ms", str(self.args.backward_ms)] if self.args.backward_ms and system.startswith(
+            "byteps") else []
         roles = layout(system, n, ["--workload", workload, "--warmup", str(self.args.warmup), "--repeats",
-                                   str(repeats)], workdir, self.next_port(), len(rig.hosts) - 1, rig.address,
+                                   str(repeats), *extra], workdir, self.next_port(), len(rig.hosts) - 1, rig.address,
                        mxnet_python=self.mxnet_python, extra_env=self.byteps_env(system))
         outcome = run_job(rig, roles, workdir, timeout=120 + (self.args.warmup + repeats) * unit * 4)
         record = {"n": n, "rate": rig.rate, "rate_bits": rig.rate_bits, "workload": workload, "bytes": nbytes,
