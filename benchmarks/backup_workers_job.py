@@ -1,13 +1,16 @@
 """One worker of bench_backup_workers.py: the digits example's model and data, with emulated compute.
 
-Usage (under bpslaunch): python backup_workers_job.py --step-ms 20 --slowdown 3 --straggler random|fixed
+Usage (under bpslaunch): python backup_workers_job.py --step-ms 20 --slowdown 3 --straggler random|fixed [--skip]
 Each step first "computes" for --step-ms (a sleep: the machine has too few
 cores to make three workers' real compute the thing measured); the
 straggler of the step takes --slowdown times as long. ``random``: a
 different worker each step (the same choice on every rank, from the step
 number), as stragglers come and go on a shared cluster; ``fixed``: the last
-rank is always the straggler. Trains --epochs over the digits, then every
-rank prints its wall time and held-out accuracy as one JSON line.
+rank is always the straggler. With --skip the loop asks
+``optimizer.skip_step()`` first, so a worker that fell behind skips the
+batches of rounds that closed without it. Trains --epochs over the
+digits, then every rank prints its wall time, held-out accuracy, steps
+computed and a checksum of its parameters as one JSON line.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=20.0)
     parser.add_argument("--slowdown", type=float, default=3.0)
     parser.add_argument("--straggler", choices=("random", "fixed"), default="random")
+    parser.add_argument("--skip", action="store_true", help="skip the rounds that closed without this worker")
     args = parser.parse_args()
     bps.init()
     torch.manual_seed(bps.rank())
@@ -47,10 +51,14 @@ def main() -> None:
     optimizer = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05 * bps.size(), momentum=0.9),
                                          named_parameters=model.named_parameters())
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
-    started, step = time.perf_counter(), 0
+    started, step, computed = time.perf_counter(), 0, 0
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         for images, labels in loader:
+            if args.skip and optimizer.skip_step():
+                step += 1
+                continue
+            computed += 1
             straggler = random.Random(step).randrange(bps.size()) if args.straggler == "random" else bps.size() - 1
             time.sleep(args.step_ms / 1000 * (args.slowdown if bps.rank() == straggler else 1.0))
             optimizer.zero_grad()
@@ -62,7 +70,7 @@ def main() -> None:
     # Backup workers keep the replicas identical: every rank applies every round's average.
     checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
     print(json.dumps({"rank": bps.rank(), "wall_s": wall, "accuracy": accuracy, "steps": step,
-                      "checksum": checksum}), flush=True)
+                      "computed": computed, "checksum": checksum}), flush=True)
     bps.shutdown()
 
 

@@ -14,17 +14,17 @@ ROUNDS = 12
 
 def rounds_seen(output):
     return [(int(r), int(t), tuple(int(x) for x in ranks.split(",")))
-            for r, t, ranks in re.findall(r"ROUND (\d+) GOT (\d+) RANKS (\S+)", output)]
+            for r, t, ranks in re.findall(r"ROUND (\d+) GOT (\d+) RANKS ([\d,]+)", output)]
 
 
 def took(output):
     return float(re.search(r"took (\S+) s", output).group(1))
 
 
-def run(tmp_path, backup, rounds=ROUNDS, env=None):
+def run(tmp_path, backup, rounds=ROUNDS, env=None, extra=()):
     reports = tmp_path / "reports"
     reports.mkdir()
-    result = run_job([sys.executable, BACKUP_WORKER, str(rounds), "2", "0.3"], 3, 1,
+    result = run_job([sys.executable, BACKUP_WORKER, str(rounds), "2", "0.3", *extra], 3, 1,
                      env={"BYTEPS_BACKUP_WORKERS": str(backup), "BYTEPS_REPORT_DIR": str(reports), **(env or {})},
                      timeout=60)
     server = reports / "server-0.json"
@@ -50,6 +50,21 @@ def test_three_workers_one_backup_close_rounds_with_the_two_fast_ones(tmp_path):
     fast_s = max(took(result.outputs["worker0"]), took(result.outputs["worker1"]))
     slow_s = took(result.outputs["worker2"])
     assert (ROUNDS - BACKUP_MAX_LAG - 2) * 0.3 <= fast_s < slow_s - 0.3 * (BACKUP_MAX_LAG - 1), (fast_s, slow_s)
+
+
+def test_a_worker_behind_skips_the_rounds_that_closed_without_it(tmp_path):
+    result, server = run(tmp_path, 1, extra=["skip"])
+    assert not result.timed_out and all(code == 0 for code in result.codes.values()), result.failures()
+    fast = rounds_seen(result.outputs["worker0"])
+    slow = rounds_seen(result.outputs["worker2"])
+    assert slow == fast == rounds_seen(result.outputs["worker1"]) and len(slow) == ROUNDS, (slow, fast)
+    skipped = result.outputs["worker2"].count("SKIPPED")
+    computed = ROUNDS - skipped
+    # The slow rank sleeps only for the rounds it computes; the others closed the rest without it.
+    assert skipped >= ROUNDS // 2, result.outputs["worker2"]
+    assert took(result.outputs["worker2"]) < 0.3 * computed + 1.0, result.outputs["worker2"]
+    assert took(result.outputs["worker2"]) < 0.3 * ROUNDS * 0.6
+    assert server["late_pushes"] <= computed
 
 
 def test_without_backup_workers_every_round_waits_for_everyone(tmp_path):

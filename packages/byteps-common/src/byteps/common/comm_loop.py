@@ -57,6 +57,8 @@ class PushPullTask:
     lr: Optional[float] = None  # the optimizer's learning rate, for error feedback's rescaling
     asynchronous: bool = False  # a parameter delta added at the servers as it comes (docs/async.md)
     quorum: int = 0  # backup workers: the machines whose pushes close a round (0: all)
+    skipped: bool = False  # backup workers: a closed round pulled without a push
+    closed_after: Optional[int] = None  # backup workers: rounds closed after this one, least over the partitions
     started: float = 0.0  # time.time() when the comm thread started it (for the timeline)
     remaining: int = 0  # partitions not yet in the output
     network_partitions: int = 0  # partitions this process pushes
@@ -305,7 +307,7 @@ class CommLoop(threading.Thread):
             return
         has_servers = self.exchange is not None and self._spans_machines(task)
         routes = [plan_route(self.local.root_of(task.plan.tensor_id, part, local_members) == self.options.local_rank
-                             if aggregates else None, has_servers, task.compression is not None)
+                             if aggregates else None, has_servers, task.compression is not None, task.skipped)
                   for part in parts]
         task.network_partitions = sum(Stage.PUSH in route for route in routes)
         for part, route in zip(parts, routes):
@@ -361,6 +363,7 @@ class CommLoop(threading.Thread):
             if task.started and self.tracer is not None:
                 self.tracer.span("tensor", task.name, task.started, time.time(), step=task.round + 1,
                                          partitions=len(task.plan.partitions), nbytes=task.plan.nbytes)
+            task.handle.rounds_closed_after = task.closed_after
             task.handle.set_done()
             self._maybe_start_join()
 

@@ -25,6 +25,9 @@ class Handle:
         self._error: Optional[BaseException] = None
         self._lock = threading.Lock()
         self._callbacks: List[Callable[[Handle], None]] = []
+        #: Backup workers: rounds of its tensor that had closed after this one when it was answered (the
+        #: least over its partitions); None for a push_pull whose rounds wait for every worker.
+        self.rounds_closed_after: Optional[int] = None
 
     def poll(self) -> bool:
         """True once the push_pull has finished (successfully or not)."""

@@ -13,6 +13,7 @@ The routes (see docs/architecture.md)::
     one process per machine:   PUSH, PULL, COPY_OUT
     local root of a partition: LOCAL_REDUCE, PUSH, PULL, LOCAL_BROADCAST, COPY_OUT
     compressed (BytePS's compression_params): COMPRESS before PUSH, DECOMPRESS after PULL
+    a round skipped (backup workers):  PULL, COPY_OUT
     other local ranks:         COPY_IN, LOCAL_BROADCAST, COPY_OUT
     one worker machine:        LOCAL_REDUCE, LOCAL_BROADCAST, COPY_OUT  (root; no servers)
 
@@ -45,8 +46,12 @@ class Stage(enum.Enum):
     COPY_OUT = "copy_out"  # the result into the task's output, divided when averaging
 
 
-def plan_route(local_root: Optional[bool], has_servers: bool, compressed: bool = False) -> Tuple[Stage, ...]:
-    """The stages of one partition; ``local_root`` is None without local aggregation."""
+def plan_route(local_root: Optional[bool], has_servers: bool, compressed: bool = False,
+               skipped: bool = False) -> Tuple[Stage, ...]:
+    """The stages of one partition; ``local_root`` is None without local aggregation; ``skipped``: a closed
+    round this worker did not compute (backup workers), pulled without a push."""
+    if skipped:
+        return (Stage.PULL, Stage.COPY_OUT)
     network = (Stage.PUSH, Stage.PULL) if has_servers else ()
     if network and compressed:
         network = (Stage.COMPRESS, *network, Stage.DECOMPRESS)

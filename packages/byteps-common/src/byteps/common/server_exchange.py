@@ -22,9 +22,10 @@ from typing import Callable, Dict, List, Set, Tuple
 
 from byteps.common.route import PartitionTrip, Stage
 from byteps.common.scheduling import CreditQueue
-from byteps.common.tensor_description import PartitionSpec
+from byteps.common.tensor_description import PartitionSpec, split_quorum_aux
 from byteps.transport import (
     FLAG_AVERAGE,
+    FLAG_SKIPPED,
     Command,
     Context,
     Endpoint,
@@ -91,6 +92,11 @@ class ServerExchange:
     # --- the PULL stage -----------------------------------------------------------------
     def pull(self, trip: PartitionTrip) -> None:
         trip.landing = self._landing(trip)
+        if trip.task.skipped:  # a closed round, pulled without a push: no credit, no INIT_KEY to send
+            trip.acked = True
+            self._in_flight[(trip.part.key, trip.task.round)] = trip
+            self._send_pull(trip, FLAG_SKIPPED)
+            return
         if self.pipeline:
             self._send_pull(trip)
             return
@@ -102,9 +108,9 @@ class ServerExchange:
             for waiting in held:
                 self._send_pull(waiting)
 
-    def _send_pull(self, trip: PartitionTrip) -> None:
+    def _send_pull(self, trip: PartitionTrip, flags: int = 0) -> None:
         self.connections[trip.part.server].send(Command.PULL, self.rank, trip.part.key, trip.task.round,
-                                                dtype=int(trip.task.source.dtype))
+                                                dtype=int(trip.task.source.dtype), flags=flags)
 
     def _landing(self, trip: PartitionTrip):
         """Where a sum is received: None keeps the message for COPY_OUT to divide (or DECOMPRESS to decode)."""
@@ -152,10 +158,14 @@ class ServerExchange:
             raise TransportError(
                 f"unexpected {command_name(header.command)} for key {header.key} round {header.round} "
                 f"({header.payload_bytes} bytes) from server {connection.address}")
-        if trip.task.quorum and header.aux != trip.task.quorum:
-            raise TransportError(f"server {connection.address} summed {header.aux} machines' pushes of key "
-                                 f"{header.key} round {header.round}, not the {trip.task.quorum} expected "
-                                 "(BYTEPS_BACKUP_WORKERS must be the same everywhere)")
+        if trip.task.quorum:
+            machines, closed_after = split_quorum_aux(header.aux)
+            if machines != trip.task.quorum:
+                raise TransportError(f"server {connection.address} summed {machines} machines' pushes of key "
+                                     f"{header.key} round {header.round}, not the {trip.task.quorum} expected "
+                                     "(BYTEPS_BACKUP_WORKERS must be the same everywhere)")
+            task = trip.task
+            task.closed_after = closed_after if task.closed_after is None else min(task.closed_after, closed_after)
         del self._in_flight[entry]
         if not trip.acked:  # the ack is sent before the answer; tolerate it anyway
             self.queue.release(trip.part.nbytes)

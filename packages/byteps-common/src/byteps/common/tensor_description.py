@@ -19,7 +19,8 @@ from typing import Any, Optional, Sequence, Tuple
 
 from byteps.common.dtypes import DType
 
-__all__ = ["PartitionSpec", "TensorDescription", "describe_tensor", "dtype_name", "MISMATCH_ADVICE"]
+__all__ = ["PartitionSpec", "TensorDescription", "describe_tensor", "dtype_name", "MISMATCH_ADVICE", "quorum_aux",
+           "split_quorum_aux"]
 
 MISMATCH_ADVICE = "every worker must push_pull the same tensors (same names, shapes, dtypes, order)"
 
@@ -118,6 +119,17 @@ class PartitionSpec:
         if self.tensor_nbytes != elements * dtype.itemsize or not 0 <= self.partition or self.contributors < 0 \
                 or self.quorum < 0 or (self.quorum and self.asynchronous):
             raise ValueError(f"inconsistent description: {self.describe()}")
+
+
+def quorum_aux(machines: int, closed_after: int) -> int:
+    """The aux of a quorum key's answer (backup workers): how many machines the sum holds (low 16 bits) and
+    how many rounds of the key had closed after the answered one (high 16 bits, at most 0xFFFF)."""
+    return machines | min(max(closed_after, 0), 0xFFFF) << 16
+
+
+def split_quorum_aux(aux: int) -> Tuple[int, int]:
+    """(machines, closed_after) of :func:`quorum_aux`."""
+    return aux & 0xFFFF, aux >> 16
 
 
 #: The tag of a sum that gathers (allgather, alltoall, ... built from sums): a rank that joined cannot add zeros.

@@ -21,11 +21,12 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -71,6 +72,8 @@ class Worker:
         self._rounds: Dict[str, int] = {}
         self._in_flight: Set[str] = set()
         self._compressors: Dict[str, TensorCompressor] = {}  # compressed tensors' state, kept across rounds
+        self._skipping = threading.local()  # skipping_round() on this thread
+        self._rounds_behind: Optional[int] = None  # backup workers: see take_rounds_behind()
         self._closed = False
         self._context: Optional[Context] = None
         self._scheduler: Optional[SchedulerClient] = None
@@ -211,6 +214,12 @@ class Worker:
                              f"float32 or float64 tensors, not {source.dtype.name.lower()}")
         if asynchronous:
             self._check_asynchronous(name, members, compression, average)
+        if getattr(self._skipping, "on", False) and not (
+                self.config.backup_workers and self.is_distributed and average and members is None and root is None
+                and joinable and (compression is None or compression.compressor == "none")):
+            raise ValueError(f"push_pull({name!r}) in skipping_round(): only an uncompressed average over every "
+                             "worker closes without the slowest machines (BYTEPS_BACKUP_WORKERS), so only such a "
+                             "round can be skipped")
         ranks, machines = None, 0
         if members is not None:
             ranks = tuple(sorted(int(r) for r in members))
@@ -261,9 +270,11 @@ class Worker:
             # Backup workers: the round closes once all machines but b pushed, and is averaged over those.
             quorum = self.config.num_worker - self.config.backup_workers
             count = quorum * self.local_size
+        skipped = quorum > 0 and getattr(self._skipping, "on", False)
         task = PushPullTask(name=name, round=round_, source=source, output=target, plan=plan,
                             average_over=count if average else 0, handle=handle, members=ranks, machines=machines,
-                            tag=tag, compression=compressor, lr=lr, asynchronous=asynchronous, quorum=quorum)
+                            tag=tag, compression=compressor, lr=lr, asynchronous=asynchronous, quorum=quorum,
+                            skipped=skipped)
         self._comm.submit(task)
         return handle
 
@@ -276,6 +287,34 @@ class Worker:
         if members is not None or average or (compression is not None and compression.compressor != "none"):
             raise ValueError(f"push_pull({name!r}, asynchronous=True): an asynchronous exchange sums deltas over "
                              "every worker, uncompressed (no members, average=False, no compression)")
+
+    @contextlib.contextmanager
+    def skipping_round(self) -> Iterator[None]:
+        """Backup workers: the push_pulls this thread starts inside pull their round's sum without pushing.
+
+        For a worker that learnt it is behind (:meth:`take_rounds_behind`):
+        the round has closed without it, so instead of computing its
+        gradients it takes the round's averages, as the others did, and
+        goes on with the next round. Each push_pull must be an average over
+        every worker of a round that has closed (the server refuses others).
+        Not with several worker processes per machine.
+        """
+        if self.local_size > 1:
+            raise NotImplementedError("skipping_round() with several worker processes per machine: their local "
+                                      "sum is one push, which every local rank would have to skip together")
+        self._skipping.on = True
+        try:
+            yield
+        finally:
+            self._skipping.on = False
+
+    def take_rounds_behind(self) -> int:
+        """Backup workers: how many rounds had closed after this worker's rounds, the least over the
+        push_pulls finished since the last call (0 without backup workers, or when none told). A worker
+        more than 0 behind may skip that many rounds (:meth:`skipping_round`) instead of computing them."""
+        with self._lock:
+            behind, self._rounds_behind = self._rounds_behind, None
+        return behind or 0
 
     def compresses(self, nbytes: int, crosses_machines: bool = True,
                    compression: Optional[CompressionSpec] = None) -> bool:
@@ -376,10 +415,13 @@ class Worker:
     def _reserved_id(number: int) -> int:
         return (_DERIVED_SETS | _RESERVED_SET) << _SET_ID_SHIFT | number
 
-    def _finished(self, name: str) -> None:
+    def _finished(self, name: str, closed_after: Optional[int] = None) -> None:
         with self._lock:
             self._in_flight.discard(name)
             self._last_done = time.monotonic()
+            if closed_after is not None:
+                known = self._rounds_behind
+                self._rounds_behind = closed_after if known is None else min(known, closed_after)
 
     def start_timeline(self, path: str) -> None:
         """Trace every push_pull of this worker from now on into ``path`` (Horovod's ``start_timeline``)."""
@@ -458,7 +500,7 @@ class _TrackedHandle(Handle):
         self._worker = worker
 
     def set_done(self) -> None:
-        self._worker._finished(self.name)
+        self._worker._finished(self.name, self.rounds_closed_after)
         super().set_done()
 
     def set_error(self, error: BaseException) -> None:

@@ -38,7 +38,10 @@ answered with that round's sum, the one every other machine got (the
 server keeps each closed round until every machine has pushed past it), so
 the late machine applies the same updates. A round's pulls wait while some
 machine is more than BACKUP_MAX_LAG rounds behind it, which bounds what is
-kept. The answer's aux says how many machines the sum holds.
+kept. The answer's aux says how many machines the sum holds and how many
+rounds had closed after it; a machine that knows it is behind may then
+skip a closed round: its PULL, flagged FLAG_SKIPPED and with no push, is
+answered with that round's sum and counts as having moved past it.
 
 Server-side scheduling (BYTEPS_SERVER_ENABLE_SCHEDULE=1): the messages
 waiting at the listener are read together and their pushes handled in key
@@ -59,7 +62,7 @@ from byteps.common.compression import CompressionSpec, ServerPartition
 from byteps.common.config import Config
 from byteps.common.dtypes import DType
 from byteps.common.job_report import ProcessReport
-from byteps.common.tensor_description import MISMATCH_ADVICE, PartitionSpec, describe_op
+from byteps.common.tensor_description import MISMATCH_ADVICE, PartitionSpec, describe_op, quorum_aux
 from byteps.common.tracing import SERVER_PID_BASE, SERVER_TRACKS, Tracer, server_trace_path
 from byteps.server.engine import create_engine
 from byteps.server.stall_inspector import PartialRound, StallInspector
@@ -76,7 +79,7 @@ from byteps.transport import (
     tcp_address,
 )
 from byteps.transport.addressing import resolve_host
-from byteps.transport.frames import FLAG_AVERAGE, command_name, parse_json_payload
+from byteps.transport.frames import FLAG_AVERAGE, FLAG_SKIPPED, command_name, parse_json_payload
 
 __all__ = ["ParameterServer"]
 
@@ -501,6 +504,11 @@ class ParameterServer:
             self._pull_store(message, state)
             return
         completed = self.engine.completed_round(header.key)
+        if header.flags & FLAG_SKIPPED:  # backup workers: a closed round this machine did not compute
+            if not state.spec.quorum or header.round not in state.history:
+                raise ValueError(f"skipped pull of round {header.round} for {state.spec.describe()}: only a "
+                                 "closed round of a key with backup workers can be skipped")
+            state.last_round[message.identity] = max(state.last_round.get(message.identity, -1), header.round)
         if state.spec.quorum and header.round in state.history:
             completed = header.round  # a late machine's pull of a closed round
         # A worker pulls round r after pushing it, and pushes r + 1 only after
@@ -533,8 +541,9 @@ class ParameterServer:
             else:
                 result = self.engine.result(key, round_) if state.codec is None else state.compressed[round_]
             sending = time.time() if self.tracer is not None and self.tracer.traces(round_) else 0.0
+            aux = quorum_aux(state.spec.quorum, completed - round_) if state.spec.quorum else 0
             self.listener.send(Command.PULL_RESPONSE, self.rank, key, round_, payload=result,
-                               dtype=state.spec.dtype, identity=identity, aux=state.spec.quorum)
+                               dtype=state.spec.dtype, identity=identity, aux=aux)
             if wire_log.isEnabledFor(logging.DEBUG):
                 wire_log.debug("ANSWER key %d round %d to worker %d (%s)", key, round_,
                                self._rank_of(state, identity), state.spec.name)

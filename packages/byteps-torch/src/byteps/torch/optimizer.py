@@ -120,6 +120,7 @@ class _DistributedOptimizer:
         self._buckets = GradientBuckets({p: GRADIENT_PREFIX + name for p, name in self._parameter_names.items()},
                                         compression)
         self._plan: Optional[Dict[torch.Tensor, Bucket]] = None   # this step's buckets, once known
+        self._rounds_behind = 0  # backup workers: rounds closed without this worker, as of the last step
         if self._communicate:
             self._register_hooks()
         self._buckets.declare(self._current_plan() if self._communicate else {})
@@ -296,6 +297,41 @@ class _DistributedOptimizer:
             self._plan = None
         self._register_hooks()
         self._synchronized = True
+        self._rounds_behind = api.worker().take_rounds_behind()
+
+    def skip_step(self) -> bool:
+        """Backup workers (BYTEPS_BACKUP_WORKERS): step without computing when this worker is behind.
+
+        When the answers of the last step said that the next round has
+        already closed without this worker (the others went on without
+        it), this takes that round's averaged gradients from the servers,
+        steps with them, and returns True: skip this batch's forward and
+        backward, as the others applied that round without it. Otherwise
+        (in time, no backup workers, one worker, several processes per
+        machine, compression, a process set) it returns False: compute as
+        usual. A slow worker then computes only the rounds it can still
+        join, and the job goes at the pace of the others::
+
+            for x, y in loader:
+                if optimizer.skip_step():
+                    continue
+                optimizer.zero_grad()
+                loss_fn(model(x), y).backward()
+                optimizer.step()
+        """
+        worker = api.worker()
+        if (self._rounds_behind < 1 or not self._communicate or self._view.set_id or worker.local_size > 1
+                or self._compression_spec is not None or self._pending):
+            return False
+        with torch.no_grad():
+            for p in self._parameter_names:
+                if p.grad is not None:
+                    p.grad = None  # sent as zeros, and replaced by the round's averages
+        with worker.skipping_round():
+            self.synchronize()
+        with self.skip_synchronize():
+            self.step()
+        return True
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:

@@ -16,6 +16,7 @@ from byteps.transport.endpoint import ByteCounters, Endpoint, Message
 from byteps.transport.errors import NodeFailure, RemoteError, RendezvousTimeout, TransportError
 from byteps.transport.frames import (
     FLAG_AVERAGE,
+    FLAG_SKIPPED,
     HEADER_BYTES,
     PROTOCOL_VERSION,
     Command,
@@ -41,6 +42,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "HEADER_BYTES",
     "FLAG_AVERAGE",
+    "FLAG_SKIPPED",
     "AddressBook",
     "AuthenticationError",
     "ByteCounters",

@@ -22,6 +22,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "HEADER_BYTES",
     "FLAG_AVERAGE",
+    "FLAG_SKIPPED",
     "MAX_CONTROL_PAYLOAD",
     "command_name",
     "encode_header",
@@ -74,6 +75,8 @@ def command_name(code: int) -> str:
 
 #: Header flag of a PUSH: the worker averages this tensor (clear: it sums).
 FLAG_AVERAGE = 1
+#: Header flag of a PULL: the worker skipped this round (backup workers) and pulls its sum without a push.
+FLAG_SKIPPED = 2
 
 
 class Header(NamedTuple):
