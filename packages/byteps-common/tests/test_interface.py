@@ -8,7 +8,7 @@ from byteps.common.interface import InterfaceVersionError, check_interface, requ
 
 
 def test_installed_siblings_satisfy_each_other():
-    require_interface("byteps-transport", "byteps.transport", (2, 0), requirer="byteps-common")
+    require_interface("byteps-transport", "byteps.transport", (2, 1), requirer="byteps-common")
     assert byteps.common.INTERFACE_VERSION[0] == byteps.transport.INTERFACE_VERSION[0] == 2
 
 

@@ -35,7 +35,7 @@ from byteps.transport.zmq_endpoints import Connection, Listener, tcp_address
 # 2.0: the endpoint interface (Endpoint with a protected transport surface,
 # Context.listen/connect by address scheme, Poller), payloads as memoryviews,
 # ClientHandshake; 1.1: PUSH_ACK, LOCAL_READY/LOCAL_DONE, AddressBook.job_id
-INTERFACE_VERSION = (2, 0)
+INTERFACE_VERSION = (2, 1)  # 2.1: NodeInfo.settings (job-wide settings checked at rendezvous), FLAG_SKIPPED
 
 __all__ = [
     "INTERFACE_VERSION",
