@@ -49,6 +49,7 @@ nox.options.sessions = [
     "tests-torch",
     "tests-tf",
     "tests-mxnet",
+    "tests-engines",
     "install-server",
     "install-torch",
 ]
@@ -221,10 +222,13 @@ def wheels(session: nox.Session) -> None:
     session.log(f"wheels in {dist}: pip install --find-links dist byteps-<package> (docs/install.md)")
 
 
-def _tests(session: nox.Session, package: str, *extra: str, also: tuple = ()) -> None:
-    """Install ``package`` (and the byteps packages its tests need, ``also``) with the test kit; run its tests."""
+def _tests(session: nox.Session, package: str, *extra: str, also: tuple = (), ignore: tuple = ()) -> None:
+    """Install ``package`` (and the byteps packages its tests need, ``also``) with the test kit; run its tests
+    (less the files in ``ignore``, which another session runs)."""
     _install(session, *dict.fromkeys((package, *also, TESTKIT)), extra=("pytest", *extra))
-    session.run("python", "-m", "pytest", "-q", str(ROOT / "packages" / package / "tests"), *session.posargs)
+    tests = ROOT / "packages" / package / "tests"
+    session.run("python", "-m", "pytest", "-q", str(tests), *(f"--ignore={tests / name}" for name in ignore),
+                *session.posargs)
 
 
 @nox.session(name="tests-testkit")
@@ -251,7 +255,8 @@ def tests_server(session: nox.Session) -> None:
 
 @nox.session(name="tests-launcher")
 def tests_launcher(session: nox.Session) -> None:
-    _tests(session, "byteps-launcher", "matplotlib")  # matplotlib: the timeline's picture
+    # matplotlib: the timeline's picture; the ssh tests need sshd and run in tests-engines
+    _tests(session, "byteps-launcher", "matplotlib", ignore=ENGINE_TESTS)
 
 
 @nox.session(name="tests-torch")
@@ -276,6 +281,31 @@ def tests_mxnet(session: nox.Session) -> None:
     _install(session, "byteps-mxnet", TESTKIT, extra=(*MXNET, "pytest"))
     session.run("python", "-c", "import mxnet, numpy; print('mxnet', mxnet.__version__, 'numpy', numpy.__version__)")
     session.run("python", "-m", "pytest", "-q", str(ROOT / "packages" / "byteps-mxnet" / "tests"), *session.posargs)
+
+
+#: The tests that start cluster engines for real (sshd for now), run by tests-engines only.
+ENGINE_TESTS = ("test_ssh_hosts.py",)
+#: Debian's packages tests-engines installs: the program that shows each is there, and the package.
+ENGINE_PACKAGES = {"/usr/sbin/sshd": "openssh-server"}
+
+
+@nox.session(name="tests-engines")
+def tests_engines(session: nox.Session) -> None:
+    """Jobs started through real cluster engines: bpslaunch -H over ssh to one sshd per loopback address.
+
+    Installs the engines from Debian's packages when missing (needs root and
+    apt-get, as CI has), so that no engine test is skipped for want of a package.
+    """
+    missing = [package for program, package in ENGINE_PACKAGES.items() if not pathlib.Path(program).exists()]
+    if missing:
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, external=True,
+                    env={"DEBIAN_FRONTEND": "noninteractive"})
+    session.install(TORCH)
+    _install(session, "byteps-torch", "byteps-server", "byteps-launcher", TESTKIT, extra=("pytest", "scikit-learn"))
+    tests = ROOT / "packages" / "byteps-launcher" / "tests"
+    session.run("python", "-m", "pytest", "-q", *(str(tests / name) for name in ENGINE_TESTS), *session.posargs,
+                env={"BYTEPS_REQUIRE_ENGINES": "1"})
 
 
 def _install_by_name(session: nox.Session, *requirements: str, byteps: set, frameworks: set = frozenset()) -> None:

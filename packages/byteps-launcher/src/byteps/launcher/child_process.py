@@ -20,11 +20,12 @@ import os
 import signal
 import subprocess
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from byteps.launcher import _C
 from byteps.launcher.cpu_placement import pin_in_child
 from byteps.launcher.job_plan import ProcessSpec
+from byteps.launcher.ssh import SshOptions, remote_argv, remote_request
 
 __all__ = ["ChildProcess", "describe_exit", "exit_status", "DEATH_SIGNAL"]
 
@@ -87,12 +88,16 @@ class ChildProcess:
 
     @classmethod
     def spawn(
-        cls, spec: ProcessSpec, *, inherit_stdin: bool = False, death_signal: int = DEATH_SIGNAL
+        cls, spec: ProcessSpec, *, inherit_stdin: bool = False, death_signal: int = DEATH_SIGNAL, ssh: Any = None
     ) -> ChildProcess:
         """Start ``spec``; raises OSError if the command cannot be executed.
 
         Call from the thread that will outlive the child: Linux sends the
-        parent-death signal when the *thread* that forked exits.
+        parent-death signal when the *thread* that forked exits. A spec
+        with a ``host`` starts as ``ssh`` to it (``ssh``: the plan's
+        :class:`~byteps.launcher.ssh.SshOptions`): its command and
+        environment go down ssh's standard input, which stays open until
+        the child is gone (:mod:`byteps.launcher.remote`).
         """
         parent = os.getpid()
 
@@ -101,14 +106,23 @@ class ChildProcess:
             if spec.cpus:
                 pin_in_child(spec.cpus)
 
+        argv, env, stdin = list(spec.argv), dict(spec.env), None if inherit_stdin else subprocess.DEVNULL
+        if spec.host is not None:
+            argv, env, stdin = remote_argv(spec.host, ssh or SshOptions()), dict(os.environ), subprocess.PIPE
         proc = subprocess.Popen(
-            list(spec.argv),
-            env=dict(spec.env),
-            stdin=None if inherit_stdin else subprocess.DEVNULL,
+            argv,
+            env=env,
+            stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
             preexec_fn=before_exec,
             close_fds=True,
         )
+        if spec.host is not None:  # the request, then the pipe stays open: its end is the child's end
+            try:
+                proc.stdin.write(remote_request(spec.argv, spec.env))
+                proc.stdin.flush()
+            except BrokenPipeError:
+                pass  # ssh already failed: its exit status says why
         return cls(spec=spec, proc=proc, started_at=time.monotonic())

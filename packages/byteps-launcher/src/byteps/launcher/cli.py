@@ -4,10 +4,14 @@
 
     bpslaunch [-np L] [--workers W] [--servers K] [--force-distributed]
               [--grace-period SECONDS] [-q | -v] [--] COMMAND ...
+    bpslaunch -H host1:2,host2:2 | --hostfile FILE [--servers K | --server-hosts h3,h4]
+              [--ssh-port P] [--ssh-identity-file F] [--ssh-option KEY=VALUE] [-x NAME] [--] COMMAND ...
 
 Without ``DMLC_ROLE`` in the environment (embedded mode) the whole job runs
 on this machine; with it (role mode) this machine plays that role, as with
-BytePS's launcher. Exit status: the job's (see
+BytePS's launcher. With ``-H`` or ``--hostfile`` (Horovod's syntax) the job
+runs on those hosts, each process started over ssh
+(:mod:`byteps.launcher.ssh_mode`). Exit status: the job's (see
 :mod:`byteps.launcher.supervisor`), 2 for a usage or configuration error
 (one line naming the fix), 130/143 when interrupted by SIGINT/SIGTERM.
 
@@ -39,9 +43,12 @@ from byteps.common.interface import distribution_version
 from byteps.common.job_report import REPORT_DIR_VARIABLE, read_reports, summarize
 from byteps.launcher.cpu_placement import place_workers
 from byteps.launcher.embedded_mode import EmbeddedOptions, embedded_plan, stale_variables
+from byteps.launcher.hosts import parse_host_names, parse_hosts, read_hostfile
 from byteps.launcher.job_plan import JobPlan, UsageError
 from byteps.launcher.output import Console
 from byteps.launcher.role_mode import role_plan
+from byteps.launcher.ssh import SshOptions, preflight
+from byteps.launcher.ssh_mode import ssh_plan
 from byteps.launcher.supervisor import DEFAULT_GRACE_PERIOD, Supervisor
 
 __all__ = ["main", "build_parser"]
@@ -95,6 +102,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--servers", dest="num_server", type=int, default=None, metavar="K",
                         help="servers (embedded mode; default W when W > 1, 1 with --force-distributed, "
                              "else 0: one machine's processes sum in shared memory)")
+    hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", default=None, metavar="HOST:SLOTS,...",
+                       help="run over ssh on these hosts, SLOTS worker processes each (Horovod's syntax)")
+    hosts.add_argument("--hostfile", default=None, metavar="FILE",
+                       help="the hosts, one 'host:slots' or 'host slots=N' per line")
+    parser.add_argument("--server-hosts", default=None, metavar="HOST,...",
+                        help="with -H/--hostfile: one server on each of these CPU hosts (default: --servers K "
+                             "on the worker hosts, K = the number of hosts)")
+    parser.add_argument("--ssh-port", type=int, default=None, metavar="PORT", help="ssh port of every host")
+    parser.add_argument("--ssh-identity-file", default=None, metavar="FILE", help="ssh key to log in with")
+    parser.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an extra ssh -o option (repeatable)")
+    parser.add_argument("-x", dest="forward", action="append", default=[], metavar="NAME[=VALUE]",
+                        help="also give remote processes this variable (BYTEPS_*, DMLC_*, PS_*, OMP_*, "
+                             "PYTHONPATH and a few more go anyway)")
     parser.add_argument("--force-distributed", action="store_true",
                         help="use the scheduler and servers even for one worker process "
                              "(BYTEPS_FORCE_DISTRIBUTED=1)")
@@ -124,6 +146,10 @@ def _environment(args: argparse.Namespace, report_dir: str) -> Dict[str, str]:
 
 
 def _plan(args: argparse.Namespace, command: List[str], environ: Dict[str, str], console: Console) -> JobPlan:
+    if args.hosts is not None or args.hostfile is not None:
+        return _ssh_plan(args, command, environ)
+    if args.server_hosts is not None:
+        raise UsageError("--server-hosts needs -H or --hostfile")
     if environ.get("DMLC_ROLE", "").strip():
         given = [flag for attr, flag in EMBEDDED_ONLY if getattr(args, attr) is not None]
         if args.force_distributed:
@@ -149,6 +175,26 @@ def _plan(args: argparse.Namespace, command: List[str], environ: Dict[str, str],
     return embedded_plan(options, command, environ)
 
 
+def _ssh_plan(args: argparse.Namespace, command: List[str], environ: Dict[str, str]) -> JobPlan:
+    if environ.get("DMLC_ROLE", "").strip():
+        raise UsageError("-H/--hostfile start every role themselves: unset DMLC_ROLE")
+    given = [flag for attr, flag in EMBEDDED_ONLY[:2] if getattr(args, attr) is not None]
+    if args.force_distributed:
+        given.append("--force-distributed")
+    if given:
+        raise UsageError(f"{', '.join(given)} do not apply with -H/--hostfile: the hosts' slots are the worker "
+                         "processes")
+    hosts = parse_hosts(args.hosts) if args.hosts is not None else read_hostfile(args.hostfile)
+    server_hosts = parse_host_names(args.server_hosts, "--server-hosts") if args.server_hosts else []
+    options = SshOptions(port=args.ssh_port, identity_file=args.ssh_identity_file, options=tuple(args.ssh_option))
+    plan = ssh_plan(hosts, command, environ, num_server=args.num_server, server_hosts=server_hosts, ssh=options,
+                    forward=args.forward)
+    remote = sorted({p.host for p in plan.processes if p.host is not None})
+    if remote:
+        preflight(remote, options, distribution_version("byteps-launcher"))
+    return plan
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run bpslaunch with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     parser = build_parser()
@@ -170,7 +216,8 @@ def _run(args: argparse.Namespace, command: List[str], report_dir: str, console:
         verbose = plan.processes[0].config().log_level in VERBOSE_LEVELS
         if not args.quiet:
             console.note(plan.describe())
-        plan = place_workers(plan, report=console.note if verbose else None)  # BYTEPS_NUMA_ON & co.
+        if plan.mode != "ssh":  # other hosts' cores are theirs to place
+            plan = place_workers(plan, report=console.note if verbose else None)  # BYTEPS_NUMA_ON & co.
     except ConfigError as exc:
         console.note(f"configuration error: {exc}")
         return USAGE_ERROR

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Iterable, Mapping, Optional, Tuple
+from typing import Any, Iterable, Mapping, Optional, Tuple
 
 from byteps.common.config import Config
 
@@ -50,6 +50,7 @@ class ProcessSpec:
     rank: Optional[int] = None
     local_rank: Optional[int] = None
     cpus: Optional[Tuple[int, ...]] = None
+    host: Optional[str] = None  # started over ssh on this host (ssh mode); None: on this machine
 
     @property
     def is_worker(self) -> bool:
@@ -63,9 +64,10 @@ class ProcessSpec:
     @property
     def label(self) -> str:
         """Name for messages, e.g. ``worker 1 (local rank 0)``."""
+        where = f" on {self.host}" if self.host else ""
         if self.local_rank is None:
-            return self.short_name
-        return f"{self.short_name} (local rank {self.local_rank})"
+            return self.short_name + where
+        return f"{self.short_name} (local rank {self.local_rank}){where}"
 
     @property
     def prefix(self) -> str:
@@ -81,9 +83,10 @@ class ProcessSpec:
 class JobPlan:
     """Every process of one bpslaunch invocation, in start order."""
 
-    mode: str  # "embedded" or "role"
+    mode: str  # "embedded", "role" or "ssh"
     distributed: bool
     processes: Tuple[ProcessSpec, ...]
+    ssh: Any = None  # byteps.launcher.ssh.SshOptions in ssh mode: how remote children are reached
 
     @property
     def workers(self) -> Tuple[ProcessSpec, ...]:
@@ -113,11 +116,14 @@ class JobPlan:
             where = f"{config.root_uri}:{config.root_port}"
             parts.append(f"scheduler on {where}" if any(p.role == "scheduler" for p in self.processes)
                          else f"scheduler at {where}")
-        if servers and self.mode == "embedded":
+        if servers and self.mode in ("embedded", "ssh"):
             parts.append(_count(servers, "server"))
         if workers:
             text = _count(workers, "worker process", "worker processes")
-            if self.mode == "embedded" and config.is_distributed:
+            if self.mode == "ssh":
+                hosts = list(dict.fromkeys(p.host or "localhost" for p in self.workers))
+                text += f" ({_count(len(hosts), 'host')} x {config.local_size}: {', '.join(hosts)})"
+            elif self.mode == "embedded" and config.is_distributed:
                 text += f" ({_count(config.num_worker, 'machine')} x {config.local_size})"
             elif self.mode == "role":
                 text += f" on worker machine {config.worker_id} of {config.num_worker}"
@@ -133,7 +139,7 @@ class JobPlan:
             if config.local_size > 1:
                 paths.append("shared memory inside a machine")
             parts.append(f"{config.partition_bytes}-byte partitions" + (", " + " and ".join(paths) if paths else ""))
-        mode = "embedded job" if self.mode == "embedded" else f"role mode ({config.role})"
+        mode = {"embedded": "embedded job", "ssh": "job over ssh"}.get(self.mode, f"role mode ({config.role})")
         return f"{mode}: {', '.join(parts)}"
 
 

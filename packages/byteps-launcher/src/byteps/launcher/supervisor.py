@@ -141,7 +141,7 @@ class Supervisor:
             if self._phase == TEARDOWN:
                 return
             try:
-                child = ChildProcess.spawn(spec, inherit_stdin=inherit_stdin)
+                child = ChildProcess.spawn(spec, inherit_stdin=inherit_stdin, ssh=self.plan.ssh)
             except OSError as exc:
                 # the shell's conventions: 127 not found, 126 not executable
                 code = 127 if isinstance(exc, FileNotFoundError) else 126 if isinstance(exc, PermissionError) else 1

@@ -12,6 +12,8 @@
   ``check``, ``expect_error``: ``OK <name>`` lines and ``ALL OK <n>``);
 * :func:`kill_group`, :func:`is_alive`, :func:`wait_until_dead`
   (:mod:`.processes`): process clean-up;
+* :class:`SshHosts` (:mod:`.ssh_hosts`): a real ``sshd`` per loopback
+  address, for bpslaunch's ssh mode;
 * ``python -m byteps.testkit.push_pull_worker SPEC`` (:mod:`.push_pull_worker`):
   the reference worker program of server and worker jobs.
 
@@ -32,12 +34,14 @@ from byteps.testkit.launched_job import JOB_LAYOUTS, LAUNCHER, assert_all_ok, la
 from byteps.testkit.ports import free_port
 from byteps.testkit.processes import is_alive, kill_group, process_state, wait_until_dead
 from byteps.testkit.role_job import JobResult, RunningJob, run_job, start_job
+from byteps.testkit.ssh_hosts import SshHosts, sshd_available
 
 __all__ = [
     "JOB_LAYOUTS",
     "LAUNCHER",
     "JobResult",
     "RunningJob",
+    "SshHosts",
     "assert_all_ok",
     "clean_env",
     "free_port",
@@ -48,6 +52,7 @@ __all__ = [
     "rank_lines",
     "report",
     "run_job",
+    "sshd_available",
     "start_job",
     "tail",
     "unset_byteps_env",

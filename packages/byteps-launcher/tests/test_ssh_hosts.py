@@ -1,0 +1,123 @@
+"""bpslaunch over ssh (-H / --hostfile) against real sshd servers, one per loopback address.
+
+The "hosts" are 127.0.0.2 and 127.0.0.3, each with an OpenSSH server of
+its own (byteps.testkit.SshHosts); every process of the job is started
+through ssh, as on a real cluster. The session that runs these
+(`nox -s tests-engines`) installs openssh-server from Debian's packages.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from byteps.testkit import SshHosts, clean_env, rank_lines, sshd_available
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(HERE, "..", "..", "..", "examples", "torch")
+HOSTS = ["127.0.0.2", "127.0.0.3"]
+
+# tests-engines installs openssh-server and sets BYTEPS_REQUIRE_ENGINES=1: there a missing sshd fails, never skips.
+pytestmark = pytest.mark.skipif(not sshd_available() and os.environ.get("BYTEPS_REQUIRE_ENGINES") != "1",
+                                reason="openssh-server is not installed (nox -s tests-engines installs it)")
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    with SshHosts(tmp_path / "ssh", HOSTS) as running:
+        yield running
+
+
+def bpslaunch(hosts, layout, script, args=(), env=None):
+    return [sys.executable, "-m", "byteps.launcher", "--grace-period", "2", *layout, *hosts.launcher_args(), "--",
+            sys.executable, script, *args], clean_env({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def processes_of(job_id):
+    """Pids of the processes whose environment names this job (on every "host": they all live here)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if f"BYTEPS_JOB_ID={job_id}".encode() in f.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def test_two_hosts_of_two_slots_train_the_digits_example(hosts):
+    pytest.importorskip("torch")
+    argv, env = bpslaunch(hosts, ["-H", "127.0.0.2:2,127.0.0.3:2"], os.path.join(EXAMPLES, "train_digits.py"),
+                          ["--epochs", "4", "--min-accuracy", "0.85"])
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "job over ssh" in output and "2 hosts x 2: 127.0.0.2, 127.0.0.3" in output, output[-3000:]
+    assert "4 worker processes on 2 machines" in output
+    text = "\n".join(rank_lines(result.stdout, 0))
+    assert float(re.search(r"held-out accuracy (\S+)", text).group(1)) >= 0.85, text
+
+
+def test_a_hostfile_and_dedicated_server_hosts(hosts, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# workers\n127.0.0.2 slots=1\n")
+    argv, env = bpslaunch(hosts, ["--hostfile", str(hostfile), "--server-hosts", "127.0.0.3"],
+                          os.path.join(EXAMPLES, "hello_allreduce.py"))
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert "1 server, 1 worker process (1 host x 1: 127.0.0.2)" in result.stderr, result.stderr[-3000:]
+
+
+def test_killing_a_remote_worker_ends_the_job_and_leaves_no_process_on_any_host(hosts):
+    job_id = f"ssh{os.getpid()}"
+    argv, env = bpslaunch(hosts, ["-H", "127.0.0.2:1,127.0.0.3:1"], os.path.join(HERE, "ssh_job_worker.py"),
+                          env={"BYTEPS_JOB_ID": job_id})
+    launcher = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+    try:
+        pids, lines, deadline = {}, [], time.monotonic() + 90
+        while len(pids) < 2:
+            line = launcher.stdout.readline()
+            assert line and time.monotonic() < deadline, "".join(lines)
+            lines.append(line)
+            found = re.search(r"PID (\d+) (\d+)", line)
+            if found:
+                pids[int(found.group(1))] = int(found.group(2))
+        os.kill(pids[1], signal.SIGKILL)  # worker 1 lives on 127.0.0.3
+        killed = time.monotonic()
+        rest, _ = launcher.communicate(timeout=30)
+        assert time.monotonic() - killed < 15, "".join(lines) + rest
+        assert launcher.returncode != 0, "".join(lines) + rest
+        assert "worker 1" in rest and "on 127.0.0.3" in rest, rest
+        deadline = time.monotonic() + 10
+        while processes_of(job_id) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert processes_of(job_id) == [], "processes of the job outlived it"
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+
+
+@pytest.mark.parametrize("layout,fragment", [
+    (["-H", "127.0.0.2:2,127.0.0.3:1"], "every host must run the same number of worker processes"),
+    (["-H", "127.0.0.2:0"], "has 0 slots"),
+    (["-H", "127.0.0.2:x"], "slots must be a whole number"),
+    (["-H", "127.0.0.2:1", "--servers", "2"], "--servers 2: between 1 and the 1 worker hosts"),
+    (["-H", "127.0.0.9:1"], "127.0.0.9: cannot run"),
+    (["-H", "127.0.0.2:1", "-np", "2"], "-np do not apply with -H/--hostfile"),
+])
+def test_bad_host_lists_are_refused_before_anything_starts(hosts, layout, fragment):
+    argv, env = bpslaunch(hosts, layout, os.path.join(EXAMPLES, "hello_allreduce.py"))
+    started = time.monotonic()
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert fragment in result.stderr, result.stderr
+    assert time.monotonic() - started < 30
