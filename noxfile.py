@@ -283,15 +283,17 @@ def tests_mxnet(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-q", str(ROOT / "packages" / "byteps-mxnet" / "tests"), *session.posargs)
 
 
-#: The tests that start cluster engines for real (sshd for now), run by tests-engines only.
-ENGINE_TESTS = ("test_ssh_hosts.py",)
+#: The tests that start cluster engines for real (sshd, SLURM), run by tests-engines only.
+ENGINE_TESTS = ("test_ssh_hosts.py", "test_slurm.py")
 #: Debian's packages tests-engines installs: the program that shows each is there, and the package.
-ENGINE_PACKAGES = {"/usr/sbin/sshd": "openssh-server"}
+ENGINE_PACKAGES = {"/usr/sbin/sshd": "openssh-server", "/usr/sbin/munged": "munge", "/usr/sbin/slurmctld": "slurmctld",
+                   "/usr/sbin/slurmd": "slurmd", "/usr/bin/srun": "slurm-client"}
 
 
 @nox.session(name="tests-engines")
 def tests_engines(session: nox.Session) -> None:
-    """Jobs started through real cluster engines: bpslaunch -H over ssh to one sshd per loopback address.
+    """Jobs started through real cluster engines: bpslaunch -H over ssh to one sshd per loopback address,
+    and srun/sbatch bpslaunch on a one-node SLURM cluster (munged, slurmctld, slurmd) the tests start.
 
     Installs the engines from Debian's packages when missing (needs root and
     apt-get, as CI has), so that no engine test is skipped for want of a package.

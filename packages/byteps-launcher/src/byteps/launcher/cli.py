@@ -11,7 +11,9 @@ Without ``DMLC_ROLE`` in the environment (embedded mode) the whole job runs
 on this machine; with it (role mode) this machine plays that role, as with
 BytePS's launcher. With ``-H`` or ``--hostfile`` (Horovod's syntax) the job
 runs on those hosts, each process started over ssh
-(:mod:`byteps.launcher.ssh_mode`). Exit status: the job's (see
+(:mod:`byteps.launcher.ssh_mode`). As a task of an srun step (``srun
+bpslaunch python train.py`` inside a SLURM allocation) it runs that task's
+share of the job (:mod:`byteps.launcher.slurm_mode`). Exit status: the job's (see
 :mod:`byteps.launcher.supervisor`), 2 for a usage or configuration error
 (one line naming the fix), 130/143 when interrupted by SIGINT/SIGTERM.
 
@@ -47,6 +49,7 @@ from byteps.launcher.hosts import parse_host_names, parse_hosts, read_hostfile
 from byteps.launcher.job_plan import JobPlan, UsageError
 from byteps.launcher.output import Console
 from byteps.launcher.role_mode import role_plan
+from byteps.launcher.slurm_mode import in_slurm_step, slurm_plan
 from byteps.launcher.ssh import SshOptions, preflight
 from byteps.launcher.ssh_mode import ssh_plan
 from byteps.launcher.supervisor import DEFAULT_GRACE_PERIOD, Supervisor
@@ -150,6 +153,11 @@ def _plan(args: argparse.Namespace, command: List[str], environ: Dict[str, str],
         return _ssh_plan(args, command, environ)
     if args.server_hosts is not None:
         raise UsageError("--server-hosts needs -H or --hostfile")
+    if in_slurm_step(environ) and not environ.get("DMLC_ROLE", "").strip():
+        if args.num_worker is not None or args.force_distributed:
+            raise UsageError("under srun the tasks are the worker machines (SLURM_NTASKS): drop --workers and "
+                             "--force-distributed")
+        return slurm_plan(environ, command, local_size=args.local_size, num_server=args.num_server)
     if environ.get("DMLC_ROLE", "").strip():
         given = [flag for attr, flag in EMBEDDED_ONLY if getattr(args, attr) is not None]
         if args.force_distributed:

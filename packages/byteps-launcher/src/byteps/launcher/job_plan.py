@@ -83,7 +83,7 @@ class ProcessSpec:
 class JobPlan:
     """Every process of one bpslaunch invocation, in start order."""
 
-    mode: str  # "embedded", "role" or "ssh"
+    mode: str  # "embedded", "role", "ssh" or "slurm"
     distributed: bool
     processes: Tuple[ProcessSpec, ...]
     ssh: Any = None  # byteps.launcher.ssh.SshOptions in ssh mode: how remote children are reached
@@ -120,7 +120,10 @@ class JobPlan:
             parts.append(_count(servers, "server"))
         if workers:
             text = _count(workers, "worker process", "worker processes")
-            if self.mode == "ssh":
+            if self.mode == "slurm":
+                text += (f" here, on worker machine {config.worker_id} of {config.num_worker} "
+                         f"(SLURM task {config.worker_id})")
+            elif self.mode == "ssh":
                 hosts = list(dict.fromkeys(p.host or "localhost" for p in self.workers))
                 text += f" ({_count(len(hosts), 'host')} x {config.local_size}: {', '.join(hosts)})"
             elif self.mode == "embedded" and config.is_distributed:
@@ -139,7 +142,8 @@ class JobPlan:
             if config.local_size > 1:
                 paths.append("shared memory inside a machine")
             parts.append(f"{config.partition_bytes}-byte partitions" + (", " + " and ".join(paths) if paths else ""))
-        mode = {"embedded": "embedded job", "ssh": "job over ssh"}.get(self.mode, f"role mode ({config.role})")
+        mode = {"embedded": "embedded job", "ssh": "job over ssh", "slurm": "SLURM task"}.get(
+            self.mode, f"role mode ({config.role})")
         return f"{mode}: {', '.join(parts)}"
 
 

@@ -14,6 +14,8 @@
   (:mod:`.processes`): process clean-up;
 * :class:`SshHosts` (:mod:`.ssh_hosts`): a real ``sshd`` per loopback
   address, for bpslaunch's ssh mode;
+* :class:`SlurmCluster` (:mod:`.slurm_cluster`): munged, slurmctld and
+  slurmd for a one-node SLURM cluster, for bpslaunch under srun;
 * ``python -m byteps.testkit.push_pull_worker SPEC`` (:mod:`.push_pull_worker`):
   the reference worker program of server and worker jobs.
 
@@ -34,6 +36,7 @@ from byteps.testkit.launched_job import JOB_LAYOUTS, LAUNCHER, assert_all_ok, la
 from byteps.testkit.ports import free_port
 from byteps.testkit.processes import is_alive, kill_group, process_state, wait_until_dead
 from byteps.testkit.role_job import JobResult, RunningJob, run_job, start_job
+from byteps.testkit.slurm_cluster import SlurmCluster, slurm_available
 from byteps.testkit.ssh_hosts import SshHosts, sshd_available
 
 __all__ = [
@@ -41,6 +44,7 @@ __all__ = [
     "LAUNCHER",
     "JobResult",
     "RunningJob",
+    "SlurmCluster",
     "SshHosts",
     "assert_all_ok",
     "clean_env",
@@ -52,6 +56,7 @@ __all__ = [
     "rank_lines",
     "report",
     "run_job",
+    "slurm_available",
     "sshd_available",
     "start_job",
     "tail",

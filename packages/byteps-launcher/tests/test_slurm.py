@@ -1,0 +1,108 @@
+"""bpslaunch under srun and sbatch, against a real one-node SLURM cluster (slurmctld, slurmd, munged).
+
+Each srun task is a worker machine of the job; the cluster is started by
+the test (byteps.testkit.SlurmCluster). The session that runs these
+(`nox -s tests-engines`) installs slurmctld, slurmd, slurm-client and munge.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from byteps.launcher.job_plan import UsageError
+from byteps.launcher.slurm_mode import expand_nodelist, slurm_plan
+from byteps.testkit import SlurmCluster, clean_env, rank_lines, slurm_available
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..", "..")
+EXAMPLES = os.path.join(ROOT, "examples")
+
+needs_slurm = pytest.mark.skipif(not slurm_available() and os.environ.get("BYTEPS_REQUIRE_ENGINES") != "1",
+                                 reason="SLURM is not installed (nox -s tests-engines installs it)")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as running:
+        yield running
+
+
+def environment(cluster):
+    return clean_env({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **cluster.env})
+
+
+@needs_slurm
+def test_srun_bpslaunch_trains_the_digits_example_with_two_tasks(cluster):
+    pytest.importorskip("torch")
+    result = subprocess.run(["srun", "-n2", "--kill-on-bad-exit=1", sys.executable, "-m", "byteps.launcher", "--",
+                             sys.executable, os.path.join(EXAMPLES, "torch", "train_digits.py"), "--epochs", "4",
+                             "--min-accuracy", "0.85"], env=environment(cluster), capture_output=True, text=True,
+                            timeout=240)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "worker machine 0 of 2 (SLURM task 0)" in output and "worker machine 1 of 2 (SLURM task 1)" in output
+    assert "2 servers, 2 worker processes on 2 machines" in output, output[-3000:]
+    text = "\n".join(rank_lines(result.stdout, 0))
+    assert float(re.search(r"held-out accuracy (\S+)", text).group(1)) >= 0.85, text
+
+
+@needs_slurm
+def test_the_example_batch_script_runs_to_the_end(cluster, tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "job.out"
+    env = {**environment(cluster), "PYTHON": sys.executable, "BYTEPS_EXAMPLES": os.path.abspath(EXAMPLES)}
+    # One node here: its two tasks are the job's two worker machines.
+    result = subprocess.run(["sbatch", "--wait", "-N1", "-n2", "--ntasks-per-node=2", f"--output={out}",
+                             os.path.join(EXAMPLES, "slurm", "train.sbatch")], env=env, capture_output=True,
+                            text=True, timeout=300)
+    text = out.read_text() if out.exists() else ""
+    assert result.returncode == 0, result.stdout + result.stderr + text[-4000:]
+    assert re.search(r"held-out accuracy 0\.\d+", text), text[-3000:]
+
+
+@needs_slurm
+def test_a_failing_task_ends_the_job_non_zero_and_leaves_nothing_running(cluster):
+    job_id = f"slurmfail{os.getpid()}"
+    started = time.monotonic()
+    result = subprocess.run(["srun", "-n2", "--kill-on-bad-exit=1", sys.executable, "-m", "byteps.launcher", "--",
+                             sys.executable, os.path.join(HERE, "slurm_fail_worker.py")],
+                            env={**environment(cluster), "BYTEPS_JOB_ID": job_id}, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert time.monotonic() - started < 40, result.stdout + result.stderr
+    assert "exited with code 3" in result.stdout + result.stderr
+    leftovers = subprocess.run(["pgrep", "-f", "slurm_fail_worker.py"], capture_output=True, text=True).stdout
+    assert leftovers.strip() == "", leftovers
+
+
+def test_slurm_node_lists_expand():
+    assert expand_nodelist("c[1-3,07],gpu1") == ["c1", "c2", "c3", "c07", "gpu1"]
+    assert expand_nodelist("node5") == ["node5"]
+
+
+def test_a_slurm_task_plans_its_share_of_the_job():
+    environ = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "c[1-2]", "SLURM_JOB_ID": "77",
+               "SLURM_STEP_ID": "0", "SLURMD_NODENAME": "c2"}
+    plan = slurm_plan(environ, ["python", "train.py"], local_size=2)
+    assert [(p.role, p.rank) for p in plan.processes] == [("server", 1), ("worker", 2), ("worker", 3)]
+    worker = plan.workers[0].env
+    assert (worker["DMLC_PS_ROOT_URI"], worker["DMLC_NODE_HOST"], worker["DMLC_WORKER_ID"],
+            worker["DMLC_NUM_WORKER"]) == ("c1", "c2", "1", "2")
+    first = slurm_plan({**environ, "SLURM_PROCID": "0", "SLURMD_NODENAME": "c1"}, ["python", "train.py"])
+    assert [p.role for p in first.processes] == ["scheduler", "server", "worker"]
+    assert first.processes[0].env["DMLC_PS_ROOT_PORT"] == worker["DMLC_PS_ROOT_PORT"]
+
+
+@pytest.mark.parametrize("change,fragment", [
+    ({"SLURM_JOB_NODELIST": ""}, "SLURM_JOB_NODELIST is not set"),
+    ({"SLURM_NTASKS": "x"}, "SLURM_NTASKS='x'"),
+])
+def test_a_slurm_environment_without_what_it_needs_is_refused(change, fragment):
+    environ = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "c1", "SLURM_JOB_ID": "7",
+               "SLURM_STEP_ID": "0", **change}
+    with pytest.raises(UsageError, match=fragment):
+        slurm_plan(environ, ["python", "t.py"])
