@@ -255,8 +255,9 @@ def tests_server(session: nox.Session) -> None:
 
 @nox.session(name="tests-launcher")
 def tests_launcher(session: nox.Session) -> None:
-    # matplotlib: the timeline's picture; the ssh tests need sshd and run in tests-engines
-    _tests(session, "byteps-launcher", "matplotlib", ignore=ENGINE_TESTS)
+    # matplotlib: the timeline's picture; kubernetes: the API models the manifests are checked against;
+    # the ssh and SLURM tests need their engines and run in tests-engines
+    _tests(session, "byteps-launcher", "matplotlib", "kubernetes", ignore=ENGINE_TESTS)
 
 
 @nox.session(name="tests-torch")

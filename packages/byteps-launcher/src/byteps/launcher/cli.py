@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
@@ -205,6 +206,11 @@ def _ssh_plan(args: argparse.Namespace, command: List[str], environ: Dict[str, s
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run bpslaunch with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["kubernetes"]:  # manifests for a cluster, not a job here
+        from byteps.launcher.kubernetes import main as kubernetes_main
+
+        return kubernetes_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     command = list(args.command)
