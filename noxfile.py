@@ -284,8 +284,10 @@ def tests_mxnet(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-q", str(ROOT / "packages" / "byteps-mxnet" / "tests"), *session.posargs)
 
 
-#: The tests that start cluster engines for real (sshd, SLURM), run by tests-engines only.
-ENGINE_TESTS = ("test_ssh_hosts.py", "test_slurm.py")
+#: The tests that start cluster engines for real (sshd, SLURM, Ray), run by tests-engines only.
+ENGINE_TESTS = ("test_ssh_hosts.py", "test_slurm.py", "test_ray.py")
+#: Ray, from PyPI, for byteps-launcher[ray] (pinned: its API moves between releases).
+RAY = "ray==2.60.0"
 #: Debian's packages tests-engines installs: the program that shows each is there, and the package.
 ENGINE_PACKAGES = {"/usr/sbin/sshd": "openssh-server", "/usr/sbin/munged": "munge", "/usr/sbin/slurmctld": "slurmctld",
                    "/usr/sbin/slurmd": "slurmd", "/usr/bin/srun": "slurm-client"}
@@ -294,7 +296,8 @@ ENGINE_PACKAGES = {"/usr/sbin/sshd": "openssh-server", "/usr/sbin/munged": "mung
 @nox.session(name="tests-engines")
 def tests_engines(session: nox.Session) -> None:
     """Jobs started through real cluster engines: bpslaunch -H over ssh to one sshd per loopback address,
-    and srun/sbatch bpslaunch on a one-node SLURM cluster (munged, slurmctld, slurmd) the tests start.
+    srun/sbatch bpslaunch on a one-node SLURM cluster (munged, slurmctld, slurmd) the tests start, and
+    RayExecutor on a two-node Ray cluster (ray start) in a network namespace of the test's.
 
     Installs the engines from Debian's packages when missing (needs root and
     apt-get, as CI has), so that no engine test is skipped for want of a package.
@@ -305,7 +308,8 @@ def tests_engines(session: nox.Session) -> None:
         session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, external=True,
                     env={"DEBIAN_FRONTEND": "noninteractive"})
     session.install(TORCH)
-    _install(session, "byteps-torch", "byteps-server", "byteps-launcher", TESTKIT, extra=("pytest", "scikit-learn"))
+    _install(session, "byteps-torch", "byteps-server", "byteps-launcher", TESTKIT,
+             extra=("pytest", "scikit-learn", RAY))
     tests = ROOT / "packages" / "byteps-launcher" / "tests"
     session.run("python", "-m", "pytest", "-q", *(str(tests / name) for name in ENGINE_TESTS), *session.posargs,
                 env={"BYTEPS_REQUIRE_ENGINES": "1"})
