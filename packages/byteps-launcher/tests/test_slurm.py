@@ -73,7 +73,7 @@ def test_a_failing_task_ends_the_job_non_zero_and_leaves_nothing_running(cluster
                             env={**environment(cluster), "BYTEPS_JOB_ID": job_id}, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode != 0, result.stdout + result.stderr
-    assert time.monotonic() - started < 40, result.stdout + result.stderr
+    assert time.monotonic() - started < 15 + 5, result.stdout + result.stderr  # 5 s: srun's own start
     assert "exited with code 3" in result.stdout + result.stderr
     leftovers = subprocess.run(["pgrep", "-f", "slurm_fail_worker.py"], capture_output=True, text=True).stdout
     assert leftovers.strip() == "", leftovers

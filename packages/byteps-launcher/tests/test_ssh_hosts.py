@@ -113,6 +113,7 @@ def test_killing_a_remote_worker_ends_the_job_and_leaves_no_process_on_any_host(
     (["-H", "127.0.0.2:1", "--servers", "2"], "--servers 2: between 1 and the 1 worker hosts"),
     (["-H", "127.0.0.9:1"], "127.0.0.9: cannot run"),
     (["-H", "127.0.0.2:1", "-np", "2"], "-np do not apply with -H/--hostfile"),
+    (["-H", "127.0.0.2:1", "--remote-python", "/usr/bin/python3"], "byteps-launcher is not installed"),
 ])
 def test_bad_host_lists_are_refused_before_anything_starts(hosts, layout, fragment):
     argv, env = bpslaunch(hosts, layout, os.path.join(EXAMPLES, "hello_allreduce.py"))

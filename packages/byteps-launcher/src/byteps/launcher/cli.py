@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ssh-identity-file", default=None, metavar="FILE", help="ssh key to log in with")
     parser.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra ssh -o option (repeatable)")
+    parser.add_argument("--remote-python", default=None, metavar="PATH",
+                        help="the Python (with byteps) on the other hosts (default: the same path as this one's)")
     parser.add_argument("-x", dest="forward", action="append", default=[], metavar="NAME[=VALUE]",
                         help="also give remote processes this variable (BYTEPS_*, DMLC_*, PS_*, OMP_*, "
                              "PYTHONPATH and a few more go anyway)")
@@ -195,7 +197,8 @@ def _ssh_plan(args: argparse.Namespace, command: List[str], environ: Dict[str, s
                          "processes")
     hosts = parse_hosts(args.hosts) if args.hosts is not None else read_hostfile(args.hostfile)
     server_hosts = parse_host_names(args.server_hosts, "--server-hosts") if args.server_hosts else []
-    options = SshOptions(port=args.ssh_port, identity_file=args.ssh_identity_file, options=tuple(args.ssh_option))
+    options = SshOptions(port=args.ssh_port, identity_file=args.ssh_identity_file, options=tuple(args.ssh_option),
+                         **({"python": args.remote_python} if args.remote_python else {}))
     plan = ssh_plan(hosts, command, environ, num_server=args.num_server, server_hosts=server_hosts, ssh=options,
                     forward=args.forward)
     remote = sorted({p.host for p in plan.processes if p.host is not None})
