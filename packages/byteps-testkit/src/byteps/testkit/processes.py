@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from typing import List, Optional, Sequence
 
@@ -22,6 +23,19 @@ def kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def stop_group(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM the process group ``process`` leads, SIGKILL it after ``timeout`` s, and reap ``process``."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(process.pid)
+        process.wait()
 
 
 def process_state(pid: int) -> Optional[str]:

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from typing import Dict, List
+
+from byteps.testkit.processes import stop_group
 
 __all__ = ["SlurmCluster", "slurm_available", "SLURM_PROGRAMS"]
 
@@ -114,14 +115,6 @@ class SlurmCluster:
 
     def __exit__(self, *exc_info) -> None:
         for daemon in reversed(self._daemons):  # slurmd first, munged last
-            try:
-                os.killpg(daemon.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            try:
-                daemon.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(daemon.pid, signal.SIGKILL)
-                daemon.wait()
+            stop_group(daemon, timeout=15)
         self._daemons.clear()
         shutil.rmtree(self._path("spool"), ignore_errors=True)

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from typing import List, Sequence
+
+from byteps.testkit.processes import stop_group
 
 __all__ = ["SshHosts", "SSHD", "sshd_available"]
 
@@ -99,14 +100,5 @@ class SshHosts:
 
     def __exit__(self, *exc_info) -> None:
         for server in self._servers:
-            try:
-                os.killpg(server.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-        for server in self._servers:
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait()
+            stop_group(server)
         self._servers.clear()
