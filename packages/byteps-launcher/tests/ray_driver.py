@@ -1,10 +1,12 @@
 """Driver of the Ray tests, run inside the test's network namespace against the Ray cluster started there.
 
-Usage: python ray_driver.py ADDRESS digits|kill|cpus
+Usage: python ray_driver.py ADDRESS digits|kill|cpus|train|train-fails
 digits: 2 worker actors and 1 server actor train the digits model; prints each worker's accuracy.
 kill:   the workers push_pull for up to 60 s; worker 1's actor is killed after 3 s; prints how long run()
         took to raise, and what.
 cpus:   asks for more CPUs than the cluster has; prints the error.
+train:  the same training through Ray Train (BytePSTrainer, 2 workers, 1 server); prints rank 0's accuracy.
+train-fails: a Ray Train run whose rank 1 raises; prints the error fit() raised.
 """
 
 from __future__ import annotations
@@ -61,9 +63,63 @@ def push_pull_for(seconds: float) -> None:
     bps.shutdown()
 
 
+def train_loop(config: dict) -> float:
+    import ray.train
+
+    accuracy = train_digits(config["epochs"])
+    ray.train.report({"accuracy": accuracy})  # Ray Train's own reporting works beside byteps
+    return accuracy  # Ray Train hands rank 0's back as the result's return value
+
+
+def failing_loop(config: dict) -> None:
+    import numpy as np
+
+    import byteps.common as bps
+
+    bps.init()
+    bps.push_pull(np.ones(10, np.float32), name="first")
+    if bps.rank() == 1:
+        raise RuntimeError("rank 1 gives up")
+    push_pull_for(30)
+
+
+def fit(loop) -> None:
+    from ray.train import RunConfig, ScalingConfig
+
+    from byteps.launcher.ray_train import BytePSConfig, BytePSTrainer
+
+    trainer = BytePSTrainer(loop, train_loop_config={"epochs": 10},
+                            scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+                            byteps_config=BytePSConfig(num_servers=1, cpus_per_server=1),
+                            run_config=RunConfig(storage_path="/tmp/byteps-ray-train"))
+    started = time.monotonic()
+    try:
+        result = trainer.fit()
+        print(f"ACCURACY {result.return_value:.3f}", flush=True)
+    except Exception as exc:  # noqa: BLE001 - what fit() raised is the point
+        print(f"FIT RAISED {type(exc).__name__} after {time.monotonic() - started:.1f} s", flush=True)
+        print(f"ERROR TEXT {str(exc)[:1000]!r}", flush=True)
+        print(f"SERVERS LEFT {servers_left_after(15)}", flush=True)
+
+
+def servers_left_after(seconds: float) -> int:
+    """How many byteps scheduler/server processes still run after up to ``seconds`` (they must all stop)."""
+    import subprocess
+
+    deadline = time.monotonic() + seconds
+    while True:
+        found = subprocess.run(["pgrep", "-f", "-m byteps.server"], capture_output=True, text=True).stdout.split()
+        if not found or time.monotonic() > deadline:
+            return len(found)
+        time.sleep(0.2)
+
+
 def main() -> None:
     address, mode = sys.argv[1], sys.argv[2]
     ray.init(address=address, logging_level="ERROR", log_to_driver=mode != "kill")
+    if mode in ("train", "train-fails"):
+        fit(train_loop if mode == "train" else failing_loop)
+        return
     if mode == "cpus":
         try:
             RayExecutor(num_workers=8, num_servers=2, cpus_per_worker=1, cpus_per_server=1).start()

@@ -1,4 +1,4 @@
-"""RayExecutor against a real two-node Ray cluster (ray start --head, ray start --address) the test starts.
+"""RayExecutor and BytePSTrainer against a real two-node Ray cluster (ray start --head, ray start --address).
 
 The cluster lives in a network namespace the test creates (only its
 loopback, so every Ray and byteps address is 127.0.0.1) and is stopped,
@@ -74,3 +74,24 @@ def test_a_killed_worker_actor_ends_run_with_rays_error_within_15_s(ray_cluster)
 def test_a_cluster_without_enough_cpus_is_refused_before_anything_starts(ray_cluster):
     result = drive(ray_cluster, "cpus")
     assert "REFUSED the Ray cluster has 4 CPUs, this job asks for 10" in result.stdout, result.stdout + result.stderr
+
+
+@needs_ray
+def test_ray_trains_the_digits_with_the_byteps_backend(ray_cluster):
+    pytest.importorskip("ray.train")
+    result = drive(ray_cluster, "train")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    found = re.search(r"ACCURACY (\S+)", result.stdout)
+    assert found and float(found.group(1)) >= 0.9, (result.stdout + result.stderr)[-3000:]
+
+
+@needs_ray
+def test_a_failing_ray_train_worker_fails_the_run_and_stops_the_servers(ray_cluster):
+    pytest.importorskip("ray.train")
+    result = drive(ray_cluster, "train-fails")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    found = re.search(r"FIT RAISED (\w+) after (\S+) s", result.stdout)
+    assert found, (result.stdout + result.stderr)[-3000:]
+    assert "rank 1 gives up" in result.stdout + result.stderr, result.stdout
+    assert float(found.group(2)) < 30  # Ray Train's own start and teardown included
+    assert "SERVERS LEFT 0" in result.stdout, result.stdout

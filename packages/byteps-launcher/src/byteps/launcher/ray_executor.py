@@ -42,7 +42,7 @@ import ray
 
 from byteps.launcher.job_plan import horovod_variables
 
-__all__ = ["RayExecutor", "ServiceExited"]
+__all__ = ["RayExecutor", "ServiceExited", "start_services", "worker_environment", "stop_services"]
 
 #: How often run() looks at the scheduler and servers while the workers train.
 _HEALTH_CHECK_S = 1.0
@@ -111,6 +111,58 @@ class _Worker:
         return fn(*args, **kwargs)
 
 
+def start_services(num_workers: int, num_servers: int, cpus_per_server: float,
+                   env: Optional[Dict[str, str]] = None) -> tuple:
+    """The scheduler and ``num_servers`` servers as actors, started; returns (actors, the environment every
+    worker shares: addresses, sizes, the job secret and id). The caller stops them (:func:`stop_services`)."""
+    scheduler = _Service.remote()
+    servers = [_Service.options(num_cpus=cpus_per_server).remote() for _ in range(num_servers)]
+    services = [scheduler, *servers]
+    try:
+        root, port = ray.get([scheduler.node_ip.remote(), scheduler.free_port.remote()])
+        shared = {**(env or {}), "DMLC_PS_ROOT_URI": root, "DMLC_PS_ROOT_PORT": str(port),
+                  "DMLC_NUM_WORKER": str(num_workers), "DMLC_NUM_SERVER": str(num_servers),
+                  "BYTEPS_JOB_SECRET": secrets.token_hex(32), "BYTEPS_JOB_ID": f"ray{secrets.token_hex(5)}",
+                  "PYTHONUNBUFFERED": "1"}
+        ray.get(scheduler.start.remote({**shared, "DMLC_ROLE": "scheduler", "DMLC_NODE_HOST": root}))
+        ips = ray.get([server.node_ip.remote() for server in servers])
+        ray.get([server.start.remote({**shared, "DMLC_ROLE": "server", "DMLC_NODE_HOST": ip})
+                 for server, ip in zip(servers, ips)])
+    except BaseException:
+        stop_services(services)
+        raise
+    return services, shared
+
+
+def worker_environment(shared: Dict[str, str], rank: int, num_workers: int, node_ip: str) -> Dict[str, str]:
+    """Worker ``rank``'s environment: a worker machine of its own, one process, on ``node_ip``."""
+    return {**shared, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(rank), "DMLC_NODE_HOST": node_ip,
+            "BYTEPS_LOCAL_RANK": "0", "BYTEPS_LOCAL_SIZE": "1", **horovod_variables(rank, num_workers, 0, 1)}
+
+
+def check_services(services: List[Any]) -> None:
+    """ServiceExited when the scheduler (first) or a server has exited."""
+    codes = ray.get([service.poll.remote() for service in services])
+    for index, code in enumerate(codes):
+        if code not in (None, 0):
+            role = "the scheduler" if index == 0 else f"server {index - 1}"
+            raise ServiceExited(f"{role} of the byteps job exited with status {code}")
+
+
+def stop_services(services: List[Any]) -> None:
+    """Stop the byteps processes of ``services`` and kill the actors (safe on actors already gone)."""
+    for service in services:
+        try:
+            ray.get(service.stop.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - the actor may be gone already; it is killed below
+            pass
+    for service in services:
+        try:
+            ray.kill(service)
+        except Exception:  # noqa: BLE001 - already dead
+            pass
+
+
 class RayExecutor:
     """A byteps job's actors on the Ray cluster ``ray.init()`` connected to."""
 
@@ -139,25 +191,12 @@ class RayExecutor:
             raise RuntimeError("call ray.init() (address of your cluster) before RayExecutor.start()")
         self._check_resources()
         try:
-            scheduler = _Service.remote()
-            servers = [_Service.options(num_cpus=self.cpus_per_server).remote() for _ in range(self.num_servers)]
-            self.services = [scheduler, *servers]
+            self.services, shared = start_services(self.num_workers, self.num_servers, self.cpus_per_server,
+                                                   self.env)
             self.workers = [_Worker.options(num_cpus=self.cpus_per_worker).remote() for _ in range(self.num_workers)]
-            root, port = ray.get([scheduler.node_ip.remote(), scheduler.free_port.remote()])
-            shared = {**self.env, "DMLC_PS_ROOT_URI": root, "DMLC_PS_ROOT_PORT": str(port),
-                      "DMLC_NUM_WORKER": str(self.num_workers), "DMLC_NUM_SERVER": str(self.num_servers),
-                      "BYTEPS_JOB_SECRET": secrets.token_hex(32), "BYTEPS_JOB_ID": f"ray{secrets.token_hex(5)}",
-                      "PYTHONUNBUFFERED": "1"}
-            ray.get(scheduler.start.remote({**shared, "DMLC_ROLE": "scheduler", "DMLC_NODE_HOST": root}))
-            ips = ray.get([server.node_ip.remote() for server in servers])
-            ray.get([server.start.remote({**shared, "DMLC_ROLE": "server", "DMLC_NODE_HOST": ip})
-                     for server, ip in zip(servers, ips)])
             ips = ray.get([worker.node_ip.remote() for worker in self.workers])
-            ray.get([worker.setup.remote({
-                **shared, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(rank), "DMLC_NODE_HOST": ip,
-                "BYTEPS_LOCAL_RANK": "0", "BYTEPS_LOCAL_SIZE": "1",
-                **horovod_variables(rank, self.num_workers, 0, 1)}) for rank, (worker, ip) in
-                enumerate(zip(self.workers, ips))])
+            ray.get([worker.setup.remote(worker_environment(shared, rank, self.num_workers, ip))
+                     for rank, (worker, ip) in enumerate(zip(self.workers, ips))])
         except BaseException:
             self.shutdown()
             raise
@@ -176,29 +215,18 @@ class RayExecutor:
                 for ref in done:
                     ray.get(ref)  # raises RayActorError / RayTaskError at once
                 if pending:
-                    self._check_services()
+                    check_services(self.services)
             return ray.get(refs)
         except BaseException:
             self.shutdown()
             raise
 
-    def _check_services(self) -> None:
-        codes = ray.get([service.poll.remote() for service in self.services])
-        for index, code in enumerate(codes):
-            if code not in (None, 0):
-                role = "the scheduler" if index == 0 else f"server {index - 1}"
-                raise ServiceExited(f"{role} of the byteps job exited with status {code}")
-
     def shutdown(self) -> None:
         """Stop the servers and scheduler and kill every actor of the job (safe to call twice)."""
-        for service in self.services:
+        stop_services(self.services)
+        for worker in self.workers:
             try:
-                ray.get(service.stop.remote(), timeout=10)
-            except Exception:  # noqa: BLE001 - the actor may be gone already; it is killed below
-                pass
-        for actor in [*self.workers, *self.services]:
-            try:
-                ray.kill(actor)
+                ray.kill(worker)
             except Exception:  # noqa: BLE001 - already dead
                 pass
         self.workers, self.services = [], []
