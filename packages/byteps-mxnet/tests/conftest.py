@@ -2,7 +2,7 @@
 
 import pytest
 
-from byteps.testkit import unset_byteps_env
+from byteps.testkit import one_process_adapter
 
 
 def pytest_configure(config):
@@ -13,9 +13,5 @@ def pytest_configure(config):
 @pytest.fixture
 def bps(monkeypatch):
     """The adapter, initialised as one worker process (no byteps variables from the environment)."""
-    unset_byteps_env(monkeypatch)
-    import byteps.mxnet as bps
-
-    bps.init()
-    yield bps
-    bps.shutdown()
+    with one_process_adapter(monkeypatch, "byteps.mxnet") as adapter:
+        yield adapter

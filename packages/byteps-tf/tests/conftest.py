@@ -2,15 +2,11 @@
 
 import pytest
 
-from byteps.testkit import unset_byteps_env
+from byteps.testkit import one_process_adapter
 
 
 @pytest.fixture
 def bps(monkeypatch):
     """The adapter, initialised as one worker process (no byteps variables from the environment)."""
-    unset_byteps_env(monkeypatch)
-    import byteps.tensorflow as bps
-
-    bps.init()
-    yield bps
-    bps.shutdown()
+    with one_process_adapter(monkeypatch, "byteps.tensorflow") as adapter:
+        yield adapter

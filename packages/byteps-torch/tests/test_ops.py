@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from byteps.testkit import JOB_LAYOUTS, assert_all_ok, launch_job, rank_lines, unset_byteps_env
+from byteps.testkit import JOB_LAYOUTS, assert_all_ok, launch_job, one_process_adapter, rank_lines
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
@@ -46,12 +46,8 @@ def test_shape_or_dtype_mismatch_fails_on_every_rank(layout):
 
 @pytest.fixture
 def bps(monkeypatch):
-    unset_byteps_env(monkeypatch)
-    import byteps.torch as bps
-
-    bps.init()
-    yield bps
-    bps.shutdown()
+    with one_process_adapter(monkeypatch, "byteps.torch") as adapter:
+        yield adapter
 
 
 DTYPES = [torch.float16, torch.float32, torch.float64, torch.bfloat16, torch.int32, torch.int64]

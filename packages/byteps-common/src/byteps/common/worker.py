@@ -214,9 +214,9 @@ class Worker:
                              f"float32 or float64 tensors, not {source.dtype.name.lower()}")
         if asynchronous:
             self._check_asynchronous(name, members, compression, average)
-        if getattr(self._skipping, "on", False) and not (
-                self.config.backup_workers and self.is_distributed and average and members is None and root is None
-                and joinable and (compression is None or compression.compressor == "none")):
+        closes_early = self._closes_early(average, members, root, joinable)
+        skipped = getattr(self._skipping, "on", False)
+        if skipped and not (closes_early and (compression is None or compression.compressor == "none")):
             raise ValueError(f"push_pull({name!r}) in skipping_round(): only an uncompressed average over every "
                              "worker closes without the slowest machines (BYTEPS_BACKUP_WORKERS), so only such a "
                              "round can be skipped")
@@ -266,17 +266,23 @@ class Worker:
                 compressor = self._compressors[name] = TensorCompressor(compression, source.dtype)
         tag = int(root) + 1 if root is not None else 0 if joinable else TAG_GATHER
         quorum = 0
-        if self.config.backup_workers and average and ranks is None and tag == 0 and self._comm.exchange:
-            # Backup workers: the round closes once all machines but b pushed, and is averaged over those.
+        if closes_early:  # averaged over the machines that closed the round
             quorum = self.config.num_worker - self.config.backup_workers
             count = quorum * self.local_size
-        skipped = quorum > 0 and getattr(self._skipping, "on", False)
         task = PushPullTask(name=name, round=round_, source=source, output=target, plan=plan,
                             average_over=count if average else 0, handle=handle, members=ranks, machines=machines,
                             tag=tag, compression=compressor, lr=lr, asynchronous=asynchronous, quorum=quorum,
                             skipped=skipped)
         self._comm.submit(task)
         return handle
+
+    def _closes_early(self, average: bool, members: Optional[Sequence[int]], root: Optional[int],
+                      joinable: bool) -> bool:
+        """Backup workers: whether this push_pull's rounds close once all machines but BYTEPS_BACKUP_WORKERS
+        pushed: averages over every worker through the servers (sums, broadcasts, gathers and process sets
+        always wait for every rank)."""
+        return bool(self.config.backup_workers and average and members is None and root is None and joinable
+                    and self._comm is not None and self._comm.exchange is not None)
 
     def _check_asynchronous(self, name: str, members: Optional[Sequence[int]],
                             compression: Optional[CompressionSpec], average: bool) -> None:

@@ -18,7 +18,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import secrets
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from byteps.common.config import Config
@@ -29,7 +28,8 @@ from byteps.launcher.job_plan import (
     ProcessSpec,
     UsageError,
     child_environment,
-    horovod_variables,
+    job_identity,
+    worker_variables,
 )
 from byteps.launcher.ports import free_port
 
@@ -129,12 +129,9 @@ def embedded_plan(
             base_env,
             {
                 "DMLC_ROLE": "worker",
-                "DMLC_WORKER_ID": "0",
                 "DMLC_NUM_WORKER": "1",
                 "DMLC_NUM_SERVER": "0",
-                "BYTEPS_LOCAL_RANK": "0",
-                "BYTEPS_LOCAL_SIZE": "1",
-                **horovod_variables(0, 1, 0, 1),
+                **worker_variables(0, 1, 0, 1),
             },
         )
         worker = ProcessSpec("worker", tuple(command), env, rank=0, local_rank=0)
@@ -152,10 +149,7 @@ def embedded_plan(
     }
     if options.force_distributed:
         shared["BYTEPS_FORCE_DISTRIBUTED"] = "1"
-    # One secret per job, so that no other process on this machine can join it.
-    shared["BYTEPS_JOB_SECRET"] = base_env.get("BYTEPS_JOB_SECRET", "").strip() or secrets.token_hex(32)
-    # Names the job's shared memory and local sockets, so two jobs on one machine never collide.
-    shared["BYTEPS_JOB_ID"] = base_env.get("BYTEPS_JOB_ID", "").strip() or secrets.token_hex(6)
+    shared.update(job_identity(base_env))
 
     def spec(role: str, argv: Tuple[str, ...], extra: Mapping[str, str], **rank) -> ProcessSpec:
         env = child_environment(base_env, {**shared, "DMLC_ROLE": role, **extra})
@@ -166,12 +160,7 @@ def embedded_plan(
     size = options.local_size
     for worker_id in range(options.num_worker):
         for local_rank in range(size):
-            extra = {
-                "DMLC_WORKER_ID": str(worker_id),
-                "BYTEPS_LOCAL_RANK": str(local_rank),
-                "BYTEPS_LOCAL_SIZE": str(size),
-                **horovod_variables(worker_id, options.num_worker, local_rank, size),
-            }
+            extra = worker_variables(worker_id, options.num_worker, local_rank, size)
             rank = worker_id * size + local_rank
             processes.append(spec("worker", tuple(command), extra, rank=rank, local_rank=local_rank))
     plan = JobPlan(mode="embedded", distributed=True, processes=tuple(processes))

@@ -16,13 +16,14 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import sys
 from typing import Any, Iterable, Mapping, Optional, Tuple
 
 from byteps.common.config import Config
 
 __all__ = ["ProcessSpec", "JobPlan", "UsageError", "SERVER_ARGV", "child_environment", "horovod_variables",
-           "HOROVOD_VARIABLES"]
+           "HOROVOD_VARIABLES", "worker_variables", "job_identity"]
 
 #: Scheduler and servers both run the byteps server entry point; ps-lite
 #: style, the role comes from DMLC_ROLE.
@@ -179,3 +180,16 @@ def horovod_variables(machine: int, machines: int, local_rank: int, local_size: 
     """
     values = (machine * local_size + local_rank, machines * local_size, local_rank, local_size, machine, machines)
     return {name: str(value) for name, value in zip(HOROVOD_VARIABLES, values)}
+
+
+def worker_variables(machine: int, machines: int, local_rank: int, local_size: int) -> dict:
+    """A worker process's place in the job: DMLC_WORKER_ID, BYTEPS_LOCAL_RANK, BYTEPS_LOCAL_SIZE and Horovod's."""
+    return {"DMLC_WORKER_ID": str(machine), "BYTEPS_LOCAL_RANK": str(local_rank), "BYTEPS_LOCAL_SIZE": str(local_size),
+            **horovod_variables(machine, machines, local_rank, local_size)}
+
+
+def job_identity(environ: Mapping[str, str]) -> dict:
+    """``environ``'s BYTEPS_JOB_SECRET and BYTEPS_JOB_ID, else new ones: one secret per job, so that no other
+    process can join it, and one id naming its shared memory and local sockets, so two jobs never collide."""
+    return {"BYTEPS_JOB_SECRET": environ.get("BYTEPS_JOB_SECRET", "").strip() or secrets.token_hex(32),
+            "BYTEPS_JOB_ID": environ.get("BYTEPS_JOB_ID", "").strip() or secrets.token_hex(6)}

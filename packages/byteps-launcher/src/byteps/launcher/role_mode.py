@@ -26,7 +26,7 @@ from byteps.launcher.job_plan import (
     ProcessSpec,
     UsageError,
     child_environment,
-    horovod_variables,
+    worker_variables,
 )
 
 __all__ = ["role_plan"]
@@ -48,8 +48,7 @@ def role_plan(command: Sequence[str], environ: Mapping[str, str]) -> JobPlan:
     processes = []
     for local_rank in range(size):
         env = child_environment(
-            environ, {"BYTEPS_LOCAL_RANK": str(local_rank), "BYTEPS_LOCAL_SIZE": str(size),
-                      **horovod_variables(config.worker_id, config.num_worker, local_rank, size)}
+            environ, worker_variables(config.worker_id, config.num_worker, local_rank, size)
         )
         rank = config.worker_id * size + local_rank
         processes.append(ProcessSpec("worker", tuple(command), env, rank=rank, local_rank=local_rank))

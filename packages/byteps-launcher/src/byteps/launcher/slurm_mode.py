@@ -33,7 +33,7 @@ import socket
 from typing import List, Mapping, Optional, Sequence
 
 from byteps.launcher.embedded_mode import OWNED_VARIABLES
-from byteps.launcher.job_plan import SERVER_ARGV, JobPlan, ProcessSpec, UsageError, child_environment, horovod_variables
+from byteps.launcher.job_plan import SERVER_ARGV, JobPlan, ProcessSpec, UsageError, child_environment, worker_variables
 
 __all__ = ["in_slurm_step", "slurm_plan", "expand_nodelist", "SLURM_PORTS"]
 
@@ -104,9 +104,8 @@ def slurm_plan(environ: Mapping[str, str], command: Sequence[str], local_size: O
     if task < servers:
         processes.append(spec("server", SERVER_ARGV, {}, rank=task))
     for local_rank in range(size):
-        extra = {"DMLC_WORKER_ID": str(task), "BYTEPS_LOCAL_RANK": str(local_rank), "BYTEPS_LOCAL_SIZE": str(size),
-                 **horovod_variables(task, tasks, local_rank, size)}
-        processes.append(spec("worker", command, extra, rank=task * size + local_rank, local_rank=local_rank))
+        processes.append(spec("worker", command, worker_variables(task, tasks, local_rank, size),
+                              rank=task * size + local_rank, local_rank=local_rank))
     plan = JobPlan(mode="slurm", distributed=True, processes=tuple(processes))
     plan.validate()
     return plan

@@ -25,7 +25,15 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from byteps.launcher.embedded_mode import OWNED_VARIABLES
 from byteps.launcher.hosts import Host, is_local
-from byteps.launcher.job_plan import SERVER_ARGV, JobPlan, ProcessSpec, UsageError, child_environment, horovod_variables
+from byteps.launcher.job_plan import (
+    SERVER_ARGV,
+    JobPlan,
+    ProcessSpec,
+    UsageError,
+    child_environment,
+    job_identity,
+    worker_variables,
+)
 from byteps.launcher.ports import free_port
 from byteps.launcher.ssh import SshOptions, forwarded_environment
 
@@ -66,8 +74,7 @@ def ssh_plan(hosts: Sequence[Host], command: Sequence[str], environ: Mapping[str
         "DMLC_PS_ROOT_PORT": str(port),
         "DMLC_NUM_WORKER": str(machines),
         "DMLC_NUM_SERVER": str(len(server_places)),
-        "BYTEPS_JOB_SECRET": base.get("BYTEPS_JOB_SECRET", "").strip() or secrets.token_hex(32),
-        "BYTEPS_JOB_ID": base.get("BYTEPS_JOB_ID", "").strip() or secrets.token_hex(6),
+        **job_identity(base),
     }
     remote_base = forwarded_environment(base, forward)
 
@@ -82,9 +89,7 @@ def ssh_plan(hosts: Sequence[Host], command: Sequence[str], environ: Mapping[str
     processes += [spec("server", host, SERVER_ARGV, {}, rank=i) for i, host in enumerate(server_places)]
     for machine, host in enumerate(hosts):
         for local_rank in range(local_size):
-            extra = {"DMLC_WORKER_ID": str(machine), "BYTEPS_LOCAL_RANK": str(local_rank),
-                     "BYTEPS_LOCAL_SIZE": str(local_size),
-                     **horovod_variables(machine, machines, local_rank, local_size)}
+            extra = worker_variables(machine, machines, local_rank, local_size)
             processes.append(spec("worker", host.name, command, extra, rank=machine * local_size + local_rank,
                                   local_rank=local_rank))
     plan = JobPlan(mode="ssh", distributed=True, processes=tuple(processes), ssh=ssh or SshOptions())

@@ -336,6 +336,9 @@ class ParameterServer:
         state = self._state_for(message)
         if header.dtype != state.spec.dtype:
             raise ValueError(f"push of dtype code {header.dtype} for {state.spec.describe()}")
+        if wire_log.isEnabledFor(logging.DEBUG):
+            wire_log.debug("PUSH key %d round %d from worker %d (%s)", header.key, header.round, header.sender,
+                           state.spec.name)
         if state.spec.asynchronous and header.round > 0:
             self._push_delta(message, state)
             return
@@ -354,9 +357,6 @@ class ParameterServer:
             payload, lr = state.codec.decompress_push(payload)
             if not state.pushed:
                 state.round_lr = lr
-        if wire_log.isEnabledFor(logging.DEBUG):
-            wire_log.debug("PUSH key %d round %d from worker %d (%s)", header.key, header.round, header.sender,
-                           state.spec.name)
         complete = self.engine.push(header.key, header.round, payload)
         if received:
             self.tracer.span("receive", state.spec.name, received, time.time(), key=header.key,
@@ -452,9 +452,6 @@ class ParameterServer:
         payload = message.payload if message.payload is not None else b""
         if len(payload) != state.spec.nbytes:
             raise ValueError(f"push of {len(payload)} bytes for {state.spec.describe()}")
-        if wire_log.isEnabledFor(logging.DEBUG):
-            wire_log.debug("PUSH key %d round %d from worker %d (%s)", header.key, header.round, header.sender,
-                           state.spec.name)
         self.engine.reduce_into(state.store, payload, state.spec.dtype)
         state.applied[message.identity] = header.round
         self.async_pushes += 1

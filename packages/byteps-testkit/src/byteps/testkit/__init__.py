@@ -31,7 +31,7 @@ Example::
     assert all(code == 0 for code in result.codes.values()), result.failures()
 """
 
-from byteps.testkit.environment import clean_env, unset_byteps_env
+from byteps.testkit.environment import clean_env, one_process_adapter, unset_byteps_env
 from byteps.testkit.launched_job import JOB_LAYOUTS, LAUNCHER, assert_all_ok, launch_job, rank_lines, report, tail
 from byteps.testkit.ports import free_port
 from byteps.testkit.processes import is_alive, kill_group, process_state, wait_until_dead
@@ -52,6 +52,7 @@ __all__ = [
     "is_alive",
     "kill_group",
     "launch_job",
+    "one_process_adapter",
     "process_state",
     "rank_lines",
     "report",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
 
-__all__ = ["BYTEPS_PREFIXES", "clean_env", "unset_byteps_env"]
+__all__ = ["BYTEPS_PREFIXES", "clean_env", "unset_byteps_env", "one_process_adapter"]
 
 #: Prefixes of the variables byteps reads (BytePS's and ps-lite's).
 BYTEPS_PREFIXES = ("DMLC_", "BYTEPS_", "PS_")
@@ -42,3 +44,22 @@ def unset_byteps_env(monkeypatch: Any) -> None:
     for variable in list(os.environ):
         if variable.startswith(BYTEPS_PREFIXES):
             monkeypatch.delenv(variable)
+
+
+@contextlib.contextmanager
+def one_process_adapter(monkeypatch: Any, module: str) -> Iterator[Any]:
+    """The adapter ``module`` (``byteps.torch``, ``byteps.tensorflow``, ...) initialised as one worker process,
+    with no byteps variable from the environment; shut down at the end. An adapter's ``bps`` fixture::
+
+        @pytest.fixture
+        def bps(monkeypatch):
+            with one_process_adapter(monkeypatch, "byteps.torch") as adapter:
+                yield adapter
+    """
+    unset_byteps_env(monkeypatch)
+    adapter = importlib.import_module(module)
+    adapter.init()
+    try:
+        yield adapter
+    finally:
+        adapter.shutdown()

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from typing import Dict, List
 
+from byteps.testkit.ports import free_port
 from byteps.testkit.processes import stop_group
 
 __all__ = ["SlurmCluster", "slurm_available", "SLURM_PROGRAMS"]
@@ -33,12 +33,6 @@ SLURM_PROGRAMS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd",
 
 def slurm_available() -> bool:
     return all(os.path.exists(program) for program in SLURM_PROGRAMS)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class SlurmCluster:
@@ -66,8 +60,8 @@ class SlurmCluster:
         socket_path = self._path("munge", "munge.socket")
         with open(self.conf, "w") as f:
             f.write("\n".join([
-                "ClusterName=bpstest", f"SlurmctldHost={name}", f"SlurmctldPort={_free_port()}",
-                f"SlurmdPort={_free_port()}", "AuthType=auth/munge", f"AuthInfo=socket={socket_path}",
+                "ClusterName=bpstest", f"SlurmctldHost={name}", f"SlurmctldPort={free_port()}",
+                f"SlurmdPort={free_port()}", "AuthType=auth/munge", f"AuthInfo=socket={socket_path}",
                 "CredType=cred/munge", "SlurmUser=root", "SlurmdUser=root",
                 f"StateSaveLocation={self._path('state')}", f"SlurmdSpoolDir={self._path('spool')}",
                 f"SlurmctldPidFile={self._path('slurmctld.pid')}", f"SlurmdPidFile={self._path('slurmd.pid')}",

@@ -23,6 +23,7 @@ import subprocess
 import time
 from typing import List, Sequence
 
+from byteps.testkit.ports import free_port
 from byteps.testkit.processes import stop_group
 
 __all__ = ["SshHosts", "SSHD", "sshd_available"]
@@ -32,12 +33,6 @@ SSHD = "/usr/sbin/sshd"
 
 def sshd_available() -> bool:
     return os.path.exists(SSHD) and shutil.which("ssh") is not None and shutil.which("ssh-keygen") is not None
-
-
-def _free_port(address: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((address, 0))
-        return sock.getsockname()[1]
 
 
 class SshHosts:
@@ -59,7 +54,7 @@ class SshHosts:
         authorized = os.path.join(self.folder, "authorized_keys")
         shutil.copy(self.key + ".pub", authorized)
         # One port for every host, as a real cluster has: free on each address.
-        self.port = _free_port(self.addresses[0])
+        self.port = free_port(self.addresses[0])
         try:
             for address in self.addresses:
                 config = os.path.join(self.folder, f"sshd_{address}.conf")
