@@ -1,12 +1,13 @@
 """Driver of the Ray tests, run inside the test's network namespace against the Ray cluster started there.
 
-Usage: python ray_driver.py ADDRESS digits|kill|cpus|train|train-fails
+Usage: python ray_driver.py ADDRESS digits|kill|cpus|train|train-fails|train-cpus
 digits: 2 worker actors and 1 server actor train the digits model; prints each worker's accuracy.
 kill:   the workers push_pull for up to 60 s; worker 1's actor is killed after 3 s; prints how long run()
         took to raise, and what.
 cpus:   asks for more CPUs than the cluster has; prints the error.
 train:  the same training through Ray Train (BytePSTrainer, 2 workers, 1 server); prints rank 0's accuracy.
 train-fails: a Ray Train run whose rank 1 raises; prints the error fit() raised.
+train-cpus: a Ray Train run whose servers ask for more CPUs than its workers left free; prints the error.
 """
 
 from __future__ import annotations
@@ -83,14 +84,14 @@ def failing_loop(config: dict) -> None:
     push_pull_for(30)
 
 
-def fit(loop) -> None:
+def fit(loop, num_servers: int = 1) -> None:
     from ray.train import RunConfig, ScalingConfig
 
     from byteps.launcher.ray_train import BytePSConfig, BytePSTrainer
 
     trainer = BytePSTrainer(loop, train_loop_config={"epochs": 10},
                             scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
-                            byteps_config=BytePSConfig(num_servers=1, cpus_per_server=1),
+                            byteps_config=BytePSConfig(num_servers=num_servers, cpus_per_server=1),
                             run_config=RunConfig(storage_path="/tmp/byteps-ray-train"))
     started = time.monotonic()
     try:
@@ -117,8 +118,8 @@ def servers_left_after(seconds: float) -> int:
 def main() -> None:
     address, mode = sys.argv[1], sys.argv[2]
     ray.init(address=address, logging_level="ERROR", log_to_driver=mode != "kill")
-    if mode in ("train", "train-fails"):
-        fit(train_loop if mode == "train" else failing_loop)
+    if mode in ("train", "train-fails", "train-cpus"):
+        fit(failing_loop if mode == "train-fails" else train_loop, num_servers=3 if mode == "train-cpus" else 1)
         return
     if mode == "cpus":
         try:

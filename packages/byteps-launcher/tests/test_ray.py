@@ -95,3 +95,13 @@ def test_a_failing_ray_train_worker_fails_the_run_and_stops_the_servers(ray_clus
     assert "rank 1 gives up" in result.stdout + result.stderr, result.stdout
     assert float(found.group(2)) < 30  # Ray Train's own start and teardown included
     assert "SERVERS LEFT 0" in result.stdout, result.stdout
+
+
+@needs_ray
+def test_ray_train_servers_that_cannot_get_cpus_are_refused_not_waited_for(ray_cluster):
+    pytest.importorskip("ray.train")
+    result = drive(ray_cluster, "train-cpus")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert "FIT RAISED" in result.stdout, (result.stdout + result.stderr)[-3000:]
+    output = result.stdout + result.stderr
+    assert "the byteps servers ask for 3 (3 x 1)" in output, output[-3000:]

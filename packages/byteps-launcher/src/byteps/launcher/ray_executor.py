@@ -32,7 +32,6 @@ needs a new executor.
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 import subprocess
 import sys
@@ -40,7 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import ray
 
-from byteps.launcher.job_plan import horovod_variables
+from byteps.launcher.job_plan import job_identity, worker_variables
 
 __all__ = ["RayExecutor", "ServiceExited", "start_services", "worker_environment", "stop_services"]
 
@@ -114,7 +113,15 @@ class _Worker:
 def start_services(num_workers: int, num_servers: int, cpus_per_server: float,
                    env: Optional[Dict[str, str]] = None) -> tuple:
     """The scheduler and ``num_servers`` servers as actors, started; returns (actors, the environment every
-    worker shares: addresses, sizes, the job secret and id). The caller stops them (:func:`stop_services`)."""
+    worker shares: addresses, sizes, the job secret and id). The caller stops them (:func:`stop_services`).
+
+    ValueError when the cluster has not the CPUs the servers ask for free now: their actors would wait
+    for them forever."""
+    free = ray.available_resources().get("CPU", 0)
+    if num_servers * cpus_per_server > free:
+        raise ValueError(f"the Ray cluster has {free:g} free CPUs, the byteps servers ask for "
+                         f"{num_servers * cpus_per_server:g} ({num_servers} x {cpus_per_server:g}): add CPU nodes or "
+                         "ask for fewer (num_servers, cpus_per_server)")
     scheduler = _Service.remote()
     servers = [_Service.options(num_cpus=cpus_per_server).remote() for _ in range(num_servers)]
     services = [scheduler, *servers]
@@ -122,8 +129,7 @@ def start_services(num_workers: int, num_servers: int, cpus_per_server: float,
         root, port = ray.get([scheduler.node_ip.remote(), scheduler.free_port.remote()])
         shared = {**(env or {}), "DMLC_PS_ROOT_URI": root, "DMLC_PS_ROOT_PORT": str(port),
                   "DMLC_NUM_WORKER": str(num_workers), "DMLC_NUM_SERVER": str(num_servers),
-                  "BYTEPS_JOB_SECRET": secrets.token_hex(32), "BYTEPS_JOB_ID": f"ray{secrets.token_hex(5)}",
-                  "PYTHONUNBUFFERED": "1"}
+                  **job_identity(env or {}), "PYTHONUNBUFFERED": "1"}
         ray.get(scheduler.start.remote({**shared, "DMLC_ROLE": "scheduler", "DMLC_NODE_HOST": root}))
         ips = ray.get([server.node_ip.remote() for server in servers])
         ray.get([server.start.remote({**shared, "DMLC_ROLE": "server", "DMLC_NODE_HOST": ip})
@@ -136,8 +142,7 @@ def start_services(num_workers: int, num_servers: int, cpus_per_server: float,
 
 def worker_environment(shared: Dict[str, str], rank: int, num_workers: int, node_ip: str) -> Dict[str, str]:
     """Worker ``rank``'s environment: a worker machine of its own, one process, on ``node_ip``."""
-    return {**shared, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(rank), "DMLC_NODE_HOST": node_ip,
-            "BYTEPS_LOCAL_RANK": "0", "BYTEPS_LOCAL_SIZE": "1", **horovod_variables(rank, num_workers, 0, 1)}
+    return {**shared, "DMLC_ROLE": "worker", "DMLC_NODE_HOST": node_ip, **worker_variables(rank, num_workers, 0, 1)}
 
 
 def check_services(services: List[Any]) -> None:
