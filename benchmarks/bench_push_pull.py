@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -23,6 +21,7 @@ import time
 
 import numpy as np
 import zmq
+from loopback_job import free_port, one_worker_job
 
 from byteps.common.config import Config
 
@@ -39,12 +38,6 @@ for _ in range(rounds):
         data.recv(copy=False)
     ack.send(b"done")
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def raw_zmq_stream(total_bytes: int, message_bytes: int, repeats: int) -> list:
@@ -77,16 +70,9 @@ def raw_zmq_stream(total_bytes: int, message_bytes: int, repeats: int) -> list:
 
 def byteps_push_pull(nbytes: int, repeats: int) -> list:
     """Seconds per push_pull of one float32 tensor of ``nbytes`` through a real server."""
-    port = free_port()
-    env = {**os.environ, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
-           "DMLC_NUM_WORKER": "1", "DMLC_NUM_SERVER": "1", "DMLC_INTERFACE": "lo",
-           "BYTEPS_FORCE_DISTRIBUTED": "1", "BYTEPS_PARTITION_BYTES": str(PARTITION_BYTES)}
-    procs = [subprocess.Popen([sys.executable, "-m", "byteps.server"], env={**env, "DMLC_ROLE": role})
-             for role in ("scheduler", "server")]
-    os.environ.update({**env, "DMLC_ROLE": "worker"})
-    import byteps.common as bps
+    with one_worker_job(PARTITION_BYTES):
+        import byteps.common as bps
 
-    try:
         bps.init()
         tensor = np.ones(nbytes // 4, dtype=np.float32)
         times = []
@@ -96,12 +82,6 @@ def byteps_push_pull(nbytes: int, repeats: int) -> list:
             times.append(time.perf_counter() - start)
         assert tensor[0] == 1.0  # one worker: the sum is the input
         bps.shutdown()
-    finally:
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
     return times[1:]
 
 

@@ -8,6 +8,10 @@ weights. Run it with the launcher:
 
     bpslaunch --workers 2 --servers 1 -- python examples/torch/train_digits.py
 
+``--device cuda`` trains on the GPU (local rank ``i`` takes GPU ``i`` modulo
+the GPUs it sees, so several workers may share one); gradients stay CUDA
+tensors and byteps stages them through pinned host memory (docs/gpu.md).
+
 Rank 0 prints the progress (a bar per epoch when tqdm is installed, then one
 line per epoch) and the held-out accuracy; the script exits
 non-zero if that accuracy is below --min-accuracy.
@@ -61,10 +65,10 @@ def load_data(seed: int) -> tuple:
             TensorDataset(images[test_idx], labels[test_idx]))
 
 
-def evaluate(model: torch.nn.Module, dataset: TensorDataset) -> float:
+def evaluate(model: torch.nn.Module, dataset: TensorDataset, device: torch.device) -> float:
     model.eval()
     with torch.no_grad():
-        images, labels = dataset.tensors
+        images, labels = (t.to(device) for t in dataset.tensors)
         accuracy = (model(images).argmax(dim=1) == labels).float().mean().item()
     model.train()
     return accuracy
@@ -83,16 +87,25 @@ def main() -> int:
                         help="BytePS's compression_params, e.g. "
                              "'{\"compressor\": \"onebit\", \"scaling\": true, \"ef\": \"vanilla\"}'")
     parser.add_argument("--min-accuracy", type=float, default=0.9)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: local rank i trains on GPU i modulo the GPUs this process sees")
     args = parser.parse_args()
 
     bps.init()
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            print("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)", file=sys.stderr)
+            return 2
+        device = torch.device("cuda", bps.local_rank() % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     torch.manual_seed(args.seed + bps.rank())   # different initial weights: the broadcast must fix that
     torch.set_num_threads(1)   # a model this small only loses time to more threads
     train_set, test_set = load_data(args.seed)
     sampler = DistributedSampler(train_set, num_replicas=bps.size(), rank=bps.rank(), shuffle=True, seed=args.seed)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 
-    model = DigitsNet()
+    model = DigitsNet().to(device)
     # Averaged gradients take n workers' worth of data per step: scale the rate (Horovod's rule). In
     # asynchronous training every worker's own step is added to the servers' parameters: keep it.
     scale = 1 if os.environ.get("BYTEPS_ENABLE_ASYNC", "0") == "1" else bps.size()
@@ -105,7 +118,7 @@ def main() -> int:
     bps.broadcast_optimizer_state(optimizer, root_rank=0)
 
     if bps.rank() == 0:
-        print(f"training on {len(train_set)} images with {bps.size()} worker(s), "
+        print(f"training on {len(train_set)} images with {bps.size()} worker(s) on {device}, "
               f"{len(sampler)} images and {len(loader)} steps per worker per epoch", flush=True)
     for epoch in range(1, args.epochs + 1):
         sampler.set_epoch(epoch)
@@ -114,6 +127,7 @@ def main() -> int:
         if bps.rank() == 0 and tqdm is not None:
             batches = tqdm(loader, desc=f"epoch {epoch:2d}", leave=False, file=sys.stdout, ncols=72, mininterval=0.2)
         for images, labels in batches:
+            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             optimizer.zero_grad()
             logits = model(images)
             loss = F.cross_entropy(logits, labels)
@@ -127,7 +141,7 @@ def main() -> int:
             print(f"epoch {epoch:2d}: loss {loss_sum / seen:.4f}  train accuracy {correct / seen:.3f}  "
                   f"{seen * bps.size() / elapsed:.0f} samples/s (all workers)", flush=True)
 
-    accuracy = evaluate(model, test_set)
+    accuracy = evaluate(model, test_set, device)
     if bps.rank() == 0:
         print(f"held-out accuracy {accuracy:.3f} on {len(test_set)} images", flush=True)
     bps.shutdown()

@@ -19,6 +19,7 @@ import pytest
 
 from byteps.common.config import parse_cpu_list
 from byteps.launcher.topology import (
+    Gpu,
     Topology,
     TopologyError,
     format_cpu_list,
@@ -191,8 +192,8 @@ class FakeNvml:
     class NVMLError_LibraryNotFound(NVMLError):
         pass
 
-    def __init__(self, bus_ids, fail_init=False, fail_at=None):
-        self.bus_ids, self.fail_init, self.fail_at = bus_ids, fail_init, fail_at
+    def __init__(self, bus_ids, fail_init=False, fail_at=None, uuids=None):
+        self.bus_ids, self.fail_init, self.fail_at, self.uuids = bus_ids, fail_init, fail_at, uuids
         self.initialised = self.shut_down = False
 
     def nvmlInit(self):
@@ -215,7 +216,7 @@ class FakeNvml:
         return type("PciInfo", (), {"busId": self.bus_ids[handle]})()
 
     def nvmlDeviceGetUUID(self, handle):
-        return f"GPU-{handle:08x}-fake".encode()
+        return self.uuids[handle] if self.uuids else f"GPU-{handle:08x}-fake".encode()
 
 
 # NVML's spelling: 8-digit domain, upper case; older pynvml returns bytes.
@@ -238,6 +239,13 @@ def test_gpus_numa_nodes_and_pcie_switches(switch_size, switches):
 def test_gpu_without_firmware_node_counts_as_node_0():
     gpus = read_gpus(str(FIXTURES / "alder-lake-i9-12900k"), nvml=FakeNvml(["00000000:01:00.0"]))
     assert [(gpu.index, gpu.numa_node) for gpu in gpus] == [(0, 0)]
+
+
+def test_recorded_answers_of_a_real_h100():
+    """What nvidia-ml-py answered on the H100 machine of docs/gpu.md (strings, not bytes, in that version)."""
+    nvml = FakeNvml(["00000000:00:06.0"], uuids=["GPU-4ab8b56c-5129-da97-ded2-f29f6e4d29ee"])
+    gpus = read_gpus(str(FIXTURES / "alder-lake-i9-12900k"), nvml=nvml)
+    assert gpus == (Gpu(0, "0000:00:06.0", 0, 0, "GPU-4ab8b56c-5129-da97-ded2-f29f6e4d29ee"),)
 
 
 def test_epyc_gpus_follow_the_dgx_layout():

@@ -13,7 +13,7 @@ from byteps.common.interface import require_interface
 
 # 2.1: compression, tracing, asynchronous keys and the front's ParameterExchange, backup workers (quorum keys,
 # skipping_round); 2.0: frontend, sealed transport; 1.1: local aggregation, declare sizes, topology
-INTERFACE_VERSION = (2, 1)
+INTERFACE_VERSION = (2, 2)
 
 require_interface("byteps-transport", "byteps.transport", (2, 1), requirer="byteps-common")
 

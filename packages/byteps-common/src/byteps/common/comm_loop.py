@@ -34,7 +34,7 @@ from byteps.common.server_exchange import ServerExchange
 from byteps.transport import Command, Context, NodeFailure, Poller, SchedulerClient, TransportError, command_name
 from byteps.transport.rendezvous import BARRIER_WORKERS
 
-__all__ = ["PushPullTask", "BarrierRequest", "JoinRequest", "CommLoop", "CommOptions"]
+__all__ = ["PushPullTask", "BarrierRequest", "JoinRequest", "DeviceCopyDone", "CommLoop", "CommOptions"]
 
 log = logging.getLogger("byteps.common.comm_loop")
 
@@ -59,6 +59,7 @@ class PushPullTask:
     quorum: int = 0  # backup workers: the machines whose pushes close a round (0: all)
     skipped: bool = False  # backup workers: a closed round pulled without a push
     closed_after: Optional[int] = None  # backup workers: rounds closed after this one, least over the partitions
+    device: Any = None  # a CUDA tensor's byteps.common.device_staging.StagedTensor (None: host memory)
     started: float = 0.0  # time.time() when the comm thread started it (for the timeline)
     remaining: int = 0  # partitions not yet in the output
     network_partitions: int = 0  # partitions this process pushes
@@ -89,6 +90,15 @@ class JoinRequest(BarrierRequest):
     started: bool = False
     released: bool = False
     last: int = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceCopyDone:
+    """A CUDA tensor's partition is in pinned host memory (or its copy failed): from the copy waiter."""
+
+    task: PushPullTask
+    index: int
+    error: Optional[BaseException] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +137,8 @@ class CommLoop(threading.Thread):
         self.dispatcher = RouteDispatcher(self._arrived, options.tracer)
         proceed = self.dispatcher.proceed
         self.dispatcher.register(Stage.COPY_OUT, self._copy_out)
+        self.dispatcher.register(Stage.DEVICE_TO_HOST, self._device_to_host)
+        self.dispatcher.register(Stage.HOST_TO_DEVICE, self._host_to_device)
         self.exchange: Optional[ServerExchange] = None
         if servers:
             self.exchange = ServerExchange(context, servers, options.rank, options.max_payload_bytes,
@@ -147,7 +159,8 @@ class CommLoop(threading.Thread):
         self.scheduler = scheduler
         self._barriers: List[BarrierRequest] = []  # sent, waiting for BARRIER_RELEASE
         self._join: Optional[JoinRequest] = None  # a join in progress
-        self._tasks: queue.SimpleQueue[Union[PushPullTask, BarrierRequest, None]] = queue.SimpleQueue()
+        self._tasks: queue.SimpleQueue[Union[PushPullTask, BarrierRequest, DeviceCopyDone, None]] = \
+            queue.SimpleQueue()
         self._wake_read, self._wake_write = os.pipe()
         self._active: Dict[int, PushPullTask] = {}  # id(task) -> task, started and not finished
         self._fatal: Optional[BaseException] = None
@@ -167,6 +180,10 @@ class CommLoop(threading.Thread):
             task.handle.set_error(self._fatal or TransportError("the worker's communication thread is not running"))
             return
         self._enqueue(task)
+
+    def device_copy_done(self, task: PushPullTask, index: int, error: Optional[BaseException] = None) -> None:
+        """Partition ``index`` of ``task`` (a CUDA tensor) reached pinned host memory (from the copy waiter)."""
+        self._enqueue(DeviceCopyDone(task, index, error))
 
     def barrier(self, timeout_s: float) -> None:
         """Block until every worker has entered the barrier; raises the job's failure if any."""
@@ -192,7 +209,7 @@ class CommLoop(threading.Thread):
             raise request.error
         return request.last
 
-    def _enqueue(self, item: Union[PushPullTask, BarrierRequest]) -> None:
+    def _enqueue(self, item: Union[PushPullTask, BarrierRequest, DeviceCopyDone]) -> None:
         self._tasks.put(item)
         if not self._wake_pending:
             self._wake_pending = True
@@ -282,7 +299,9 @@ class CommLoop(threading.Thread):
             if task is None:
                 self._stopping = True
                 return
-            if isinstance(task, JoinRequest):
+            if isinstance(task, DeviceCopyDone):
+                self._device_copy_arrived(task)
+            elif isinstance(task, JoinRequest):
                 self._join = task
                 self._maybe_start_join()
             elif isinstance(task, BarrierRequest):
@@ -307,7 +326,8 @@ class CommLoop(threading.Thread):
             return
         has_servers = self.exchange is not None and self._spans_machines(task)
         routes = [plan_route(self.local.root_of(task.plan.tensor_id, part, local_members) == self.options.local_rank
-                             if aggregates else None, has_servers, task.compression is not None, task.skipped)
+                             if aggregates else None, has_servers, task.compression is not None, task.skipped,
+                             task.device is not None)
                   for part in parts]
         task.network_partitions = sum(Stage.PUSH in route for route in routes)
         for part, route in zip(parts, routes):
@@ -353,6 +373,32 @@ class CommLoop(threading.Thread):
             kernels.scale_into(target, trip.data, task.output.dtype, task.average_over)
         elif trip.data is not target:
             target[:] = trip.data
+        self.dispatcher.proceed(trip)
+
+    def _device_to_host(self, trip: PartitionTrip) -> None:
+        """DEVICE_TO_HOST: on as soon as the partition's copy is done (now, or when the waiter says so)."""
+        staged, index = trip.task.device, trip.part.index
+        if staged.ready[index]:
+            self.dispatcher.proceed(trip)
+        else:
+            staged.waiting[index] = trip
+
+    def _device_copy_arrived(self, done: DeviceCopyDone) -> None:
+        task = done.task
+        if task.failed:
+            return
+        if done.error is not None:
+            self._fail_task(task, done.error)
+            return
+        staged = task.device
+        staged.ready[done.index] = True
+        trip = staged.waiting.pop(done.index, None)
+        if trip is not None:
+            self.dispatcher.proceed(trip)
+
+    def _host_to_device(self, trip: PartitionTrip) -> None:
+        """HOST_TO_DEVICE: the partition's result queued to the device (after the last, handed to the consumer)."""
+        trip.task.device.copy_back(trip.part.offset, trip.part.nbytes)
         self.dispatcher.proceed(trip)
 
     def _arrived(self, trip: PartitionTrip) -> None:
@@ -417,5 +463,5 @@ class CommLoop(threading.Thread):
                 break
             if isinstance(task, BarrierRequest):
                 task.fail(error)
-            elif task is not None:
+            elif isinstance(task, PushPullTask):
                 task.handle.set_error(error)

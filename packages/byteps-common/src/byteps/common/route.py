@@ -16,6 +16,7 @@ The routes (see docs/architecture.md)::
     a round skipped (backup workers):  PULL, COPY_OUT
     other local ranks:         COPY_IN, LOCAL_BROADCAST, COPY_OUT
     one worker machine:        LOCAL_REDUCE, LOCAL_BROADCAST, COPY_OUT  (root; no servers)
+    a CUDA tensor:             DEVICE_TO_HOST first, HOST_TO_DEVICE last (docs/gpu.md)
 
 A new stage (as COMPRESS and DECOMPRESS were; a trace span around every stage) is a member of
 :class:`Stage`, a place in :func:`plan_route` and a handler registered with
@@ -36,6 +37,7 @@ __all__ = ["Stage", "PartitionTrip", "RouteDispatcher", "plan_route"]
 class Stage(enum.Enum):
     """One step of a partition's route."""
 
+    DEVICE_TO_HOST = "device_to_host"  # a CUDA tensor: the partition's copy into pinned host memory is done
     COPY_IN = "copy_in"  # a non-root local rank: input into its shared slot, LOCAL_READY to the root
     LOCAL_REDUCE = "local_reduce"  # the local root: every local rank's input summed into its slot
     COMPRESS = "compress"  # the pushing process: momentum, error feedback, the codec (trip.data becomes the payload)
@@ -44,12 +46,22 @@ class Stage(enum.Enum):
     DECOMPRESS = "decompress"  # the server's compressed sum into the partition's dense buffer
     LOCAL_BROADCAST = "local_broadcast"  # root: LOCAL_DONE to the others; the others: wait for it
     COPY_OUT = "copy_out"  # the result into the task's output, divided when averaging
+    HOST_TO_DEVICE = "host_to_device"  # a CUDA tensor: the partition's result queued back to the device
 
 
 def plan_route(local_root: Optional[bool], has_servers: bool, compressed: bool = False,
-               skipped: bool = False) -> Tuple[Stage, ...]:
+               skipped: bool = False, on_device: bool = False) -> Tuple[Stage, ...]:
     """The stages of one partition; ``local_root`` is None without local aggregation; ``skipped``: a closed
-    round this worker did not compute (backup workers), pulled without a push."""
+    round this worker did not compute (backup workers), pulled without a push; ``on_device``: a CUDA
+    tensor, staged through pinned host memory."""
+    route = _host_route(local_root, has_servers, compressed, skipped)
+    if on_device:
+        return (Stage.DEVICE_TO_HOST, *route, Stage.HOST_TO_DEVICE)
+    return route
+
+
+def _host_route(local_root: Optional[bool], has_servers: bool, compressed: bool, skipped: bool
+                ) -> Tuple[Stage, ...]:
     if skipped:
         return (Stage.PULL, Stage.COPY_OUT)
     network = (Stage.PUSH, Stage.PULL) if has_servers else ()

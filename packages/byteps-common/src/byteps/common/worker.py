@@ -35,6 +35,7 @@ from byteps.common.comm_loop import CommLoop, CommOptions, PushPullTask
 from byteps.common.compression import COMPRESSIBLE_DTYPES, CompressionSpec
 from byteps.common.compression.feedback import TensorCompressor
 from byteps.common.config import Config
+from byteps.common.device_staging import DeviceStaging, device_of
 from byteps.common.dtypes import DType
 from byteps.common.handle import Handle
 from byteps.common.job_report import ProcessReport, write_report
@@ -72,6 +73,7 @@ class Worker:
         self._rounds: Dict[str, int] = {}
         self._in_flight: Set[str] = set()
         self._compressors: Dict[str, TensorCompressor] = {}  # compressed tensors' state, kept across rounds
+        self._device_staging = DeviceStaging()  # CUDA tensors' pinned buffers (CuPy only once one arrives)
         self._skipping = threading.local()  # skipping_round() on this thread
         self._rounds_behind: Optional[int] = None  # backup workers: see take_rounds_behind()
         self._closed = False
@@ -174,7 +176,8 @@ class Worker:
                         dtype: Optional[Union[str, DType]] = None, members: Optional[Sequence[int]] = None,
                         set_id: int = 0, root: Optional[int] = None, tensor_id: Optional[int] = None,
                         joinable: bool = True, compression: Optional[CompressionSpec] = None,
-                        lr: Optional[float] = None, asynchronous: bool = False) -> Handle:
+                        lr: Optional[float] = None, asynchronous: bool = False,
+                        stream: Optional[int] = None) -> Handle:
         """Start summing (or averaging) ``tensor`` over all workers.
 
         The result goes into ``output`` (default: ``tensor`` itself, in
@@ -207,8 +210,24 @@ class Worker:
         tensor. Its first push_pull broadcasts the initial value into their store (``root`` given); each
         later one pushes a delta (a sum, ``average=False``), which the servers add as it comes, and
         returns the store as it stands after this worker's delta.
+
+        A CUDA tensor (DLPack, e.g. torch's) goes through pinned host memory partition by partition
+        (:mod:`byteps.common.device_staging`, docs/gpu.md); ``stream``, the caller's CUDA stream, waits
+        for the result's copies back (None: the handle waits for them on the host).
         """
-        source, target = input_and_output_views(tensor, output, f"push_pull({name!r})", dtype)
+        what = f"push_pull({name!r})"
+        staged = None
+        if device_of(tensor, f"{what} input") is not None:
+            if asynchronous:
+                raise ValueError(f"{what}: asynchronous training (BYTEPS_ENABLE_ASYNC) takes CPU tensors; "
+                                 "keep the parameters' copy on the CPU")
+            staged = self._device_staging.stage(tensor, output, name, what, dtype, stream)
+            source, target = staged.source, staged.target
+        elif output is not None and device_of(output, f"{what} output") is not None:
+            raise ValueError(f"{what}: the input is on the CPU but the output on a CUDA device; "
+                             "pass both on the same device")
+        else:
+            source, target = input_and_output_views(tensor, output, what, dtype)
         if compression is not None and compression.compressor != "none" and source.dtype not in COMPRESSIBLE_DTYPES:
             raise ValueError(f"push_pull({name!r}): compression_params {compression.compressor!r} takes float16, "
                              f"float32 or float64 tensors, not {source.dtype.name.lower()}")
@@ -252,9 +271,12 @@ class Worker:
             self._in_flight.add(name)
             if self._first_push_pull is None:
                 self._first_push_pull = time.monotonic()
-        handle = _TrackedHandle(name, target.array, self)
+        handle = _TrackedHandle(name, target.array if staged is None else
+                                (tensor if output is None else output), self)
         if self._comm is None:
-            if target.data is not source.data:
+            if staged is not None:
+                staged.copy_through()
+            elif target.data is not source.data:
                 np.copyto(target.data, source.data)
             handle.set_done()
             return handle
@@ -272,7 +294,10 @@ class Worker:
         task = PushPullTask(name=name, round=round_, source=source, output=target, plan=plan,
                             average_over=count if average else 0, handle=handle, members=ranks, machines=machines,
                             tag=tag, compression=compressor, lr=lr, asynchronous=asynchronous, quorum=quorum,
-                            skipped=skipped)
+                            skipped=skipped, device=staged)
+        if staged is not None:
+            comm = self._comm
+            staged.start(plan.partitions, lambda _, index, error: comm.device_copy_done(task, index, error))
         self._comm.submit(task)
         return handle
 
@@ -476,6 +501,7 @@ class Worker:
             self._closed = True
         if self._comm is not None:
             self._comm.stop()
+        self._device_staging.close()
         self._write_report()
         self.stop_timeline()
         if self._tracer is not None:

@@ -269,9 +269,9 @@ def read_gpus(sysfs_root: str = "/sys", pcie_switch_size: int = 8, *, nvml: Any 
     NUMA node: the PCI device's ``numa_node`` under ``sysfs_root`` (-1, "the
     firmware did not say", counts as node 0). PCIe switch: BytePS's rule,
     ``index // BYTEPS_PCIE_SWITCH_SIZE`` (GPUs 0-7 under switch 0 by
-    default), not the real PCIe tree. Unverified on real GPUs here: the
-    development machines have none, so this path is tested with a fake
-    pynvml module passed as ``nvml``.
+    default), not the real PCIe tree. Read through the real pynvml on one
+    H100 machine (docs/gpu.md); the tests pass a fake pynvml module as
+    ``nvml``, with answers recorded there among others.
     """
     if nvml is None:
         try:

@@ -11,6 +11,11 @@ on the parameters (order, sizes, dtypes, which are active), never on timing,
 so every rank builds the same ones. BYTEPS_FUSION_THRESHOLD=0 sends every
 gradient alone.
 
+Buckets never mix devices. A bucket of host gradients goes through the
+front's fusion (packed into a host buffer); a bucket of CUDA gradients is
+packed on the device (one ``torch.cat``) and push_pulled as one CUDA tensor,
+staged partition by partition (:func:`push_pull_bucket`, docs/gpu.md).
+
 Example::
 
     buckets = GradientBuckets({p: f"Gradient.{name}" for name, p in model.named_parameters()}, Compression.none)
@@ -26,10 +31,11 @@ import torch
 
 from byteps.common import api
 from byteps.common.fusion import FusionGroup, plan_fusion
-from byteps.torch.ops import declare
+from byteps.torch.group_ops import push_pull_group_async
+from byteps.torch.ops import declare, push_pull_async_inplace, synchronize
 from byteps.torch.tensors import byteps_dtype
 
-__all__ = ["Bucket", "GradientBuckets"]
+__all__ = ["Bucket", "GradientBuckets", "push_pull_bucket", "wait_gradient"]
 
 
 class Bucket:
@@ -83,19 +89,21 @@ class GradientBuckets:
         threshold, max_tensor_bytes = self._limits
         if threshold == 0:
             return {}
-        items, params = [], []
+        by_device: Dict[torch.device, Tuple[list, list]] = {}  # buckets never mix devices
         for p in active:
             layout = self._wire_layout(p)
             if layout is not None:
+                items, params = by_device.setdefault(p.device, ([], []))
                 items.append((self.names[p], *layout))
                 params.append(p)
         plan: Dict[torch.Tensor, Bucket] = {}
-        for group in plan_fusion(items, threshold, max_tensor_bytes):
-            if group.fused:
-                if declare_now:
-                    api.declare(group.name, nbytes=group.nbytes, itemsize=group.dtype.itemsize)
-                bucket = Bucket(group, [params[i] for i in group.members])
-                plan.update((p, bucket) for p in bucket.members)
+        for items, params in by_device.values():
+            for group in plan_fusion(items, threshold, max_tensor_bytes):
+                if group.fused:
+                    if declare_now:
+                        api.declare(group.name, nbytes=group.nbytes, itemsize=group.dtype.itemsize)
+                    bucket = Bucket(group, [params[i] for i in group.members])
+                    plan.update((p, bucket) for p in bucket.members)
         return plan
 
     def _wire_layout(self, p: torch.Tensor) -> Optional[Tuple[int, Any]]:
@@ -146,3 +154,51 @@ class GradientBuckets:
             if bucket.members[0] is p:
                 api.declare(bucket.name, nbytes=bucket.group.nbytes, itemsize=bucket.group.dtype.itemsize)
             declare(name)
+
+
+class _DevicePack:
+    """A bucket's CUDA gradients packed into one CUDA buffer, push_pulled as one tensor."""
+
+    def __init__(self, buffers: List[torch.Tensor]) -> None:
+        self.shapes = [b.shape for b in buffers]
+        self.sizes = [b.numel() for b in buffers]
+        self.buffer = torch.cat([b.reshape(-1) for b in buffers])
+        self.handle: Optional[int] = None
+        self._done = False
+
+    def member(self, index: int) -> torch.Tensor:
+        if not self._done:
+            synchronize(self.handle)
+            self._done = True
+        offset = sum(self.sizes[:index])
+        return self.buffer[offset:offset + self.sizes[index]].view(self.shapes[index])
+
+
+class _PackedGradient:
+    """One member's handle in a device-packed bucket (see :func:`wait_gradient`)."""
+
+    def __init__(self, pack: _DevicePack, index: int) -> None:
+        self.pack = pack
+        self.index = index
+
+
+def push_pull_bucket(bucket: Bucket, buffers: List[torch.Tensor], average: bool, names: List[str]) -> List[Any]:
+    """Start ``bucket``'s push_pull of its members' ``buffers``; one handle per member, for :func:`wait_gradient`.
+
+    Host gradients go through the front's fusion (``names`` are theirs);
+    CUDA gradients are packed on the device into one buffer named after the
+    bucket, so the bucket is one staged push_pull, not one per gradient.
+    """
+    if buffers[0].device.type != "cuda":
+        return push_pull_group_async(buffers, average=average, names=names)
+    pack = _DevicePack(buffers)
+    pack.handle = push_pull_async_inplace(pack.buffer, average=average, name=bucket.name)
+    return [_PackedGradient(pack, index) for index in range(len(buffers))]
+
+
+def wait_gradient(handle: Any) -> torch.Tensor:
+    """The result behind a gradient's handle: an int handle, or a member of a device-packed bucket."""
+    if isinstance(handle, _PackedGradient):
+        return handle.pack.member(handle.index)
+    return synchronize(handle)
+

@@ -30,8 +30,9 @@ Averages divide by the number of worker processes; integer tensors are
 summed and divided here, rounding towards zero (``-3 / 2 == -1``) as
 Horovod's torch ops do (byteps-common itself floors). Broadcast works as in
 BytePS: the root contributes its tensor, every other rank zeros, and the sum
-is the root's tensor. Tensors on a GPU are staged through host copies
-(see :mod:`byteps.torch.tensors`; unverified here, no GPU on the build machine).
+is the root's tensor. CUDA tensors stay on their device: the front copies
+them to pinned host memory and back partition by partition, on a stream of
+its own ordered after the caller's (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from byteps.common.frontend.names import TensorNames
 from byteps.common.frontend.process import after_shutdown
 from byteps.common.frontend.reductions import OpSpec, average_of, divide_towards_zero
 from byteps.torch.compression import Compression
-from byteps.torch.tensors import HostTensor, check_tensor, numpy_view, scaled, shares_memory
+from byteps.torch.tensors import HostTensor, byteps_dtype, check_tensor, numpy_view, scaled, shares_memory
 
 __all__ = [
     "declare",
@@ -107,45 +108,60 @@ def submit(tensor: torch.Tensor, spec: OpSpec, inplace: bool, compression: Any =
     """Start one reduction; returns its handle. ``contribute=False`` pushes zeros (broadcast).
 
     ``compression_spec`` (a parsed compression_params) compresses it on the way to the servers; ``lr`` is
-    the optimizer's learning rate, which error feedback needs.
+    the optimizer's learning rate, which error feedback needs. A CUDA tensor stays on its device: the
+    front stages it through pinned host memory partition by partition (docs/gpu.md).
     """
     name = _names.resolve(spec.family, spec.name)
     what = f"{spec.family}({name!r})"
     check_tensor(tensor, what)
     sent = scaled(tensor.detach(), spec.prescale)
     sent, ctx = compression.compress(sent)
-    host = HostTensor.of(sent, what)
-    key = _key_name(name, host.host)
+    on_device = sent.device.type == "cuda"
+    if on_device:
+        dtype = byteps_dtype(sent.dtype, what)
+        key = _key_name(name, sent)
+    else:
+        host = HostTensor.of(sent, what)
+        sent, dtype = host.host, host.dtype
+        key = _key_name(name, sent)
     token = _names.reserve(name, what)
     try:
         # Does byteps work on the caller's own memory? Then an out-of-place op needs an output.
-        aliased = shares_memory(host.host, tensor)
+        aliased = shares_memory(sent, tensor)
         if not contribute:
             if aliased and not inplace:
-                host = HostTensor.of(torch.zeros_like(host.host), what)
+                sent = torch.zeros_like(sent)
                 aliased = False
             else:
-                host.host.zero_()
-        if aliased and not inplace:
-            result = torch.empty_like(host.host)
-            output = numpy_view(result, what)
-        else:
-            result, output = host.host, None
+                sent.zero_()
+        result = torch.empty_like(sent) if aliased and not inplace else sent
         # Horovod's integer average rounds towards zero: sum, then divide in finish().
-        truncate = spec.average and not (host.host.is_floating_point() or host.host.dtype == torch.bool)
+        truncate = spec.average and not (sent.is_floating_point() or sent.dtype == torch.bool)
+        average = spec.average and not truncate
         start = time.time()
-        core = api.worker().push_pull_async(host.array, key, spec.average and not truncate, output, host.dtype,
-                                            members=spec.members, set_id=spec.set_id, root=spec.root,
-                                            compression=compression_spec, lr=lr)
+        worker = api.worker()
+        options = dict(members=spec.members, set_id=spec.set_id, root=spec.root, compression=compression_spec, lr=lr)
+        if on_device:
+            core = worker.push_pull_async(_bytes(sent), key, average, None if result is sent else _bytes(result),
+                                          dtype, stream=torch.cuda.current_stream(sent.device).cuda_stream,
+                                          **options)
+        else:
+            core = worker.push_pull_async(numpy_view(sent, what), key, average,
+                                          None if result is sent else numpy_view(result, what), dtype, **options)
     except BaseException:
         _names.release(name, token)
         raise
 
     def finish() -> torch.Tensor:
+        out = result
         if truncate:
-            divide_towards_zero(output if output is not None else host.array,
-                                len(spec.members) if spec.members is not None else api.size())
-        out = result.to(tensor.device) if host.staged else result
+            count = len(spec.members) if spec.members is not None else api.size()
+            if on_device:
+                out.copy_(torch.div(out, count, rounding_mode="trunc"))
+            else:
+                divide_towards_zero(numpy_view(out, what), count)
+        if out.device != tensor.device:
+            out = out.to(tensor.device)  # a tensor staged by a host copy (a device other than CUDA)
         out = compression.decompress(out, ctx)
         out = scaled(out, spec.postscale)
         if not inplace:
@@ -155,7 +171,12 @@ def submit(tensor: torch.Tensor, spec: OpSpec, inplace: bool, compression: Any =
                 tensor.copy_(out)
         return tensor
 
-    return _tracker.track(core, name, token, start, host.array.nbytes, finish)
+    return _tracker.track(core, name, token, start, sent.numel() * sent.element_size(), finish)
+
+
+def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous CUDA tensor's bytes as a flat uint8 tensor (CuPy reads any dtype that way, bfloat16 too)."""
+    return tensor.reshape(-1).view(torch.uint8)
 
 
 def group_handles(handles: List[int]) -> int:

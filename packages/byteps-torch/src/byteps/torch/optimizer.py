@@ -55,12 +55,11 @@ from byteps.common.frontend import Average, check_gradient_op, check_passes
 from byteps.common.frontend.async_training import async_enabled, check_async_compression
 from byteps.common.frontend.process_sets import global_process_set, rank_view
 from byteps.torch.async_optimizer import AsyncDistributedOptimizer
-from byteps.torch.buckets import Bucket, GradientBuckets
+from byteps.torch.buckets import Bucket, GradientBuckets, push_pull_bucket, wait_gradient
 from byteps.torch.collectives import sparse_allreduce_async
 from byteps.torch.compression import Compression
-from byteps.torch.group_ops import push_pull_group_async
 from byteps.torch.horovod_ops import allreduce_async_
-from byteps.torch.ops import push_pull_async_inplace, synchronize
+from byteps.torch.ops import push_pull_async_inplace
 
 __all__ = ["DistributedOptimizer"]
 
@@ -245,8 +244,8 @@ class _DistributedOptimizer:
 
     def _start_bucket(self, bucket: Bucket) -> None:
         prepared = [self._prepare(p) for p in bucket.members]
-        handles = push_pull_group_async([item[0] for item in prepared], average=prepared[0][2],
-                                        names=[GRADIENT_PREFIX + self._parameter_names[p] for p in bucket.members])
+        handles = push_pull_bucket(bucket, [item[0] for item in prepared], prepared[0][2],
+                                   [GRADIENT_PREFIX + self._parameter_names[p] for p in bucket.members])
         bucket.started = True
         for p, (_, ctx, _, postscale), handle in zip(bucket.members, prepared, handles):
             self._pending[p] = _PendingGradient(handle, ctx, postscale)
@@ -274,7 +273,7 @@ class _DistributedOptimizer:
         pending, self._pending = self._pending, {}
         try:
             for p, item in pending.items():
-                result = synchronize(item.handle)
+                result = wait_gradient(item.handle)
                 if result.is_sparse:
                     p.grad = result
                     continue

@@ -6,11 +6,11 @@ returns a memoryview over the tensor's own bytes, and numpy views that
 memory (as 16-bit integers for bfloat16, which numpy lacks). The view keeps
 the tensor's storage alive until byteps is done with it.
 
-A tensor on another device (CUDA) is staged: copied to a CPU tensor, reduced
-there, and copied back by the caller (:meth:`HostTensor.on_device`). That
-path is written for CUDA but **unverified**: the machine this package was
-built on has no GPU. It never hands device memory to byteps, so the worst a
-device problem can do is raise torch's own error from the copy.
+A single CUDA tensor's push_pull does not come here: byteps-common stages
+it through pinned memory partition by partition (docs/gpu.md). Grouped
+calls and the gathering collectives stage a tensor on another device here:
+a synchronous copy to a CPU tensor, reduced there, and copied back by the
+caller (:meth:`HostTensor.on_device`).
 
 Example::
 
@@ -129,6 +129,10 @@ class TorchStaging:
 
     check = staticmethod(check_tensor)
     stage = staticmethod(HostTensor.of)
+
+    @staticmethod
+    def device(tensor: torch.Tensor) -> torch.device:
+        return tensor.device
 
     @staticmethod
     def detach(tensor: torch.Tensor) -> torch.Tensor:

@@ -72,6 +72,8 @@ class Staging(Protocol):
     def on_device(staged: Staged) -> Any:
         """The staged bytes as a tensor on the original tensor's device."""
 
+    # Optional: ``device(tensor)``, the framework's device of a tensor; a grouped call must not mix them.
+
 
 def push_pull_group(arrays: Sequence[np.ndarray], names: Sequence[str], average: bool = True,
                     outputs: Optional[Sequence[Optional[np.ndarray]]] = None,
@@ -113,10 +115,14 @@ def submit_group(tracker: Any, staging: Staging, tensors: Sequence[Any], names: 
     if len(names) != len(tensors):
         raise ValueError(f"push_pull_group: {len(tensors)} tensors but {len(names)} names")
     members: List[_Member] = []
+    device_of = getattr(staging, "device", None)  # optional: the framework's device of a tensor
     try:
         for name, tensor in zip(names, tensors):
             what = f"push_pull_group({name!r})"
             staging.check(tensor, what)
+            if device_of is not None and members and device_of(tensor) != device_of(members[0].tensor):
+                raise ValueError(f"{what}: the tensor is on {device_of(tensor)} but {members[0].name!r} on "
+                                 f"{device_of(members[0].tensor)}; one grouped call takes tensors on one device")
             sent, ctx = compression.compress(staging.detach(tensor))
             staged = staging.stage(sent, what)
             token = tracker.names.reserve(name, what)

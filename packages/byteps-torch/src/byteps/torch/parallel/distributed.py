@@ -35,11 +35,10 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 import torch
 
 from byteps.common.frontend import size
-from byteps.torch.buckets import Bucket, GradientBuckets
+from byteps.torch.buckets import Bucket, GradientBuckets, push_pull_bucket, wait_gradient
 from byteps.torch.compression import Compression
 from byteps.torch.functions import broadcast_parameters
-from byteps.torch.group_ops import push_pull_group_async
-from byteps.torch.ops import push_pull_async_inplace, synchronize
+from byteps.torch.ops import push_pull_async_inplace
 
 __all__ = ["DistributedDataParallel"]
 
@@ -151,8 +150,8 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _start_bucket(self, bucket: Bucket) -> None:
         prepared = [self._prepare(p) for p in bucket.members]
-        handles = push_pull_group_async([buffer for buffer, _ in prepared], average=True,
-                                        names=[self._buckets.names[p] for p in bucket.members])
+        handles = push_pull_bucket(bucket, [buffer for buffer, _ in prepared], True,
+                                   [self._buckets.names[p] for p in bucket.members])
         bucket.started = True
         for p, (_, ctx), handle in zip(bucket.members, prepared, handles):
             self._pending[p] = (handle, ctx)
@@ -166,7 +165,7 @@ class DistributedDataParallel(torch.nn.Module):
         pending, self._pending = self._pending, {}
         try:
             for p, (handle, ctx) in pending.items():
-                output = self._compression.decompress(synchronize(handle), ctx)
+                output = self._compression.decompress(wait_gradient(handle), ctx)
                 if output.data_ptr() != p.grad.data_ptr():
                     p.grad.copy_(output)
         finally:

@@ -1,0 +1,339 @@
+"""CUDA tensors on a host route: pinned staging, partition by partition (docs/gpu.md).
+
+byteps sums on CPUs (the servers, the local aggregation's shared memory), so
+a CUDA tensor travels through a pinned host buffer. Its route gains two
+stages (:mod:`byteps.common.route`): DEVICE_TO_HOST first, HOST_TO_DEVICE
+last. Who does what:
+
+* the API thread (``push_pull_async``) reads the tensor through DLPack with
+  the engine's side stream as the consumer, so the framework makes the side
+  stream wait on its own (producer) stream through an event: no
+  device-wide synchronize. It then queues one device-to-host copy per
+  partition on the side stream, each followed by an event;
+* the copy waiter thread waits for those events in order (CuPy waits
+  without the GIL) and tells the communication thread, which moves that
+  partition on: the first partitions are pushed while later ones are
+  still copying;
+* the communication thread, at HOST_TO_DEVICE, queues the partition's
+  host-to-device copy on the side stream and moves on. After the task's
+  last partition the consumer stream (the caller's, when the adapter
+  names it) waits on an event recorded after those copies, and only then
+  does the handle complete; without a consumer stream the host waits.
+
+Pinned buffers are allocated once per tensor name and size and reused;
+before a buffer is reused, the previous round's host-to-device copies out
+of it are waited for.
+
+The copies go through a :class:`CopyEngine`: :class:`CupyEngine` on a GPU
+(CuPy is imported only when a CUDA tensor arrives). The CPU tests of this
+bookkeeping install a stand-in for the GPU with :func:`use_engine`
+(``byteps.testkit.device_stand_in``); nothing else does.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from byteps.common.buffers import TensorView
+from byteps.common.dtypes import DType, dtype_of
+
+__all__ = ["CopyEngine", "CupyEngine", "DeviceStaging", "StagedTensor", "device_of", "use_engine"]
+
+#: DLPack device types (dlpack.h's DLDeviceType).
+_DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 8: "metal", 9: "vpi", 10: "rocm",
+                 11: "rocm_host", 13: "cuda_managed", 14: "oneapi", 15: "webgpu", 16: "hexagon", 17: "maia"}
+_CPU = 1
+_CUDA_TYPES = (2, 13)  # device memory and managed memory: copied with cudaMemcpyAsync
+
+_engine_factory: Optional[Callable[[int], CopyEngine]] = None
+
+
+def use_engine(factory: Optional[Callable[[int], CopyEngine]]) -> None:
+    """Tests only: build every later DeviceStaging's engine with ``factory(device)`` (None: CuPy)."""
+    global _engine_factory
+    _engine_factory = factory
+
+
+def device_of(obj: Any, what: str) -> Optional[Tuple[str, int]]:
+    """``("cuda", index)`` for a tensor in CUDA memory, None for host memory.
+
+    Anything else (ROCm, Metal, ...) is a ValueError naming the tensor and its device.
+    """
+    probe = getattr(obj, "__dlpack_device__", None)
+    if probe is None or isinstance(obj, np.ndarray):
+        return None
+    kind, index = (int(v) for v in probe())
+    if kind == _CPU:
+        return None
+    name = _DEVICE_NAMES.get(kind, f"device type {kind}")
+    if kind not in _CUDA_TYPES:
+        raise ValueError(f"{what}: the tensor is on {name}:{index}; byteps takes CPU and CUDA tensors: "
+                         "move it to the CPU or to a CUDA device first")
+    return "cuda", index
+
+
+class CopyEngine:
+    """The copies of one device: a side stream, pinned buffers, events (an interface)."""
+
+    device: int
+
+    def pinned(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` of pinned (page-locked) host memory as a uint8 array."""
+        raise NotImplementedError
+
+    def device_buffer(self, tensor: Any, what: str) -> Tuple[int, int, Optional[np.dtype], Any]:
+        """(device pointer, nbytes, numpy dtype or None, keep-alive) of a contiguous device tensor, read
+        with the side stream as the consumer (the producer's work is ordered before the copies)."""
+        raise NotImplementedError
+
+    def to_host(self, host: np.ndarray, pointer: int) -> Any:
+        """Queue ``pointer``'s ``host.nbytes`` bytes into ``host``; returns an event that is done after it."""
+        raise NotImplementedError
+
+    def to_device(self, pointer: int, host: np.ndarray) -> None:
+        """Queue ``host``'s bytes into device memory at ``pointer``."""
+        raise NotImplementedError
+
+    def record(self) -> Any:
+        """An event after everything queued so far."""
+        raise NotImplementedError
+
+    def wait(self, event: Any) -> None:
+        """Block this thread until ``event`` is done."""
+        raise NotImplementedError
+
+    def hand_over(self, event: Any, stream: Optional[int]) -> None:
+        """Make the consumer ``stream`` (a CUDA stream handle) wait for ``event``; None: wait here."""
+        self.wait(event)
+
+    def copy_device(self, destination: int, source: int, nbytes: int) -> None:
+        """Queue a device-to-device copy (the single-process push_pull with an output)."""
+        raise NotImplementedError
+
+
+class CupyEngine(CopyEngine):
+    """Copies on a non-blocking CUDA stream of its own, through CuPy."""
+
+    def __init__(self, device: int) -> None:
+        try:
+            import cupy
+        except ImportError:
+            raise ImportError(
+                "byteps moves CUDA tensors through CuPy, which is not installed: pip install cupy-cuda12x "
+                "(CUDA 12) or cupy-cuda13x (CUDA 13); the extras do it: pip install 'byteps-torch[cuda12]'") from None
+        self._cupy = cupy
+        self._runtime = cupy.cuda.runtime
+        self.device = device
+        with cupy.cuda.Device(device):
+            self._stream = cupy.cuda.Stream(non_blocking=True)
+        self._keep: List[Any] = []  # pinned allocations (freed with the engine)
+
+    def _event(self) -> Any:
+        return self._cupy.cuda.Event(block=False, disable_timing=True)
+
+    def pinned(self, nbytes: int) -> np.ndarray:
+        memory = self._cupy.cuda.alloc_pinned_memory(max(1, nbytes))
+        self._keep.append(memory)
+        return np.frombuffer(memory, dtype=np.uint8, count=nbytes)
+
+    def device_buffer(self, tensor: Any, what: str) -> Tuple[int, int, Optional[np.dtype], Any]:
+        cupy = self._cupy
+        with cupy.cuda.Device(self.device), self._stream:
+            try:
+                array = cupy.from_dlpack(tensor)
+            except (BufferError, TypeError, ValueError) as exc:
+                raise ValueError(f"{what}: CuPy cannot read the CUDA tensor through DLPack ({exc})") from None
+        if not array.flags.c_contiguous:
+            raise ValueError(f"{what}: the CUDA tensor is not contiguous; pass a contiguous copy")
+        return int(array.data.ptr), int(array.nbytes), np.dtype(array.dtype), array
+
+    def to_host(self, host: np.ndarray, pointer: int) -> Any:
+        with self._cupy.cuda.Device(self.device):
+            if host.nbytes:
+                self._runtime.memcpyAsync(host.ctypes.data, pointer, host.nbytes,
+                                          self._runtime.memcpyDeviceToHost, self._stream.ptr)
+            event = self._event()
+            event.record(self._stream)
+        return event
+
+    def to_device(self, pointer: int, host: np.ndarray) -> None:
+        if host.nbytes:
+            with self._cupy.cuda.Device(self.device):
+                self._runtime.memcpyAsync(pointer, host.ctypes.data, host.nbytes,
+                                          self._runtime.memcpyHostToDevice, self._stream.ptr)
+
+    def copy_device(self, destination: int, source: int, nbytes: int) -> None:
+        if nbytes:
+            with self._cupy.cuda.Device(self.device):
+                self._runtime.memcpyAsync(destination, source, nbytes, self._runtime.memcpyDeviceToDevice,
+                                          self._stream.ptr)
+
+    def record(self) -> Any:
+        with self._cupy.cuda.Device(self.device):
+            event = self._event()
+            event.record(self._stream)
+        return event
+
+    def wait(self, event: Any) -> None:
+        event.synchronize()
+
+    def hand_over(self, event: Any, stream: Optional[int]) -> None:
+        if stream is None:
+            event.synchronize()
+            return
+        with self._cupy.cuda.Device(self.device):
+            self._runtime.streamWaitEvent(stream, event.ptr, 0)
+
+
+class StagedTensor:
+    """One push_pull of a CUDA tensor: its host views and where its partitions' copies stand.
+
+    ``ready``/``waiting`` are touched only by the communication thread.
+    """
+
+    def __init__(self, staging: DeviceStaging, slot: _Slot, source: TensorView, target: TensorView,
+                 input_pointer: int, output_pointer: int, stream: Optional[int], keep: Tuple[Any, ...]) -> None:
+        self.staging = staging
+        self.slot = slot
+        self.source = source  # pinned host copy of the input
+        self.target = target  # pinned host buffer of the result (``source`` in place)
+        self.input_pointer = input_pointer
+        self.output_pointer = output_pointer
+        self.stream = stream  # the consumer's CUDA stream; None: the handle waits on the host
+        self._keep = keep  # the device arrays, alive until done
+        self.ready: List[bool] = []  # per partition: its device-to-host copy is done
+        self.waiting: Dict[int, Any] = {}  # partition index -> trip parked at DEVICE_TO_HOST
+        self.copied_back = 0  # partitions whose host-to-device copy is queued
+        self.partitions = 0
+
+    def start(self, partitions: List[Any], ready: Callable[[StagedTensor, int, Optional[BaseException]], None]
+              ) -> None:
+        """Queue one device-to-host copy per partition; ``ready(self, index, error)`` follows each
+        (from the copy waiter thread)."""
+        self.partitions = len(partitions)
+        self.ready = [False] * self.partitions
+        engine = self.staging.engine
+        for part in partitions:
+            window = self.source.data[part.offset:part.offset + part.nbytes]
+            event = engine.to_host(window, self.input_pointer + part.offset)
+            self.staging.waiter.put((event, self, part.index, ready))
+
+    def copy_back(self, offset: int, nbytes: int) -> bool:
+        """Queue one partition's result to the device; True when it was the last (the copies are handed to
+        the consumer then, and the task may complete)."""
+        engine = self.staging.engine
+        engine.to_device(self.output_pointer + offset, self.target.data[offset:offset + nbytes])
+        self.copied_back += 1
+        if self.copied_back < self.partitions:
+            return False
+        self.finish()
+        return True
+
+    def finish(self) -> None:
+        """Every copy back is queued: the consumer waits for them, the buffers are free after them."""
+        engine = self.staging.engine
+        event = engine.record()
+        self.slot.last_copy = event
+        engine.hand_over(event, self.stream)
+
+    def copy_through(self) -> None:
+        """A single process's push_pull: the result is the input (copied on the device when out of place)."""
+        engine = self.staging.engine
+        if self.output_pointer != self.input_pointer:
+            engine.copy_device(self.output_pointer, self.input_pointer, self.source.nbytes)
+        self.finish()
+
+
+class _Slot:
+    """The pinned buffers of one tensor name, reused round after round."""
+
+    def __init__(self, engine: CopyEngine, nbytes: int, out_of_place: bool) -> None:
+        self.nbytes = nbytes
+        self.source = engine.pinned(nbytes)
+        self.target = engine.pinned(nbytes) if out_of_place else None
+        self.last_copy: Any = None  # the previous round's last host-to-device copy (its event)
+
+
+class DeviceStaging:
+    """The CUDA tensors of one worker process: their engine, pinned buffers and copy waiter."""
+
+    def __init__(self) -> None:
+        self.engine: Optional[CopyEngine] = None
+        self._slots: Dict[str, _Slot] = {}
+        self._lock = threading.Lock()
+        self.waiter: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: Optional[threading.Thread] = None
+
+    def stage(self, tensor: Any, output: Any, name: str, what: str, dtype: Optional[Any],
+              stream: Optional[int]) -> StagedTensor:
+        """The host views of a CUDA ``tensor`` (and ``output``; None: in place) for one push_pull."""
+        _, index = device_of(tensor, f"{what} input")
+        if output is not None:
+            placed = device_of(output, f"{what} output")
+            if placed != ("cuda", index):
+                where = "cpu" if placed is None else f"{placed[0]}:{placed[1]}"
+                raise ValueError(f"{what}: the input is on cuda:{index} but the output on {where}; "
+                                 "pass both on the same device")
+        engine = self._engine(index, what)
+        pointer, nbytes, found, keep_in = engine.device_buffer(tensor, f"{what} input")
+        out_pointer, keep_out = pointer, None
+        if output is not None:
+            out_pointer, out_nbytes, _, keep_out = engine.device_buffer(output, f"{what} output")
+            if out_nbytes != nbytes:
+                raise ValueError(f"{what}: output has {out_nbytes} bytes, input has {nbytes}")
+        element = dtype_of(dtype if dtype is not None else found)
+        if nbytes % element.itemsize:
+            raise ValueError(f"{what}: {nbytes} bytes are not a whole number of {element.name.lower()} elements")
+        slot = self._slot(name, nbytes, output is not None and out_pointer != pointer)
+        source = _view(slot.source, element)
+        target = source if slot.target is None else _view(slot.target, element)
+        return StagedTensor(self, slot, source, target, pointer, out_pointer, stream, (keep_in, keep_out, tensor))
+
+    def _engine(self, index: int, what: str) -> CopyEngine:
+        with self._lock:
+            if self.engine is None:
+                factory = _engine_factory or CupyEngine
+                self.engine = factory(index)
+                self._thread = threading.Thread(target=self._wait_for_copies, name="byteps-copy-waiter",
+                                                daemon=True)
+                self._thread.start()
+            elif self.engine.device != index:
+                raise ValueError(f"{what}: the tensor is on cuda:{index}, but this process drives cuda:"
+                                 f"{self.engine.device} (one GPU per process, as in BytePS and Horovod); "
+                                 f"move it there, or set the device per process (torch.cuda.set_device(local_rank))")
+            return self.engine
+
+    def _slot(self, name: str, nbytes: int, out_of_place: bool) -> _Slot:
+        slot = self._slots.get(name)
+        if slot is None or slot.nbytes != nbytes or (slot.target is None) == out_of_place:
+            slot = self._slots[name] = _Slot(self.engine, nbytes, out_of_place)
+        elif slot.last_copy is not None:
+            self.engine.wait(slot.last_copy)  # the last round's copies out of these buffers
+            slot.last_copy = None
+        return slot
+
+    def _wait_for_copies(self) -> None:
+        while True:
+            item = self.waiter.get()
+            if item is None:
+                return
+            event, staged, index, ready = item
+            try:
+                self.engine.wait(event)
+            except BaseException as exc:  # a CUDA error fails the push_pull, not this thread
+                ready(staged, index, exc)
+            else:
+                ready(staged, index, None)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self.waiter.put(None)
+            self._thread.join(timeout=5.0)
+
+
+def _view(data: np.ndarray, dtype: DType) -> TensorView:
+    return TensorView(array=data.view(dtype.storage), data=data, dtype=dtype)

@@ -1,0 +1,58 @@
+"""Worker whose tensors report themselves as CUDA tensors, staged by a stand-in for the GPU.
+
+Usage: python device_staging_worker.py ROUNDS
+The stand-in (byteps.testkit.device_stand_in) copies host memory on a thread
+of its own, 1 ms per copy, so the DEVICE_TO_HOST and HOST_TO_DEVICE stages,
+the copy waiter and the pinned-buffer reuse run as they do on a GPU. Every
+result is checked against a numpy reference; prints ``STAGED OK ...``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+import byteps.common as bps
+from byteps.common.api import worker
+from byteps.testkit import device_stand_in
+from byteps.testkit.push_pull_worker import check, generate
+
+TENSORS = [  # (name, dtype, count, average, in place)
+    ("weights", "float32", 50_000, True, True),
+    ("bias", "float64", 3, False, True),
+    ("embedding", "float16", 20_001, True, False),
+    ("steps", "int64", 7_000, False, False),
+]
+
+
+def main() -> None:
+    rounds = int(sys.argv[1])
+    engines = device_stand_in.install(delay_s=0.001)
+    bps.init()
+    rank, size = bps.rank(), bps.size()
+    for round_ in range(rounds):
+        pending = []
+        for name, dtype, count, average, in_place in TENSORS:
+            data = generate(name, dtype, count, rank, round_)
+            tensor = device_stand_in.StandInCudaTensor(data)
+            output = None if in_place else device_stand_in.StandInCudaTensor(np.zeros_like(data))
+            handle = worker().push_pull_async(tensor, name, average, output, dtype, stream=1234)
+            pending.append(((name, dtype, count, average), data if in_place else output.host_array, handle))
+        for (name, dtype, count, average), result, handle in pending:
+            handle.wait()
+            check({"name": name, "dtype": dtype, "count": count, "average": average}, result, size, round_)
+    engine = engines[0]
+    # one copy each way per partition (none for a single process); one pinned buffer per tensor in
+    # place, two out of place, reused round after round
+    if worker().is_distributed:
+        assert engine.copies_to_host == engine.copies_to_device > rounds * len(TENSORS), vars(engine)
+    assert engine.pinned_buffers == sum(1 if t[4] else 2 for t in TENSORS), engine.pinned_buffers
+    assert engine.handed_over == [1234] * (rounds * len(TENSORS)), engine.handed_over
+    print(f"STAGED OK rank {rank} of {size}: {rounds} rounds, {engine.copies_to_host} copies to the host, "
+          f"{engine.copies_to_device} back, {engine.pinned_buffers} pinned buffers", flush=True)
+    bps.shutdown()
+
+
+if __name__ == "__main__":
+    main()
