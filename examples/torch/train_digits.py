@@ -8,6 +8,10 @@ weights. Run it with the launcher:
 
     bpslaunch --workers 2 --servers 1 -- python examples/torch/train_digits.py
 
+``--checkpoint-dir DIR`` saves the model and optimizer after every epoch
+and resumes from the last one on start, e.g. after bpslaunch restarted a
+failed job (``bpslaunch --max-restarts 2 ...``).
+
 ``--device cuda`` trains on the GPU (local rank ``i`` takes GPU ``i`` modulo
 the GPUs it sees, so several workers may share one); gradients stay CUDA
 tensors and byteps stages them through pinned host memory (docs/gpu.md).
@@ -87,6 +91,8 @@ def main() -> int:
                         help="BytePS's compression_params, e.g. "
                              "'{\"compressor\": \"onebit\", \"scaling\": true, \"ef\": \"vanilla\"}'")
     parser.add_argument("--min-accuracy", type=float, default=0.9)
+    parser.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                        help="save after every epoch (rank 0, atomically) and resume from the last save on start")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cuda: local rank i trains on GPU i modulo the GPUs this process sees")
     args = parser.parse_args()
@@ -116,11 +122,19 @@ def main() -> int:
         compression_params=args.compression)
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     bps.broadcast_optimizer_state(optimizer, root_rank=0)
+    first_epoch = 1
+    if args.checkpoint_dir:
+        resumed = bps.load_checkpoint(args.checkpoint_dir, model, optimizer)
+        if resumed is not None:
+            first_epoch = resumed["step"] + 1
+            if bps.rank() == 0:
+                print(f"resumed after epoch {resumed['step']} from {args.checkpoint_dir} "
+                      f"(restart {os.environ.get('BYTEPS_RESTART_COUNT', '0')})", flush=True)
 
     if bps.rank() == 0:
         print(f"training on {len(train_set)} images with {bps.size()} worker(s) on {device}, "
               f"{len(sampler)} images and {len(loader)} steps per worker per epoch", flush=True)
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(first_epoch, args.epochs + 1):
         sampler.set_epoch(epoch)
         started, loss_sum, correct, seen = time.perf_counter(), 0.0, 0, 0
         batches = loader
@@ -140,6 +154,8 @@ def main() -> int:
         if bps.rank() == 0:
             print(f"epoch {epoch:2d}: loss {loss_sum / seen:.4f}  train accuracy {correct / seen:.3f}  "
                   f"{seen * bps.size() / elapsed:.0f} samples/s (all workers)", flush=True)
+        if args.checkpoint_dir:
+            bps.save_checkpoint(args.checkpoint_dir, model, optimizer, step=epoch)
 
     accuracy = evaluate(model, test_set, device)
     if bps.rank() == 0:

@@ -75,6 +75,20 @@ def test_a_hostfile_and_dedicated_server_hosts(hosts, tmp_path):
     assert "1 server, 1 worker process (1 host x 1: 127.0.0.2)" in result.stderr, result.stderr[-3000:]
 
 
+def test_max_restarts_starts_the_whole_job_again_on_every_host(hosts):
+    job_id = "sshrestart1"
+    argv, env = bpslaunch(hosts, ["-H", "127.0.0.2:1,127.0.0.3:1", "--max-restarts", "1"],
+                          os.path.join(HERE, "ssh_restart_worker.py"), env={"BYTEPS_JOB_ID": job_id})
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "attempt 1 of 2 failed (worker 1" in result.stderr and "exited with code 4" in result.stderr, output
+    for rank, host in enumerate(HOSTS):
+        assert f"ATTEMPT 1 rank {rank} host {host} sum 2" in result.stdout, output[-4000:]
+    assert "restarted 1 time" in result.stderr, output[-2000:]
+    assert processes_of(job_id) == []
+
+
 def test_killing_a_remote_worker_ends_the_job_and_leaves_no_process_on_any_host(hosts):
     job_id = f"ssh{os.getpid()}"
     argv, env = bpslaunch(hosts, ["-H", "127.0.0.2:1,127.0.0.3:1"], os.path.join(HERE, "ssh_job_worker.py"),

@@ -110,6 +110,7 @@ ENV_DEFAULTS: Mapping[str, object] = MappingProxyType({
     # Set by bpslaunch
     "BYTEPS_JOB_ID": None,
     "BYTEPS_REPORT_DIR": None,
+    "BYTEPS_RESTART_COUNT": 0,
 })
 
 T = TypeVar("T")
@@ -295,6 +296,7 @@ class Config:
     job_id: Optional[str] = None
     # Where each process leaves its figures for bpslaunch's summary line (bpslaunch sets it)
     report_dir: Optional[str] = None
+    restart_count: int = 0  # bpslaunch --max-restarts: 0 on the first attempt of a job, then 1, 2, ...
 
     @property
     def rendezvous_timeout(self) -> Optional[float]:
@@ -429,6 +431,7 @@ class Config:
             pcie_switch_size=env.get("BYTEPS_PCIE_SWITCH_SIZE", _int(1)),
             job_id=env.get("BYTEPS_JOB_ID", _job_id),
             report_dir=env.get("BYTEPS_REPORT_DIR", _text),
+            restart_count=env.get("BYTEPS_RESTART_COUNT", _int(0)),
             min_compress_bytes=env.get("BYTEPS_MIN_COMPRESS_BYTES", _int(0)),
             trace_on=trace_on,
             trace_start_step=trace_start,

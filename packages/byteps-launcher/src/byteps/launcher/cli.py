@@ -80,6 +80,16 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="bpslaunch",
@@ -126,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--force-distributed", action="store_true",
                         help="use the scheduler and servers even for one worker process "
                              "(BYTEPS_FORCE_DISTRIBUTED=1)")
+    parser.add_argument("--max-restarts", type=_non_negative_int, default=0, metavar="N",
+                        help="after a failure, start the whole job again, up to N times, with BYTEPS_RESTART_COUNT "
+                             "= 1, 2, ... in every process (embedded mode and -H hosts; default 0). A job "
+                             "stopped by Ctrl-C or SIGTERM is not restarted")
     parser.add_argument("--grace-period", type=_non_negative_float, default=DEFAULT_GRACE_PERIOD,
                         metavar="SECONDS",
                         help="time between SIGTERM and SIGKILL when tearing the job down "
@@ -149,6 +163,12 @@ def _environment(args: argparse.Namespace, report_dir: str) -> Dict[str, str]:
     if (args.quiet or args.verbose) and not environ.get("BYTEPS_LOG_LEVEL", "").strip():
         environ["BYTEPS_LOG_LEVEL"] = QUIET_LEVEL if args.quiet else VERBOSE_LEVEL
     return environ
+
+
+#: Every process's attempt number under --max-restarts (Config.restart_count).
+RESTART_COUNT_VARIABLE = "BYTEPS_RESTART_COUNT"
+#: The modes in which this bpslaunch starts the whole job, so it can start all of it again.
+RESTARTABLE_MODES = ("embedded", "ssh")
 
 
 def _plan(args: argparse.Namespace, command: List[str], environ: Dict[str, str], console: Console) -> JobPlan:
@@ -228,28 +248,45 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _run(args: argparse.Namespace, command: List[str], report_dir: str, console: Console) -> int:
-    try:
-        plan = _plan(args, command, _environment(args, report_dir), console)
-        verbose = plan.processes[0].config().log_level in VERBOSE_LEVELS
-        if not args.quiet:
-            console.note(plan.describe())
-        if plan.mode != "ssh":  # other hosts' cores are theirs to place
-            plan = place_workers(plan, report=console.note if verbose else None)  # BYTEPS_NUMA_ON & co.
-    except ConfigError as exc:
-        console.note(f"configuration error: {exc}")
-        return USAGE_ERROR
-    except UsageError as exc:
-        console.note(f"error: {exc} (see bpslaunch --help)")
-        return USAGE_ERROR
-    except KeyboardInterrupt:
-        return 130
-
+    """Plan and run the job; with --max-restarts, again after a failure, with the next BYTEPS_RESTART_COUNT."""
     started = time.monotonic()
-    outcome = Supervisor(plan, grace_period=args.grace_period, console=console).run()
+    attempts = args.max_restarts + 1
+    for attempt in range(attempts):
+        try:
+            environ = _environment(args, report_dir)
+            environ[RESTART_COUNT_VARIABLE] = str(attempt)
+            plan = _plan(args, command, environ, console)
+            if args.max_restarts and plan.mode not in RESTARTABLE_MODES:
+                raise UsageError(
+                    f"--max-restarts restarts the whole job, which only a bpslaunch that starts all of it can do "
+                    f"(embedded mode, or -H hosts over ssh); this one runs in {plan.mode} mode: let the cluster "
+                    "restart its tasks (e.g. SLURM's --requeue, a Kubernetes Job's backoffLimit)")
+            verbose = plan.processes[0].config().log_level in VERBOSE_LEVELS
+            if not args.quiet and attempt == 0:
+                console.note(plan.describe())
+            if plan.mode != "ssh":  # other hosts' cores are theirs to place
+                plan = place_workers(plan, report=console.note if verbose and attempt == 0 else None)
+        except ConfigError as exc:
+            console.note(f"configuration error: {exc}")
+            return USAGE_ERROR
+        except UsageError as exc:
+            console.note(f"error: {exc} (see bpslaunch --help)")
+            return USAGE_ERROR
+        except KeyboardInterrupt:
+            return 130
+
+        outcome = Supervisor(plan, grace_period=args.grace_period, console=console).run()
+        if outcome.ok or outcome.interrupted or attempt + 1 == attempts:
+            break
+        console.note(f"attempt {attempt + 1} of {attempts} failed ({outcome.reason}; exit status "
+                     f"{outcome.exit_code}); restarting the job with {RESTART_COUNT_VARIABLE}={attempt + 1}")
+        for leftover in os.listdir(report_dir):  # the summary counts the last attempt only
+            os.unlink(os.path.join(report_dir, leftover))
     if not args.quiet:
         wall_s = time.monotonic() - started
+        restarts = f"; restarted {attempt} time{'s' if attempt > 1 else ''}" if attempt else ""
         if outcome.ok:
-            console.note(summarize(read_reports(report_dir), wall_s))
+            console.note(summarize(read_reports(report_dir), wall_s) + restarts)
         else:
-            console.note(f"job failed after {wall_s:.1f} s with exit status {outcome.exit_code}")
+            console.note(f"job failed after {wall_s:.1f} s with exit status {outcome.exit_code}{restarts}")
     return outcome.exit_code

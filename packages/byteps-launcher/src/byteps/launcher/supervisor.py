@@ -57,6 +57,7 @@ class JobOutcome:
 
     exit_code: int
     reason: str = ""
+    interrupted: bool = False  # ended by a signal to bpslaunch (Ctrl-C, SIGTERM), not by a failing process
 
     @property
     def ok(self) -> bool:
@@ -101,6 +102,7 @@ class Supervisor:
         self._killed = False
         self._exit_code: Optional[int] = None
         self._reason = ""
+        self._interrupted = False
 
     # ------------------------------------------------------------------ run
 
@@ -125,7 +127,7 @@ class Supervisor:
                     restore_signals()
                 self._selector.close()
                 self._remove_shared_memory()
-        return JobOutcome(exit_code=self._exit_code or 0, reason=self._reason)
+        return JobOutcome(exit_code=self._exit_code or 0, reason=self._reason, interrupted=self._interrupted)
 
     def _remove_shared_memory(self) -> None:
         """Remove the shared-memory names a killed worker may have left (every process is gone now)."""
@@ -296,6 +298,7 @@ class Supervisor:
             name = signal.Signals(signum).name
             if self._exit_code is None:
                 self._exit_code, self._reason = 128 + signum, f"received {name}"
+                self._interrupted = True
             if self._phase != TEARDOWN:
                 self._begin_teardown(
                     f"received {name}; terminating the job (grace period {self.grace_period:g} s)"

@@ -48,6 +48,7 @@ from byteps.common.frontend.process_sets import (  # noqa: E402
 )
 from byteps.common.frontend.reductions import Adasum, Average, Max, Min, Product, Sum  # noqa: E402
 from byteps.torch import parallel  # noqa: E402
+from byteps.torch.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from byteps.torch.collectives import (  # noqa: E402
     allgather,
     allgather_async,
@@ -113,6 +114,7 @@ __all__ = [
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "Compression", "Compressor",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+    "save_checkpoint", "load_checkpoint",
     "DistributedOptimizer", "parallel",
     "PushPullError",
 ]
