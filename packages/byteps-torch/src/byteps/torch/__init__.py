@@ -92,6 +92,7 @@ from byteps.torch.ops import (  # noqa: E402
     synchronize,
 )
 from byteps.torch.optimizer import DistributedOptimizer  # noqa: E402
+from byteps.torch.sync_batch_norm import SyncBatchNorm  # noqa: E402
 
 #: This package's interface, for packages built on it (byteps.common.interface).
 INTERFACE_VERSION = (1, 0)
@@ -114,7 +115,7 @@ __all__ = [
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "Compression", "Compressor",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
-    "save_checkpoint", "load_checkpoint",
+    "save_checkpoint", "load_checkpoint", "SyncBatchNorm",
     "DistributedOptimizer", "parallel",
     "PushPullError",
 ]
