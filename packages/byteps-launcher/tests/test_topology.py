@@ -192,8 +192,9 @@ class FakeNvml:
     class NVMLError_LibraryNotFound(NVMLError):
         pass
 
-    def __init__(self, bus_ids, fail_init=False, fail_at=None, uuids=None):
+    def __init__(self, bus_ids, fail_init=False, fail_at=None, uuids=None, switches=None):
         self.bus_ids, self.fail_init, self.fail_at, self.uuids = bus_ids, fail_init, fail_at, uuids
+        self.switches = switches  # per GPU, the PCIe switch it hangs off; None: the call is not supported
         self.initialised = self.shut_down = False
 
     def nvmlInit(self):
@@ -215,6 +216,13 @@ class FakeNvml:
     def nvmlDeviceGetPciInfo(self, handle):
         return type("PciInfo", (), {"busId": self.bus_ids[handle]})()
 
+    def nvmlDeviceGetTopologyCommonAncestor(self, first, second):
+        if self.switches is None:
+            raise self.NVMLError("Not Supported")
+        if self.switches[first] == self.switches[second]:
+            return 20  # NVML_TOPOLOGY_MULTIPLE: through PCIe switches
+        return 40  # NVML_TOPOLOGY_NODE: through the host bridges of one NUMA node
+
     def nvmlDeviceGetUUID(self, handle):
         return self.uuids[handle] if self.uuids else f"GPU-{handle:08x}-fake".encode()
 
@@ -234,6 +242,20 @@ def test_gpus_numa_nodes_and_pcie_switches(switch_size, switches):
     assert topo.gpus[1].uuid == "GPU-00000001-fake"
     assert nvml.shut_down
     assert "8 GPUs" in topo.describe()
+
+
+def test_without_a_switch_size_the_pcie_switches_come_from_nvml():
+    # A DGX-like box: pairs of GPUs per switch, the pairs in a different order than the indices
+    nvml = FakeNvml(XEON_GPUS, switches=[7, 7, 3, 3, 9, 9, 1, 1])
+    topo = read_topology(str(FIXTURES / "xeon-gold-6248-2s"), pcie_switch_size=None, nvml=nvml)
+    assert [gpu.pcie_switch for gpu in topo.gpus] == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_when_nvml_cannot_say_the_switches_follow_byteps_rule():
+    nvml = FakeNvml(XEON_GPUS)  # nvmlDeviceGetTopologyCommonAncestor not supported
+    gpus = read_gpus(str(FIXTURES / "xeon-gold-6248-2s"), pcie_switch_size=None, nvml=nvml)
+    assert [gpu.pcie_switch for gpu in gpus] == [0] * 8
+    assert nvml.shut_down
 
 
 def test_gpu_without_firmware_node_counts_as_node_0():

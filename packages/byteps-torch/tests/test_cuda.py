@@ -46,6 +46,14 @@ def test_cuda_tensors_sum_like_the_cpu_reference(workers, servers, local_size):
         assert f"CUDA OK rank {rank} of {workers * local_size}" in result.outputs[f"worker{rank}"]
 
 
+def test_sync_batch_norm_on_the_gpu():
+    script = [sys.executable, os.path.join(HERE, "scripts", "sync_batch_norm_checks.py"), "cuda"]
+    result = run_job(script, 2, 1, timeout=240)
+    assert_ok(result)
+    for rank in range(2):
+        assert f"SYNCBN OK rank {rank} of 2 on cuda:0" in result.outputs[f"worker{rank}"]
+
+
 def test_digits_trains_on_the_gpu():
     result = launch_job(["--workers", "2", "--servers", "1"], os.path.join(EXAMPLES, "train_digits.py"),
                         ["--device", "cuda"], timeout=300)

@@ -19,7 +19,7 @@ def test_sync_batch_norm_matches_batch_norm_on_the_whole_batch(workers, servers,
     assert all(code == 0 for code in result.codes.values()), result.failures()
     size = workers * local_size
     for rank in range(size):
-        assert f"SYNCBN OK rank {rank} of {size}" in result.outputs[f"worker{rank}"]
+        assert f"SYNCBN OK rank {rank} of {size} on cpu" in result.outputs[f"worker{rank}"]
 
 
 def test_one_process_is_batch_norm(monkeypatch):

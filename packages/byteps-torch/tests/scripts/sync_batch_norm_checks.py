@@ -1,6 +1,6 @@
 """Worker of the SyncBatchNorm tests: each rank normalizes its slice of one batch; checked against one process.
 
-Usage: python sync_batch_norm_checks.py
+Usage: python sync_batch_norm_checks.py [DEVICE]   (cpu by default; cuda: on the GPU, local rank modulo GPUs)
 Every rank builds the whole batch from a seed, takes its own rows (ranks
 get different numbers of rows), and compares SyncBatchNorm's output, input
 gradient and running statistics with torch.nn.BatchNorm on the whole
@@ -10,12 +10,15 @@ the whole batch's. Prints ``SYNCBN OK``.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 import byteps.torch as bps
 
 
 def check(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    got, want = got.cpu(), want.cpu()
     if not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
         raise AssertionError(f"{what}: largest difference {(got - want).abs().max().item():.3g}")
 
@@ -23,11 +26,14 @@ def check(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
 def main() -> None:
     bps.init()
     rank, size = bps.rank(), bps.size()
+    device = torch.device("cpu")
+    if sys.argv[1:] == ["cuda"]:
+        device = torch.device("cuda", bps.local_rank() % torch.cuda.device_count())
     for shape, momentum in [((11, 3), 0.1), ((9, 4, 5, 5), None), ((7, 2, 3, 4, 2), 0.3)]:
         torch.manual_seed(0)
         counts = [shape[0] // size + r for r in range(size)]  # rank r gets counts[r] rows: uneven
-        rows = torch.randn(sum(counts), *shape[1:]) * 3 + 1
-        upstream = torch.randn(sum(counts), *shape[1:])
+        rows = (torch.randn(sum(counts), *shape[1:]) * 3 + 1).to(device)
+        upstream = torch.randn(sum(counts), *shape[1:]).to(device)
         start = sum(counts[:rank])
         mine = slice(start, start + counts[rank])
         channels = shape[1]
@@ -35,6 +41,7 @@ def main() -> None:
             torch.nn.BatchNorm2d(channels, momentum=momentum) if len(shape) == 4 else \
             torch.nn.BatchNorm3d(channels, momentum=momentum)
         synced = bps.SyncBatchNorm(channels, momentum=momentum)
+        reference, synced = reference.to(device), synced.to(device)
         with torch.no_grad():
             for layer in (reference, synced):
                 layer.weight.copy_(torch.linspace(0.5, 1.5, channels))
@@ -60,7 +67,7 @@ def main() -> None:
         synced.eval()
         reference.eval()
         check(f"{shape} evaluation", synced(x_mine.detach()), reference(x_all.detach())[mine])
-    print(f"SYNCBN OK rank {rank} of {size}", flush=True)
+    print(f"SYNCBN OK rank {rank} of {size} on {device}", flush=True)
     bps.shutdown()
 
 

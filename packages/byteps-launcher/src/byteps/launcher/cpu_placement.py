@@ -82,9 +82,11 @@ def place_workers(
     if not config.numa_on:
         say("BYTEPS_NUMA_ON=0: worker processes are not pinned")
         return plan
+    # BYTEPS_PCIE_SWITCH_SIZE set: BytePS's index rule; unset: the switches NVML reports (docs/topology.md)
+    switch_size = config.pcie_switch_size if workers[0].env.get("BYTEPS_PCIE_SWITCH_SIZE", "").strip() else None
     try:
         topology = read_topology(sysfs_root, gpus=config.visible_cpu_cores is None,
-                                 pcie_switch_size=config.pcie_switch_size, nvml=nvml)
+                                 pcie_switch_size=switch_size, nvml=nvml)
     except TopologyError as exc:
         say(f"cannot read this machine's CPU topology ({exc}); worker processes are not pinned")
         return plan

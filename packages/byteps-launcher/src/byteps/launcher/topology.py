@@ -226,14 +226,15 @@ def _read_nodes(node_dir: str, online: Tuple[int, ...]) -> Tuple[NumaNode, ...]:
 
 
 def read_topology(
-    sysfs_root: str = "/sys", *, gpus: bool = True, pcie_switch_size: int = 8, nvml: Any = None
+    sysfs_root: str = "/sys", *, gpus: bool = True, pcie_switch_size: Optional[int] = 8, nvml: Any = None
 ) -> Topology:
     """Read CPUs, NUMA nodes and (when ``gpus``) GPUs from ``sysfs_root``.
 
     Missing per-CPU topology files degrade gracefully (a CPU without
     ``thread_siblings_list`` is its own core; without ``physical_package_id``
     it is on package 0). Raises TopologyError only when no online CPU is found.
-    ``nvml`` replaces the ``pynvml`` module (tests); see :func:`read_gpus`.
+    ``nvml`` replaces the ``pynvml`` module (tests); see :func:`read_gpus`,
+    also for ``pcie_switch_size`` (None: NVML's PCIe tree).
     """
     cpu_dir = os.path.join(sysfs_root, "devices", "system", "cpu")
     online = _online_cpus(cpu_dir)
@@ -256,6 +257,33 @@ def read_topology(
     return Topology(cpus=cpus, nodes=nodes, gpus=found_gpus)
 
 
+#: NVML's topology levels (nvmlGpuTopologyLevel_t): at most this one, two GPUs share a PCIe switch.
+_NVML_TOPOLOGY_MULTIPLE = 20
+
+
+def _switches_from_nvml(nvml: Any, error: Any, count: int) -> Optional[List[int]]:
+    """Each GPU's PCIe switch from NVML's tree (numbered in GPU order), or None when NVML cannot say."""
+    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    group = list(range(count))  # union-find over "shares a switch"
+
+    def root(i: int) -> int:
+        while group[i] != i:
+            group[i] = group[group[i]]
+            i = group[i]
+        return i
+
+    try:
+        for i in range(count):
+            for j in range(i + 1, count):
+                level = int(nvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j]))
+                if level <= _NVML_TOPOLOGY_MULTIPLE:
+                    group[root(j)] = root(i)
+    except (error, AttributeError):  # not supported by this driver or pynvml
+        return None
+    numbers: Dict[int, int] = {}
+    return [numbers.setdefault(root(i), len(numbers)) for i in range(count)]
+
+
 def _sysfs_bus_id(nvml_bus_id: Any) -> str:
     """NVML's ``00000000:3B:00.0`` (8-digit domain, upper case) -> sysfs's ``0000:3b:00.0``."""
     text = nvml_bus_id.decode() if isinstance(nvml_bus_id, bytes) else str(nvml_bus_id)
@@ -263,15 +291,19 @@ def _sysfs_bus_id(nvml_bus_id: Any) -> str:
     return f"{domain[-4:].rjust(4, '0')}:{rest}"
 
 
-def read_gpus(sysfs_root: str = "/sys", pcie_switch_size: int = 8, *, nvml: Any = None) -> Tuple[Gpu, ...]:
+def read_gpus(sysfs_root: str = "/sys", pcie_switch_size: Optional[int] = 8, *, nvml: Any = None
+              ) -> Tuple[Gpu, ...]:
     """The GPUs NVML sees, or ``()`` when pynvml is missing or finds no driver/library.
 
     NUMA node: the PCI device's ``numa_node`` under ``sysfs_root`` (-1, "the
-    firmware did not say", counts as node 0). PCIe switch: BytePS's rule,
-    ``index // BYTEPS_PCIE_SWITCH_SIZE`` (GPUs 0-7 under switch 0 by
-    default), not the real PCIe tree. Read through the real pynvml on one
-    H100 machine (docs/gpu.md); the tests pass a fake pynvml module as
-    ``nvml``, with answers recorded there among others.
+    firmware did not say", counts as node 0). PCIe switch: with a
+    ``pcie_switch_size`` (BYTEPS_PCIE_SWITCH_SIZE set), BytePS's rule,
+    ``index // size``; with None, the real PCIe tree: GPUs whose closest
+    common ancestor (``nvmlDeviceGetTopologyCommonAncestor``) is at most a
+    PCIe switch share one, numbered in GPU order; BytePS's rule with 8 when
+    NVML cannot say. Read through the real pynvml on one H100 machine
+    (docs/gpu.md); the tests pass a fake pynvml module as ``nvml``, with
+    answers recorded there among others.
     """
     if nvml is None:
         try:
@@ -294,7 +326,11 @@ def read_gpus(sysfs_root: str = "/sys", pcie_switch_size: int = 8, *, nvml: Any 
                 uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
             except error:
                 uuid = ""
-            found.append(Gpu(index, bus_id, max(node, 0), index // max(pcie_switch_size, 1), uuid))
+            found.append(Gpu(index, bus_id, max(node, 0), index // max(pcie_switch_size or 8, 1), uuid))
+        if pcie_switch_size is None and len(found) > 1:
+            switches = _switches_from_nvml(nvml, error, len(found))
+            if switches is not None:
+                found = [dataclasses.replace(gpu, pcie_switch=switch) for gpu, switch in zip(found, switches)]
     except error:  # a GPU that fell off the bus, a driver mismatch: place workers as if there were no GPU
         found = []
     finally:
