@@ -33,11 +33,16 @@ def test_a_cuda_route_starts_and_ends_on_the_device():
     assert plan_route(None, True) == (Stage.PUSH, Stage.PULL, Stage.COPY_OUT)
 
 
-@pytest.mark.parametrize("workers,servers,local_size", [(2, 1, 1), (2, 2, 1), (1, 1, 2), (2, 1, 2)])
-def test_staged_tensors_sum_like_host_ones(workers, servers, local_size):
-    """Small partitions, so each tensor is several copies each way, pipelined with the pushes."""
+@pytest.mark.parametrize("workers,servers,local_size,delay,copy_bytes", [
+    (2, 1, 1, "0.001", "32768"), (2, 2, 1, "0.001", "32768"), (1, 1, 2, "0.001", "32768"),
+    (2, 1, 2, "0.001", "32768"),
+    (2, 1, 1, "0", "1"),  # a copy per partition, done at once: the waiter reports many per message
+])
+def test_staged_tensors_sum_like_host_ones(workers, servers, local_size, delay, copy_bytes):
+    """Small partitions, so each tensor is several copies each way (runs of 2 partitions, or one each),
+    pipelined with the pushes."""
     env = {"BYTEPS_PARTITION_BYTES": "16384"}
-    result = run_job(WORKER + ["4"], workers, servers, local_size=local_size, env=env)
+    result = run_job(WORKER + ["4", delay, copy_bytes], workers, servers, local_size=local_size, env=env)
     assert_ok(result)
     for rank in range(workers * local_size):
         assert f"STAGED OK rank {rank} of {workers * local_size}: 4 rounds" in result.outputs[f"worker{rank}"]

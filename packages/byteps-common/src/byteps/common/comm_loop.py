@@ -94,10 +94,10 @@ class JoinRequest(BarrierRequest):
 
 @dataclasses.dataclass(frozen=True)
 class DeviceCopyDone:
-    """A CUDA tensor's partition is in pinned host memory (or its copy failed): from the copy waiter."""
+    """Partitions of a CUDA tensor are in pinned host memory (or a copy failed): from the copy waiter."""
 
     task: PushPullTask
-    index: int
+    indices: Tuple[int, ...]
     error: Optional[BaseException] = None
 
 
@@ -181,9 +181,10 @@ class CommLoop(threading.Thread):
             return
         self._enqueue(task)
 
-    def device_copy_done(self, task: PushPullTask, index: int, error: Optional[BaseException] = None) -> None:
-        """Partition ``index`` of ``task`` (a CUDA tensor) reached pinned host memory (from the copy waiter)."""
-        self._enqueue(DeviceCopyDone(task, index, error))
+    def device_copy_done(self, task: PushPullTask, indices: Tuple[int, ...],
+                         error: Optional[BaseException] = None) -> None:
+        """Partitions ``indices`` of ``task`` (a CUDA tensor) reached pinned host memory (from the copy waiter)."""
+        self._enqueue(DeviceCopyDone(task, indices, error))
 
     def barrier(self, timeout_s: float) -> None:
         """Block until every worker has entered the barrier; raises the job's failure if any."""
@@ -391,14 +392,15 @@ class CommLoop(threading.Thread):
             self._fail_task(task, done.error)
             return
         staged = task.device
-        staged.ready[done.index] = True
-        trip = staged.waiting.pop(done.index, None)
-        if trip is not None:
-            self.dispatcher.proceed(trip)
+        for index in done.indices:
+            staged.ready[index] = True
+            trip = staged.waiting.pop(index, None)
+            if trip is not None:
+                self.dispatcher.proceed(trip)
 
     def _host_to_device(self, trip: PartitionTrip) -> None:
         """HOST_TO_DEVICE: the partition's result queued to the device (after the last, handed to the consumer)."""
-        trip.task.device.copy_back(trip.part.offset, trip.part.nbytes)
+        trip.task.device.copy_back(trip.part.index)
         self.dispatcher.proceed(trip)
 
     def _arrived(self, trip: PartitionTrip) -> None:

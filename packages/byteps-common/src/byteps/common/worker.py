@@ -297,7 +297,7 @@ class Worker:
                             skipped=skipped, device=staged)
         if staged is not None:
             comm = self._comm
-            staged.start(plan.partitions, lambda _, index, error: comm.device_copy_done(task, index, error))
+            staged.start(plan.partitions, lambda _, indices, error: comm.device_copy_done(task, indices, error))
         self._comm.submit(task)
         return handle
 

@@ -97,6 +97,9 @@ class HostStandInEngine(device_staging.CopyEngine):
     def wait(self, event: Any) -> None:
         event.wait()
 
+    def done(self, event: Any) -> bool:
+        return event.is_set()
+
     def hand_over(self, event: Any, stream: Optional[int]) -> None:
         self.handed_over.append(stream)
         event.wait()
