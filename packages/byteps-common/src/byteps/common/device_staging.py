@@ -8,17 +8,19 @@ last. Who does what:
 * the API thread (``push_pull_async``) reads the tensor through DLPack with
   the engine's side stream as the consumer, so the framework makes the side
   stream wait on its own (producer) stream through an event: no
-  device-wide synchronize. It then queues one device-to-host copy per
-  partition on the side stream, each followed by an event;
+  device-wide synchronize. It then queues the device-to-host copies on the
+  side stream, one per run of consecutive partitions of at least
+  COPY_BYTES, each followed by an event;
 * the copy waiter thread waits for those events in order (CuPy waits
-  without the GIL) and tells the communication thread, which moves that
-  partition on: the first partitions are pushed while later ones are
+  without the GIL) and tells the communication thread, which moves those
+  partitions on: the first partitions are pushed while later ones are
   still copying;
-* the communication thread, at HOST_TO_DEVICE, queues the partition's
-  host-to-device copy on the side stream and moves on. After the task's
-  last partition the consumer stream (the caller's, when the adapter
-  names it) waits on an event recorded after those copies, and only then
-  does the handle complete; without a consumer stream the host waits.
+* the communication thread, at HOST_TO_DEVICE, queues the results'
+  host-to-device copies on the side stream, again in runs, and moves on.
+  After the task's last partition the consumer stream (the caller's, when
+  the adapter names it) waits on an event recorded after those copies, and
+  only then does the handle complete; without a consumer stream the host
+  waits.
 
 Pinned buffers are allocated once per tensor name and size and reused;
 before a buffer is reused, the previous round's host-to-device copies out
@@ -138,9 +140,6 @@ class CupyEngine(CopyEngine):
             self._stream = cupy.cuda.Stream(non_blocking=True)
         self._keep: List[Any] = []  # pinned allocations (freed with the engine)
 
-    def _event(self) -> Any:
-        return self._cupy.cuda.Event(block=False, disable_timing=True)
-
     def _on_device(self) -> Any:
         """This engine's device as the calling thread's current one, for the calls within (no switch when it
         is already: the caller's thread usually runs on it)."""
@@ -155,7 +154,7 @@ class CupyEngine(CopyEngine):
 
     def device_buffer(self, tensor: Any, what: str) -> Tuple[int, int, Optional[np.dtype], Any]:
         cupy = self._cupy
-        with cupy.cuda.Device(self.device), self._stream:
+        with self._on_device(), self._stream:
             try:
                 array = cupy.from_dlpack(tensor)
             except (BufferError, TypeError, ValueError) as exc:
@@ -165,13 +164,11 @@ class CupyEngine(CopyEngine):
         return int(array.data.ptr), int(array.nbytes), np.dtype(array.dtype), array
 
     def to_host(self, host: np.ndarray, pointer: int) -> Any:
-        with self._on_device():
-            if host.nbytes:
+        if host.nbytes:
+            with self._on_device():
                 self._runtime.memcpyAsync(host.ctypes.data, pointer, host.nbytes,
                                           self._runtime.memcpyDeviceToHost, self._stream.ptr)
-            event = self._event()
-            event.record(self._stream)
-        return event
+        return self.record()
 
     def to_device(self, pointer: int, host: np.ndarray) -> None:
         if host.nbytes:
@@ -187,7 +184,7 @@ class CupyEngine(CopyEngine):
 
     def record(self) -> Any:
         with self._on_device():
-            event = self._event()
+            event = self._cupy.cuda.Event(block=False, disable_timing=True)
             event.record(self._stream)
         return event
 
@@ -240,7 +237,6 @@ class StagedTensor:
         self._keep = keep  # the device arrays, alive until done
         self.ready: List[bool] = []  # per partition: its device-to-host copy is done
         self.waiting: Dict[int, Any] = {}  # partition index -> trip parked at DEVICE_TO_HOST
-        self.copied_back = 0  # partitions whose result reached HOST_TO_DEVICE
         self.partitions = 0
         self._ends: List[int] = []  # each partition's end offset
         self._back: List[bool] = []  # per partition: reached HOST_TO_DEVICE
@@ -262,23 +258,21 @@ class StagedTensor:
             event = engine.to_host(self.source.data[begin:end], self.input_pointer + begin)
             self.staging.waiter.put((event, self, tuple(range(first, last + 1)), ready))
 
-    def copy_back(self, index: int) -> bool:
+    def copy_back(self, index: int) -> None:
         """Partition ``index``'s result is in the pinned buffer; the results go to the device in runs of
-        consecutive partitions (at least COPY_BYTES, or what is left). True when it was the last: the copies
-        are then handed to the consumer and the task may complete."""
+        consecutive partitions (at least COPY_BYTES, or what is left). After the last one the copies are
+        handed to the consumer, so the task may complete."""
         self._back[index] = True
-        self.copied_back += 1
         while self._back_next < self.partitions and self._back[self._back_next]:
             self._back_next += 1
         done_to = self._ends[self._back_next - 1] if self._back_next else 0
-        if done_to - self._back_issued >= COPY_BYTES or self._back_next == self.partitions:
+        last = self._back_next == self.partitions
+        if done_to - self._back_issued >= COPY_BYTES or last:
             begin, self._back_issued = self._back_issued, done_to
             if done_to > begin:
                 self.staging.engine.to_device(self.output_pointer + begin, self.target.data[begin:done_to])
-        if self.copied_back < self.partitions:
-            return False
-        self.finish()
-        return True
+        if last:
+            self.finish()
 
     def finish(self) -> None:
         """Every copy back is queued: the consumer waits for them, the buffers are free after them."""

@@ -39,7 +39,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from byteps.common.config import ConfigError
 from byteps.common.interface import distribution_version
@@ -70,24 +70,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
+def _non_negative(kind: Callable[[str], Any], expected: str) -> Callable[[str], Any]:
+    """An argparse type: ``kind(text)``, finite and >= 0; ``expected`` says what a bad text should be."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not value >= 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+        return value
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+_non_negative_float = _non_negative(float, "a number of seconds")
+_non_negative_int = _non_negative(int, "a whole number")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -160,9 +160,9 @@ class _DevicePack:
     """A bucket's CUDA gradients packed into one CUDA buffer, push_pulled as one tensor."""
 
     def __init__(self, buffers: List[torch.Tensor]) -> None:
-        self.shapes = [b.shape for b in buffers]
-        self.sizes = [b.numel() for b in buffers]
         self.buffer = torch.cat([b.reshape(-1) for b in buffers])
+        pieces = torch.split(self.buffer, [b.numel() for b in buffers])
+        self.members = [piece.view(b.shape) for piece, b in zip(pieces, buffers)]  # views of ``buffer``
         self.handle: Optional[int] = None
         self._done = False
 
@@ -170,8 +170,7 @@ class _DevicePack:
         if not self._done:
             synchronize(self.handle)
             self._done = True
-        offset = sum(self.sizes[:index])
-        return self.buffer[offset:offset + self.sizes[index]].view(self.shapes[index])
+        return self.members[index]
 
 
 class _PackedGradient:
