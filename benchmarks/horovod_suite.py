@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -124,11 +126,20 @@ def run_test(python: str, suite_path: pathlib.Path, test: str, mode: str, timeou
               f"--junitxml={report_dir}/rank$HOROVOD_RANK.xml")
     command = [python, "-m", "byteps.launcher", *MODES[mode], "--", "sh", "-c", pytest]
     start = time.monotonic()
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                cwd=suite_path.parent, start_new_session=True)
     try:
-        done = subprocess.run(command, capture_output=True, text=True, cwd=suite_path.parent, timeout=timeout_s)
-        log, rc = done.stdout + done.stderr, done.returncode
-    except subprocess.TimeoutExpired as exc:
-        log, rc = f"timed out after {timeout_s:g} s\n{exc.stdout or ''}{exc.stderr or ''}", -1
+        log, _ = launcher.communicate(timeout=timeout_s)
+        rc = launcher.returncode
+    except subprocess.TimeoutExpired:
+        # SIGTERM lets bpslaunch end its job (workers included); the group kill is the last resort.
+        launcher.terminate()
+        try:
+            output, _ = launcher.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            output, _ = launcher.communicate()
+        log, rc = f"timed out after {timeout_s:g} s\n{output or ''}", -1
     result = outcome(report_dir, 2) if rc in (0, 1) else "fail"
     shutil.rmtree(report_dir, ignore_errors=True)
     reason = ""

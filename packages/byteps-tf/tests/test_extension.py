@@ -196,6 +196,57 @@ def test_extension_does_not_link_tensorflow():
         assert "tensorflow" not in resolved, resolved
 
 
+# --- the graph error op (byteps.tensorflow.graph_errors) -----------------------------------------
+
+
+def test_graph_error_op_has_no_tensorflow_symbol():
+    """It reaches TensorFlow's C API through dlsym, so no TF_ symbol is imported and no TF library needed."""
+    from byteps.tensorflow import graph_errors
+    needed, dynstr = elf_needed_and_dynstr(str(graph_errors._LIBRARY))
+    assert needed and not [lib for lib in needed if "tensorflow" in lib], needed
+    # the names it looks up are in .rodata, not in the dynamic symbol table
+    for marker in (b"_ZN10tensorflow", b"TF_NewKernelBuilder", b"TF_SetStatus"):
+        assert marker not in dynstr, marker
+
+
+def test_graph_error_op_fails_with_the_code_and_message_it_is_given():
+    from byteps.tensorflow import graph_errors
+    assert graph_errors.available()
+    with tf.Graph().as_default():
+        values = [tf.constant([1.0, 2.0]), tf.constant([[3]], dtype=tf.int64)]
+        message = b"ranks disagree: rank 0 has (3,), rank 1 has (4,)"
+
+        def outputs(code: int):
+            return [*values, tf.constant(code), tf.constant(list(message), tf.uint8)]
+
+        forwarded = graph_errors.forward_or_fail(outputs(0))
+        failed = graph_errors.forward_or_fail(outputs(9))  # FAILED_PRECONDITION
+        invalid = graph_errors.forward_or_fail(outputs(3))  # INVALID_ARGUMENT
+        assert forwarded[0].shape == (2,) and forwarded[1].shape == (1, 1)
+        with tf.compat.v1.Session() as session:
+            first, second = session.run(forwarded)
+            assert first.tolist() == [1.0, 2.0] and second.tolist() == [[3]]
+            with pytest.raises(tf.errors.FailedPreconditionError, match="rank 1 has"):
+                session.run(failed)
+            with pytest.raises(tf.errors.InvalidArgumentError, match="ranks disagree"):
+                session.run(invalid)
+
+
+def test_guard_turns_op_errors_into_data_and_lets_others_through():
+    from byteps.tensorflow import graph_errors
+    from byteps.tensorflow.reduction import MismatchError
+
+    def mismatch(x):
+        raise MismatchError("shapes differ")
+
+    *values, code, message = graph_errors.guard(mismatch, [tf.float32])(tf.ones(2))
+    assert values[0].dtype == tf.float32 and int(code) == 9 and bytes(message.numpy()) == b"shapes differ"
+    *values, code, message = graph_errors.guard(lambda x: [x * 2], [tf.float32])(tf.ones(2))
+    assert values[0].numpy().tolist() == [2.0, 2.0] and int(code) == 0 and message.shape == (0,)
+    with pytest.raises(KeyError):
+        graph_errors.guard(lambda x: {}["missing"], [tf.float32])(tf.ones(2))
+
+
 def run_python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 

@@ -10,7 +10,8 @@ Each job runs one worker script that checks many things on every rank
   errors, including ranks that disagree on a shape or dtype;
 * scripts/collectives_checks.py under both layouts: allgather of any dtype,
   alltoall, reducescatter, grouped ops, Min/Max/Product, narrow integers,
-  process sets and mismatches (FailedPreconditionError), eagerly and in
+  process sets, mismatches (FailedPreconditionError, also in graphs) and
+  SyncBatchNormalization against Keras on the whole batch, eagerly and in
   tf.function;
 * scripts/keras_checks.py with two servers: equivalence of 2 workers on half
   batches with 1 process on whole batches, Keras model.fit with every
@@ -39,7 +40,7 @@ def test_ops_under_bpslaunch(layout):
         eager = next(line for line in lines if line.startswith("MISMATCH eager"))
         assert "shape 4, 16 bytes of float32" in eager and "shape 2x2, 16 bytes of float32" in eager, eager
         graph = next(line for line in lines if line.startswith("MISMATCH tf.function"))
-        assert "MismatchError" in graph and "of int32" in graph and "of float32" in graph, graph
+        assert "of int32" in graph and "of float32" in graph, graph
 
 
 def test_keras_under_bpslaunch(tmp_path):
@@ -57,4 +58,4 @@ def test_keras_under_bpslaunch(tmp_path):
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
 def test_collectives_under_bpslaunch(layout):
     result = launch_tf_job(JOB_LAYOUTS[layout], f"{SCRIPTS}/collectives_checks.py")
-    assert_all_ok(result, checks=9)
+    assert_all_ok(result, checks=10)

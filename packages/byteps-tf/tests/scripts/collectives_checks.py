@@ -1,6 +1,7 @@
 """Worker script: Horovod's collectives beyond allreduce in byteps.tensorflow (allgather of any dtype,
 alltoall, reducescatter, grouped allreduce, Min/Max/Product, narrow integers, objects, process sets,
-mismatches as FailedPreconditionError), eagerly and inside tf.function, checked by every rank.
+mismatches as FailedPreconditionError, also inside graphs; SyncBatchNormalization), eagerly and inside
+tf.function, checked by every rank.
 
 Run under bpslaunch with 2 ranks. Prints ``OK <check>`` per check and ``ALL OK <n>``.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
-from check_runner import Checks, assert_equal, expect_error
+from check_runner import Checks, assert_close, assert_equal, expect_error
 
 import byteps.tensorflow as bps
 
@@ -65,6 +66,15 @@ def ops_and_dtypes():
     a, b = bps.grouped_allreduce([tf.ones(2), tf.ones([2, 2])], op=bps.Sum, name="grouped")
     assert_equal(a, tf.fill([2], float(n)), "grouped a")
     assert_equal(b, tf.fill([2, 2], float(n)), "grouped b")
+    # IndexedSlices in a group are gathered (Horovod), the dense tensors reduced, in the caller's order
+    rows = tf.IndexedSlices(tf.fill([1, 2], float(r + 1)), tf.constant([r]), dense_shape=tf.constant([n, 2]))
+    dense, sliced = bps.grouped_allreduce([tf.ones(2), rows], op=bps.Sum, name="grouped.slices")
+    assert isinstance(sliced, tf.IndexedSlices), type(sliced)
+    assert_equal(tf.convert_to_tensor(sliced), tf.constant([[k + 1.0] * 2 for k in range(n)]), "grouped slices")
+    assert_equal(dense, tf.fill([2], float(n)), "grouped dense beside slices")
+    averaged = bps.grouped_allreduce([rows], name="grouped.slices.avg")[0]
+    assert_equal(averaged.values, tf.constant([[k + 1.0] * 2 for k in range(n)]) / n, "grouped slices average")
+    expect_error(NotImplementedError, "IndexedSlices", lambda: bps.grouped_allreduce([rows], op=bps.Max))
 
 
 def inside_tf_function():
@@ -124,7 +134,50 @@ def mismatches():
     assert "rank 0 has (3,)" in text and "rank 1 has (4,)" in text, text
     expect_error(bps.PushPullError, "broadcasts from rank",
                  lambda: bps.broadcast(tf.ones(3), root_rank=r, name="bad.root"))
+    # Inside graphs the class is kept too (Horovod's FailedPreconditionError), not TensorFlow's UnknownError.
+    fn = tf.function(lambda t: bps.allgather(t, name="bad.cols.fn"))
+    expect_error(tf.errors.FailedPreconditionError, "shape after the first dimension", lambda: fn(tf.ones([2, 3 + r])))
+    with tf.Graph().as_default():
+        summed = bps.allreduce(tf.ones([3 + r]), op=bps.Sum, name="bad.graph")
+        with tf.compat.v1.Session() as session:
+            expect_error(tf.errors.FailedPreconditionError, "shape", lambda: session.run(summed))
     bps.barrier()
+
+
+def sync_batch_normalization():
+    """Uneven batches (rank k has 3 + 2k rows): outputs, input and weight gradients, moving statistics
+    equal Keras's BatchNormalization on the whole global batch, eagerly and in tf.function."""
+    import keras
+    n, r = bps.size(), bps.rank()
+    rows = [3 + 2 * k for k in range(n)]
+    start = sum(rows[:r])
+    everything = tf.constant(np.random.default_rng(7).normal(2.0, 3.0, (sum(rows), 4)), tf.float32)
+    upstream = tf.constant(np.random.default_rng(8).normal(size=(sum(rows), 4)), tf.float32)
+    mine, my_upstream = everything[start:start + rows[r]], upstream[start:start + rows[r]]
+
+    def run(layer, x, w, traced):
+        def forward(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = layer(x, training=True)
+                loss = tf.reduce_sum(y * w)
+            dx, dgamma, dbeta = tape.gradient(loss, [x, layer.gamma, layer.beta])
+            return y, dx, dgamma, dbeta
+        return tf.function(forward)(x) if traced else forward(x)
+
+    for traced in (False, True):
+        reference = keras.layers.BatchNormalization(momentum=0.5)
+        synced = bps.SyncBatchNormalization(momentum=0.5, name=f"sync_bn_{int(traced)}")
+        y, dx, dgamma, dbeta = run(reference, everything, upstream, traced)
+        y_mine, dx_mine, dgamma_mine, dbeta_mine = run(synced, mine, my_upstream, traced)
+        what = "tf.function" if traced else "eager"
+        assert_close(y_mine, y[start:start + rows[r]], f"{what}: output", atol=1e-4)
+        assert_close(dx_mine, dx[start:start + rows[r]], f"{what}: input gradient", atol=1e-4)
+        assert_close(bps.allreduce(dgamma_mine, op=bps.Sum, name=f"dgamma.{what}"), dgamma, f"{what}: gamma", atol=1e-4)
+        assert_close(bps.allreduce(dbeta_mine, op=bps.Sum, name=f"dbeta.{what}"), dbeta, f"{what}: beta", atol=1e-4)
+        assert_close(synced.moving_mean, reference.moving_mean, f"{what}: moving mean", atol=1e-5)
+        assert_close(synced.moving_variance, reference.moving_variance, f"{what}: moving variance", atol=1e-4)
+    expect_error(ValueError, "fused=True", lambda: bps.SyncBatchNormalization(fused=True))
 
 
 def build_flags():
@@ -152,6 +205,7 @@ def main():
     checks.run("gradients", gradients)
     checks.run("process sets", process_sets)
     checks.run("mismatches", mismatches)
+    checks.run("SyncBatchNormalization", sync_batch_normalization)
     checks.run("build flags", build_flags)
     checks.run("join with uneven data", uneven_join)
     bps.shutdown()

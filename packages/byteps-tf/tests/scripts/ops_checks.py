@@ -128,9 +128,15 @@ def gradients_of_ops():
         # Horovod: the broadcast's gradient is the averaged gradient on the root, zeros elsewhere.
         want = tf.fill([4], total / n if r == 0 else 0.0)
         assert_equal(run(lambda v: bps.broadcast(v, 0, name=f"g.bc.{mode}")), want, f"{mode}: gradient of broadcast")
-        # allgather: each rank's rows get the summed gradient of those rows.
+        # allgather (Horovod): each rank's rows get the averaged gradient of those rows.
         got = run(lambda v: bps.allgather(tf.reshape(v, [2, 2]), name=f"g.ag.{mode}"))
-        assert_equal(got, tf.fill([4], total), f"{mode}: gradient of allgather")
+        assert_equal(got, tf.fill([4], total / n), f"{mode}: gradient of allgather")
+        # reducescatter (Horovod): every rank's upstream rows gathered, times size() for a Sum.
+        owners = tf.concat([tf.fill([4 // n], float(k + 1)) for k in range(n)], axis=0)
+        got = run(lambda v: bps.reducescatter(v, op=bps.Sum, name=f"g.rs.{mode}"))
+        assert_equal(got, owners * n, f"{mode}: gradient of reducescatter (sum)")
+        got = run(lambda v: bps.reducescatter(v, name=f"g.rs.avg.{mode}"))
+        assert_equal(got, owners, f"{mode}: gradient of reducescatter (average)")
 
     check(grads, "eager")
     check(graph_grads, "tf.function")
@@ -306,8 +312,9 @@ def errors_and_mismatches():
     print(f"MISMATCH eager: {message}", flush=True)
     dtype = tf.float32 if r == 0 else tf.int32
     fn = tf.function(lambda t: bps.allreduce(t, name="mismatch.fn"))
-    message = expect_error(tf.errors.OpError, "MismatchError", lambda: fn(tf.ones([3], dtype)))
-    print(f"MISMATCH tf.function: {message.splitlines()[0]}", flush=True)
+    # inside a graph the error keeps its class (byteps.tensorflow.graph_errors), as Horovod's
+    message = expect_error(tf.errors.FailedPreconditionError, "mismatch.fn", lambda: fn(tf.ones([3], dtype)))
+    print(f"MISMATCH tf.function: {' '.join(message.splitlines())}", flush=True)
     y = bps.allreduce(tf.fill([3], float(r + 1)), op=bps.Sum, name="after.mismatch")
     assert_equal(y, tf.fill([3], float(bps.size() * (bps.size() + 1) // 2)), "allreduce after the errors")
 

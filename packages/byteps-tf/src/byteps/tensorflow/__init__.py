@@ -94,6 +94,14 @@ __all__ = [
     # variables and objects
     "broadcast_variables", "broadcast_", "broadcast_global_variables", "broadcast_object",
     # training
-    "DistributedGradientTape", "DistributedOptimizer",
+    "DistributedGradientTape", "DistributedOptimizer", "SyncBatchNormalization",  # noqa: F405  (lazy, below)
     "PushPullError",
 ]
+
+
+def __getattr__(name: str):
+    """``SyncBatchNormalization`` is a Keras layer: Keras is imported when it is first used, not here."""
+    if name == "SyncBatchNormalization":
+        from byteps.tensorflow.sync_batch_norm import SyncBatchNormalization
+        return SyncBatchNormalization
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

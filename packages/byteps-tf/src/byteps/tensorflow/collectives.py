@@ -133,7 +133,8 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "", compre
                           name: Optional[str] = None, process_set: Any = None, ignore_name_scope: bool = False,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> List[tf.Tensor]:
     """Reduce each tensor over the ranks and keep this rank's rows of each (the first ``rows % size``
-    ranks get a row more)."""
+    ranks get a row more). Differentiable as in Horovod: the gradient is every rank's upstream
+    gradient gathered (times ``size()`` for Sum)."""
     view = rank_view(process_set)
     average = _average(op)
     tensors = [_scaled(tf.convert_to_tensor(t), prescale_factor) for t in tensors]
@@ -155,7 +156,27 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "", compre
                 for s, x in zip(started, xs)]
 
     shapes = [_rows_shape(t) for t in tensors]
-    results = run_collective(body, tensors, [t.dtype for t in tensors], shapes) if tensors else []
+
+    def forward(*xs: tf.Tensor) -> List[tf.Tensor]:
+        return run_collective(body, list(xs), [x.dtype for x in xs], shapes)
+
+    if not tensors:
+        return []
+    if all(t.dtype.is_floating for t in tensors):
+        @tf.custom_gradient
+        def differentiable(*xs: tf.Tensor):
+            def backward(*upstream: Any) -> List[tf.Tensor]:
+                # Horovod's gradient: every rank's upstream rows gathered, times size() for a Sum.
+                from byteps.tensorflow.ops import allgather
+                factor = 1.0 if average else float(view.size)
+                return [allgather(_scaled(tf.convert_to_tensor(g), factor), name=f"{key}.grad",
+                                  process_set=process_set) for g, key in zip(upstream, names)]
+
+            return forward(*xs), backward
+
+        results = list(differentiable(*tensors))
+    else:
+        results = forward(*tensors)
     return [_scaled(r, postscale_factor) for r in results]
 
 

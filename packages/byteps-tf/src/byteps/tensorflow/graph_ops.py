@@ -15,6 +15,10 @@ A custom TensorFlow op would avoid the Python call per group; it is not
 built, so that the package never links TensorFlow's C++ ABI (see
 docs/tensorflow.md). ``py_function`` cannot be compiled by XLA: functions
 using byteps need ``jit_compile=False``.
+
+Errors: a ``tf.errors.OpError`` raised in the body (ranks that disagree)
+keeps its class in the graph: the body returns it as data and the op of
+:mod:`byteps.tensorflow.graph_errors` (TensorFlow's C API only) raises it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
+from byteps.tensorflow import graph_errors
 from byteps.tensorflow.reduction import Gather, Reduce, Spec, execute
 from byteps.tensorflow.tensors import byteps_dtype
 
@@ -95,10 +100,17 @@ def run_eagerly(body: Callable[..., List[tf.Tensor]], inputs: Sequence[tf.Tensor
         return list(body(*inputs))
     graph = tf.compat.v1.get_default_graph()
     previous = _last_op.get(graph)
+    keep_error_class = graph_errors.available()
     with tf.control_dependencies([previous] if previous is not None else []):
-        outputs = tf.py_function(body, inputs, list(dtypes), name="BytePSPushPull")
+        if keep_error_class:
+            outputs = tf.py_function(graph_errors.guard(body, dtypes), inputs, [*dtypes, tf.int32, tf.uint8],
+                                     name="BytePSPushPull")
+        else:
+            outputs = tf.py_function(body, inputs, list(dtypes), name="BytePSPushPull")
     outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
     _last_op[graph] = outputs[0].op
+    if keep_error_class:
+        outputs = graph_errors.forward_or_fail(outputs)
     for output, shape in zip(outputs, shapes or [None] * len(outputs)):
         if shape is not None:
             output.set_shape(shape)

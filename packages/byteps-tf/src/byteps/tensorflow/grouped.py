@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Sequence
 import tensorflow as tf
 
 from byteps.common.frontend.process_sets import rank_view
-from byteps.common.frontend.reductions import Max, Min, Product, average_of
+from byteps.common.frontend.reductions import Average, Max, Min, Product, Sum, average_of, op_name
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.ops import allreduce, resolve_name
 from byteps.tensorflow.tensors import byteps_dtype
@@ -27,7 +27,14 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None, de
                       device_sparse: str = "", compression: Any = Compression.none, op: Optional[int] = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0, name: Optional[str] = None,
                       process_set: Any = None, ignore_name_scope: bool = False) -> List[tf.Tensor]:
-    """:func:`byteps.tensorflow.allreduce` of each tensor, as one group where byteps can fuse them."""
+    """:func:`byteps.tensorflow.allreduce` of each tensor, as one group where byteps can fuse them.
+
+    ``tf.IndexedSlices`` among them are gathered as :func:`allreduce` gathers
+    them (Average and Sum only, as in Horovod); the dense ones stay one group.
+    """
+    if any(isinstance(t, tf.IndexedSlices) for t in tensors):
+        return _grouped_with_slices(list(tensors), average, compression, op, prescale_factor, postscale_factor,
+                                    name, process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
@@ -42,6 +49,30 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None, de
                 for t, n in zip(tensors, names)]
     from byteps.tensorflow.ops import _differentiable_group
     return _differentiable_group(tensors, names, average_of(op, average))
+
+
+def _grouped_with_slices(tensors: List[Any], average: Optional[bool], compression: Any, op: Optional[int],
+                         prescale_factor: float, postscale_factor: float, name: Optional[str],
+                         process_set: Any) -> List[Any]:
+    """The slices gathered one by one, the dense tensors as one group, results in the caller's order."""
+    if op is not None and op not in (Average, Sum):
+        raise NotImplementedError(f"grouped_allreduce of tf.IndexedSlices: only Average and Sum are supported, "
+                                  f"not {op_name(op)}")
+    first = tensors[0].values if isinstance(tensors[0], tf.IndexedSlices) else tensors[0]
+    base = resolve_name("grouped_allreduce", name, first)
+    dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    results: List[Any] = [None] * len(tensors)
+    for i, t in enumerate(tensors):
+        if isinstance(t, tf.IndexedSlices):
+            results[i] = allreduce(t, average, op=op, prescale_factor=prescale_factor,
+                                   postscale_factor=postscale_factor, name=f"{base}.slices.{i}",
+                                   process_set=process_set)
+    reduced = grouped_allreduce([tensors[i] for i in dense], average, compression=compression, op=op,
+                                prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                name=f"{base}.dense", process_set=process_set)
+    for i, result in zip(dense, reduced):
+        results[i] = result
+    return results
 
 
 def _reduced_as_is(tensor: tf.Tensor) -> bool:

@@ -145,10 +145,10 @@ def _differentiable_group(tensors: List[tf.Tensor], names: List[str], average: b
 
 def _allreduce(family: str, tensor: Any, average: bool, name: Optional[str], compression: Any,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set: Any = None) -> Any:
-    if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_slices(family, tensor, average, name, prescale_factor, postscale_factor)
-    from byteps.tensorflow.collectives import _scaled
     view = _in_set(process_set)
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_slices(family, tensor, average, name, prescale_factor, postscale_factor, view)
+    from byteps.tensorflow.collectives import _scaled
     tensor = tf.convert_to_tensor(tensor)
     name = resolve_name(family, name, tensor)
     what = f"{family}({name!r})"
@@ -171,8 +171,9 @@ def _allreduce(family: str, tensor: Any, average: bool, name: Optional[str], com
 
 
 def _allreduce_slices(family: str, slices: tf.IndexedSlices, average: bool, name: Optional[str],
-                      prescale_factor: float, postscale_factor: float) -> tf.IndexedSlices:
-    """Horovod's reduction of IndexedSlices: gather all ranks' values and indices (duplicates add up).
+                      prescale_factor: float, postscale_factor: float,
+                      view: Optional[RankView] = None) -> tf.IndexedSlices:
+    """Horovod's reduction of IndexedSlices: gather the ranks' values and indices (duplicates add up).
 
     An average divides the gathered values with TensorFlow's ``/``, as
     Horovod does: integer values become float64 (``tf.math.truediv``)."""
@@ -180,9 +181,9 @@ def _allreduce_slices(family: str, slices: tf.IndexedSlices, average: bool, name
     if prescale_factor != 1.0 or postscale_factor != 1.0:
         raise NotImplementedError(f"{family}({name!r}): prescale_factor/postscale_factor are not supported "
                                   "with tf.IndexedSlices (as in Horovod)")
-    values, indices, _ = run_group([Gather(name, parts=2)], [slices.values, slices.indices])
+    values, indices, _ = run_group([Gather(name, parts=2, view=view)], [slices.values, slices.indices])
     if average:
-        values = values / tf.cast(size(), values.dtype)
+        values = values / tf.cast(size() if view is None else len(view.ranks), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -262,7 +263,8 @@ def allgather(tensor: Any, name: Optional[str] = None, ignore_name_scope: bool =
     The first dimension may differ between ranks; the others must not.
     Built on push_pull (byteps servers only sum; see
     :mod:`byteps.common.frontend.collectives`), for any dtype. Differentiable
-    (the gradient of each rank's rows is the sum over ranks).
+    as in Horovod: the gradient of each rank's rows is the *average* over the
+    ranks of the upstream gradient's rows.
     """
     view = _in_set(process_set)
     tensor = tf.convert_to_tensor(tensor)
@@ -280,11 +282,11 @@ def allgather(tensor: Any, name: Optional[str] = None, ignore_name_scope: bool =
         def backward(upstream: Any) -> tf.Tensor:
             upstream = tf.convert_to_tensor(upstream)
             if view is not None:
-                summed = _reduce_in_set(upstream, name + ".grad", False, view)
+                averaged = _reduce_in_set(upstream, name + ".grad", True, view)
             else:
-                summed = _reduce_one(upstream, Reduce(name + ".grad", average=False))
+                averaged = _reduce_one(upstream, Reduce(name + ".grad", average=True))
             offset = tf.reduce_sum(counts[:rank() if view is None else view.position])
-            return summed[offset:offset + tf.shape(x, out_type=tf.int64)[0]]
+            return averaged[offset:offset + tf.shape(x, out_type=tf.int64)[0]]
 
         return gathered, backward
 
