@@ -46,7 +46,7 @@ def test_ops_under_bpslaunch(layout):
 def test_keras_under_bpslaunch(tmp_path):
     layout = JOB_LAYOUTS["two-machines-two-servers"]
     result = launch_tf_job(layout, f"{SCRIPTS}/keras_checks.py", env={"BYTEPS_TEST_TMP": str(tmp_path)})
-    assert_all_ok(result, checks=7)
+    assert_all_ok(result, checks=8)
     for rank in range(2):
         reports = [line for line in rank_lines(result.stdout, rank) if line.startswith("equivalence")]
         assert len(reports) == 3, report(result)

@@ -10,6 +10,9 @@ computes itself, within float32 tolerance:
 * the same with sparse_as_dense=True;
 * backward_passes_per_step=2 on quarter batches (average_aggregated_gradients).
 
+Local layers (Horovod's PartialDistributedOptimizer/GradientTape and the
+broadcast callback's local_variables) are checked against plain gradients.
+
 Ranks start from different random weights on purpose: the
 BroadcastGlobalVariablesCallback must give them rank 0's.
 """
@@ -197,6 +200,57 @@ def custom_loop_in_function():
         assert_equal(byteps.tensorflow.broadcast(w, 0, name=f"loop.{i}"), w, f"custom loop keeps ranks equal ({i})")
 
 
+def local_layers():
+    """Horovod's local layers: their gradients stay on each rank (divided by size() unless told not to),
+    the others are averaged; the broadcast callback leaves local variables alone."""
+    r, n = bps.rank(), bps.size()
+    upstream = float(r + 1)
+    mean = (n + 1) / 2
+
+    def fresh():
+        shared = keras.layers.Dense(2, kernel_initializer="ones", bias_initializer="zeros")
+        mine = keras.layers.Dense(2, kernel_initializer="ones", bias_initializer="zeros")
+        model = keras.Sequential([keras.Input((2,)), shared, mine])
+        return model, shared, mine
+
+    x = tf.ones([1, 2])
+    for scale in (True, False):
+        model, shared, mine = fresh()
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x)) * upstream
+        plain = dict(zip([v.path for v in model.trainable_variables],
+                         tape.gradient(loss, model.trainable_variables)))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x)) * upstream
+        tape = byteps.tensorflow.PartialDistributedGradientTape(tape, local_layers=mine,
+                                                                scale_local_gradients=scale)
+        grads = tape.gradient(loss, model.trainable_variables)
+        for v, g in zip(model.trainable_variables, grads):
+            local = any(v is w for w in mine.trainable_weights)
+            want = plain[v.path] / (n if scale else 1) if local else plain[v.path] / upstream * mean
+            assert_close(g, want, f"tape, {'local' if local else 'shared'} {v.path} (scale {scale})")
+    # the Keras optimizer: SGD(1) on the same gradients moves shared weights alike on every rank
+    model, shared, mine = fresh()
+    optimizer = bps.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), local_layers=[mine])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(x)) * upstream
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    for i, w in enumerate(shared.get_weights()):
+        assert_equal(byteps.tensorflow.broadcast(w, 0, name=f"local.shared.{i}"), w, "shared layer equal on ranks")
+    kernel = mine.get_weights()[0]
+    assert_close(kernel, np.ones([2, 2]) - upstream * 2.0 / n, "local layer: own gradient / size")
+    expect_error(ValueError, "Keras layers", lambda: bps.PartialDistributedOptimizer(keras.optimizers.SGD(1.0),
+                                                                                      local_layers=["dense"]))
+    # the callback broadcasts rank 0's shared weights and leaves the local ones
+    mine.kernel.assign(tf.fill([2, 2], upstream))
+    shared.kernel.assign(tf.fill([2, 2], upstream))
+    callback = bps.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=mine.trainable_weights)
+    callback.set_model(model)
+    callback.on_train_begin()
+    assert_equal(shared.kernel, tf.fill([2, 2], 1.0), "callback: shared kernel is rank 0's")
+    assert_equal(mine.kernel, tf.fill([2, 2], upstream), "callback: local kernel is this rank's")
+
+
 def main():
     tf.config.threading.set_intra_op_parallelism_threads(1)
     bps.init()
@@ -210,6 +264,8 @@ def main():
     checks.run("load_model", load_model)
     checks.run("keras API", keras_api)
     checks.run("custom loop in tf.function", custom_loop_in_function)
+    checks.run("local layers: PartialDistributedOptimizer, PartialDistributedGradientTape, callback",
+               local_layers)
     bps.shutdown()
     checks.done()
 

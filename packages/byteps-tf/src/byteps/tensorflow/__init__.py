@@ -70,7 +70,7 @@ from byteps.tensorflow.functions import (  # noqa: E402
     broadcast_object,
     broadcast_variables,
 )
-from byteps.tensorflow.gradient_tape import DistributedGradientTape  # noqa: E402
+from byteps.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape  # noqa: E402
 from byteps.tensorflow.grouped import grouped_allreduce  # noqa: E402
 from byteps.tensorflow.ops import allgather, allreduce, broadcast, push_pull  # noqa: E402
 from byteps.tensorflow.optimizer import DistributedOptimizer  # noqa: E402
@@ -94,7 +94,7 @@ __all__ = [
     # variables and objects
     "broadcast_variables", "broadcast_", "broadcast_global_variables", "broadcast_object",
     # training
-    "DistributedGradientTape", "DistributedOptimizer", "SyncBatchNormalization",  # noqa: F405  (lazy, below)
+    "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "SyncBatchNormalization",  # noqa: F405  (lazy, below)
     "PushPullError",
 ]
 

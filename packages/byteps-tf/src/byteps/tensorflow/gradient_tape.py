@@ -66,14 +66,28 @@ from byteps.tensorflow.gradient_compression import take_compression_params
 from byteps.tensorflow.gradients import GradientReducer
 from byteps.tensorflow.ops import check_process_set
 
-__all__ = ["DistributedGradientTape"]
+__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape", "local_layer_variables"]
 
 _classes: Dict[type, type] = {}
+
+
+def source_key(source: Any) -> Any:
+    """How a variable (or watched tensor) is recognised among a call's sources."""
+    ref = getattr(source, "ref", None)
+    return ref() if callable(ref) else id(source)
 
 
 class _DistributedGradientTape(tf.GradientTape):
     _byteps_reducer: GradientReducer
     _byteps_async: bool
+    _byteps_local: Dict[Any, Any]
+
+    def register_local_source(self, source: Any) -> None:
+        """Horovod's: ``source``'s gradient stays this worker's own (not sent; divided by ``size()``
+        unless the tape was made with ``scale_local_gradients=False``)."""
+        if self._byteps_async:
+            raise ValueError("local sources are not supported with asynchronous training (BYTEPS_ENABLE_ASYNC=1)")
+        self._byteps_local[source_key(source)] = source
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
@@ -86,7 +100,10 @@ class _DistributedGradientTape(tf.GradientTape):
         flat = tf.nest.flatten(gradients)
         if self._byteps_async:
             return tf.nest.pack_sequence_as(gradients, _after_exchange(flat, sources))
-        return tf.nest.pack_sequence_as(gradients, self._byteps_reducer.reduce(flat))
+        local = None
+        if self._byteps_local:
+            local = [source_key(source) in self._byteps_local for source in tf.nest.flatten(sources)]
+        return tf.nest.pack_sequence_as(gradients, self._byteps_reducer.reduce(flat, local))
 
 
 def _after_exchange(gradients: List[Any], sources: Any) -> List[Any]:
@@ -123,8 +140,9 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     :mod:`byteps.tensorflow.gradients`); ``op`` is ``Average`` or ``Sum``.
     All gradients of one ``gradient()`` call travel as one group (byteps
     pipelines them), so ``num_groups``/``groups`` are accepted and ignored,
-    as are the device arguments and ``scale_local_gradients`` (no local
-    variables here).
+    as are the device arguments. ``tape.register_local_source(var)`` keeps
+    ``var``'s gradient local (not sent), divided by ``size()`` when
+    ``scale_local_gradients`` (Horovod's default).
 
     ``compression_params`` is BytePS's gradient compression (the dict of
     docs/compression.md, as on ``DistributedOptimizer``): gradients of at
@@ -149,7 +167,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     prefix = "DistributedGradientTape"
     compression, compressed = take_compression_params(compression_params, optimizer, compression, prefix,
                                                       "DistributedGradientTape")
-    reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, compressed)
+    reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, compressed,
+                              scale_local_gradients)
     base = type(gradtape)
     cls = _classes.get(base)
     if cls is None:
@@ -158,4 +177,30 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     tape.__dict__.update(gradtape.__dict__)  # the same recording, watched variables and flags
     tape._byteps_reducer = reducer
     tape._byteps_async = async_mode
+    tape._byteps_local = {}
+    return tape
+
+
+def local_layer_variables(local_layers: Any) -> List[Any]:
+    """The trainable variables of Horovod's ``local_layers`` argument (a layer, a list of them, or None)."""
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, tf.keras.layers.Layer):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    if not all(isinstance(layer, tf.keras.layers.Layer) for layer in local_layers):
+        raise ValueError("local_layers must be Keras layers (a layer or a list of them)")
+    return [variable for layer in local_layers for variable in layer.trainable_weights]
+
+
+def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
+                                   compression: Any = Compression.none, sparse_as_dense: bool = False,
+                                   op: int = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                                   groups: Any = None, process_set: Any = None, local_layers: Any = None,
+                                   scale_local_gradients: bool = True) -> tf.GradientTape:
+    """Horovod's: a :func:`DistributedGradientTape` whose ``local_layers``' gradients stay on each worker."""
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set, scale_local_gradients)
+    for variable in local_layer_variables(local_layers):
+        tape.register_local_source(variable)
     return tape

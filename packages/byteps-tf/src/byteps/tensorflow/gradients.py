@@ -16,6 +16,8 @@ per process).
 * ``gradient_predivide_factor=f`` divides by ``f`` before the sum and
   multiplies by ``f / size()`` after (Horovod), for float16 range.
 * With one worker nothing is sent (as in Horovod).
+* Gradients of worker-local variables (``local``) are not sent; Horovod
+  divides them by ``size()`` (``scale_local_gradients``) and so do we.
 * ``compression`` with a :class:`~byteps.tensorflow.gradient_compression.GradientCompression`
   (BytePS's ``compression_params``): each dense gradient goes alone, not
   fused, with the optimizer's learning rate; the worker core averages it,
@@ -51,13 +53,25 @@ class GradientReducer:
     op: int = Average
     gradient_predivide_factor: float = 1.0
     compressed: Optional[GradientCompression] = None  # BytePS's compression_params, with its optimizer
+    scale_local_gradients: bool = True  # divide local variables' gradients by size() (Horovod)
 
     def __post_init__(self) -> None:
         check_gradient_op(self.op, self.gradient_predivide_factor)
 
-    def reduce(self, gradients: Sequence[Optional[Any]]) -> List[Optional[Any]]:
-        """The reduced gradients, in order (eager or in a graph)."""
+    def reduce(self, gradients: Sequence[Optional[Any]], local: Optional[Sequence[bool]] = None) -> List[Optional[Any]]:
+        """The reduced gradients, in order (eager or in a graph).
+
+        ``local[i]`` marks gradient *i* as a worker-local variable's (Horovod's
+        ``register_local_var``/``local_layers``): it is not sent, and with
+        ``scale_local_gradients`` it is divided by ``size()``, as Horovod does.
+        """
         gradients = list(gradients)
+        if local is not None and any(local):
+            if self.compressed is not None and self.compressed.momentum is not None:
+                raise ValueError("local variables and compression_params with momentum cannot be combined: "
+                                 "byteps applies that momentum to the gradients it sends only")
+            shared = self.reduce([None if mine else g for g, mine in zip(gradients, local)])
+            return [self._scaled_local(g) if mine else r for g, mine, r in zip(gradients, local, shared)]
         compressed = self.compressed
         momentum = compressed is not None and compressed.momentum is not None
         if momentum:
@@ -100,6 +114,14 @@ class GradientReducer:
             for i, gradient in zip(indices, with_momentum):
                 reduced[i] = gradient
         return reduced
+
+    def _scaled_local(self, gradient: Optional[Any]) -> Optional[Any]:
+        if gradient is None or not self.scale_local_gradients or size() == 1:
+            return gradient
+        if isinstance(gradient, tf.IndexedSlices):
+            return tf.IndexedSlices(gradient.values / tf.cast(size(), gradient.values.dtype), gradient.indices,
+                                    gradient.dense_shape)
+        return gradient / tf.cast(size(), gradient.dtype)
 
     def _local_momentum(self, gradients: List[Optional[Any]]) -> List[Optional[Any]]:
         """One worker: nothing is sent, but the momentum (turned off in the optimizer) is still byteps' to apply."""

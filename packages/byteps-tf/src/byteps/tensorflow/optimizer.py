@@ -94,8 +94,8 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
 
     Keras 3 optimizers support every argument (see
     :func:`byteps.tensorflow.keras.DistributedOptimizer`); TF1 optimizers
-    support ``backward_passes_per_step=1`` only. Device, group and
-    ``scale_local_gradients`` arguments are accepted and ignored.
+    support ``backward_passes_per_step=1`` only and no local variables.
+    Device and group arguments are accepted and ignored.
 
     ``compression_params`` is BytePS's gradient compression, the dict of
     docs/compression.md, e.g. ``{"compressor": "onebit", "scaling": True,
@@ -118,7 +118,8 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
             optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
             gradient_predivide_factor=gradient_predivide_factor, op=op,
             backward_passes_per_step=backward_passes_per_step,
-            average_aggregated_gradients=average_aggregated_gradients, compression_params=compression_params)
+            average_aggregated_gradients=average_aggregated_gradients, scale_local_gradients=scale_local_gradients,
+            compression_params=compression_params)
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         if backward_passes_per_step != 1:
             raise NotImplementedError(

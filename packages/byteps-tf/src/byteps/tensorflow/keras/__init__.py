@@ -42,11 +42,12 @@ from byteps.tensorflow import ops as _ops  # noqa: E402
 from byteps.tensorflow.compression import Compression, Compressor  # noqa: E402
 from byteps.tensorflow.keras import callbacks  # noqa: E402
 from byteps.tensorflow.keras.model_io import load_model  # noqa: E402
-from byteps.tensorflow.keras.optimizer import DistributedOptimizer  # noqa: E402
+from byteps.tensorflow.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer  # noqa: E402
 
 __all__ = [  # noqa: F405  (the process names come from byteps.common.frontend.process)
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "barrier",
-    "DistributedOptimizer", "broadcast_global_variables", "push_pull", "allreduce", "broadcast", "allgather",
+    "DistributedOptimizer", "PartialDistributedOptimizer", "broadcast_global_variables",
+    "push_pull", "allreduce", "broadcast", "allgather",
     "load_model", "callbacks", "Compression", "Compressor", "Average", "Sum", "PushPullError",
 ]
 

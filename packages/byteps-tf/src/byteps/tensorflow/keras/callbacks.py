@@ -12,7 +12,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 import keras
 import numpy as np
@@ -20,6 +20,7 @@ import numpy as np
 from byteps.common import api
 from byteps.common.frontend import size
 from byteps.tensorflow.functions import broadcast_variables
+from byteps.tensorflow.gradient_tape import source_key
 
 __all__ = [
     "BroadcastGlobalVariablesCallback", "MetricAverageCallback",
@@ -36,20 +37,29 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     step) and both are broadcast before the first step, so the first
     gradients already come from equal weights. Otherwise (a subclassed model
     not called yet) the broadcast happens after the first batch, as in
-    Horovod. Only once per callback object.
+    Horovod. Only once per callback object. ``local_variables`` (a variable
+    or a list; Horovod's) are left out: each rank keeps its own.
     """
 
-    def __init__(self, root_rank: int, device: str = "") -> None:
+    def __init__(self, root_rank: int, device: str = "", local_variables: Any = None) -> None:
         super().__init__()
         self.root_rank = root_rank
         self.broadcast_done = False
+        if local_variables is None:
+            local_variables = []
+        elif not isinstance(local_variables, (list, tuple, set)):
+            local_variables = [local_variables]
+        self.local_variables = {source_key(v) for v in local_variables}
+
+    def _shared(self, variables: List[Any]) -> List[Any]:
+        return [v for v in variables if source_key(v) not in self.local_variables]
 
     def _broadcast(self) -> None:
         model = self.model
-        broadcast_variables(model.variables, root_rank=self.root_rank)
+        broadcast_variables(self._shared(model.variables), root_rank=self.root_rank)
         optimizer = getattr(model, "optimizer", None)
         if optimizer is not None:
-            broadcast_variables(optimizer.variables, root_rank=self.root_rank)
+            broadcast_variables(self._shared(optimizer.variables), root_rank=self.root_rank)
         self.broadcast_done = True
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:

@@ -40,7 +40,7 @@ from byteps.tensorflow.gradients import GradientReducer
 from byteps.tensorflow.keras.accumulation import BackwardPassAccumulator
 from byteps.tensorflow.ops import check_process_set
 
-__all__ = ["DistributedOptimizer", "distributed_class"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "distributed_class"]
 
 _classes: Dict[type, type] = {}
 
@@ -67,6 +67,14 @@ class _DistributedOptimizer:
         object.__setattr__(self, "_byteps_slots", {})
         object.__setattr__(self, "_byteps_async_prefix", async_prefix)  # None: synchronous training
         object.__setattr__(self, "_byteps_exchange", None)
+        object.__setattr__(self, "_byteps_local", set())  # _var_key of worker-local variables
+
+    def register_local_var(self, var: Any) -> None:
+        """Horovod's: ``var``'s gradient stays this worker's own (not sent; divided by ``size()`` unless
+        the optimizer was made with ``scale_local_gradients=False``)."""
+        if self._byteps_async_prefix is not None:
+            raise ValueError("local variables are not supported with asynchronous training (BYTEPS_ENABLE_ASYNC=1)")
+        self._byteps_local.add(self._var_key(var))
 
     def build(self, variables: List[Any]) -> None:
         # Keras' optimizers ignore a second build (their slots stay); so do the accumulators.
@@ -100,11 +108,18 @@ class _DistributedOptimizer:
         apply = super().apply
         exchange = self._byteps_exchange
         if exchange is None or not grads:
-            apply(self._byteps_reducer.reduce(grads) if exchange is None else grads, given)
+            apply(self._byteps_reducer.reduce(grads, self._byteps_local_mask(given)) if exchange is None
+                  else grads, given)
             return
         # Every variable the optimizer was built for goes (unchanged ones with a zero delta): the same names
         # on every rank whichever subset a call updates.
         exchange.around(lambda: apply(grads, given))
+
+    def _byteps_local_mask(self, given: Optional[List[Any]]) -> Optional[List[bool]]:
+        if not self._byteps_local:
+            return None
+        variables = given if given is not None else self._trainable_variables
+        return [self._var_key(v) in self._byteps_local for v in variables]
 
     def _byteps_accumulate(self, grads: List[Any], variables: List[Any], given: Optional[List[Any]]) -> None:
         """Add this pass's gradients locally; every N-th pass reduce the sums and apply them once.
@@ -157,7 +172,10 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     ``gradient_predivide_factor`` are as in
     :func:`byteps.tensorflow.DistributedGradientTape`; ``name`` names the
     byteps tensors (default: the optimizer's name). Device and group
-    arguments and ``scale_local_gradients`` are accepted and ignored.
+    arguments are accepted and ignored. ``register_local_var(var)`` keeps
+    ``var``'s gradient local (not sent), divided by ``size()`` when
+    ``scale_local_gradients`` (Horovod's default); see
+    :func:`PartialDistributedOptimizer`.
 
     ``compression_params`` is BytePS's gradient compression, the dict of
     docs/compression.md, e.g. ``{"compressor": "onebit", "scaling": True,
@@ -196,7 +214,27 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     prefix = f"DistributedOptimizer.{name or optimizer.name}"
     compression, compressed = take_compression_params(compression_params, wrapped, compression, prefix,
                                                       "DistributedOptimizer")
-    reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, compressed)
+    reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, compressed,
+                              scale_local_gradients)
     wrapped._byteps_configure(reducer, backward_passes_per_step, average_aggregated_gradients,
                               prefix if async_mode else None)
+    return wrapped
+
+
+def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[str] = None,
+                                device_dense: str = "", device_sparse: str = "", compression: Any = Compression.none,
+                                sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                                op: int = Average, groups: Any = None, process_set: Any = None,
+                                local_layers: Any = None, scale_local_gradients: bool = True,
+                                **kwargs: Any) -> keras.optimizers.Optimizer:
+    """Horovod's: a :func:`DistributedOptimizer` whose ``local_layers``' gradients stay on each worker
+    (not sent; divided by ``size()`` when ``scale_local_gradients``). Other keyword arguments are
+    :func:`DistributedOptimizer`'s."""
+    from byteps.tensorflow.gradient_tape import local_layer_variables
+    local = local_layer_variables(local_layers)
+    wrapped = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+                                   gradient_predivide_factor, op, groups=groups, process_set=process_set,
+                                   scale_local_gradients=scale_local_gradients, **kwargs)
+    for variable in local:
+        wrapped.register_local_var(variable)
     return wrapped
