@@ -88,8 +88,9 @@ def test_single_process_errors(bps):
         bps.push_pull(torch.ones(3, 4).t(), name="nc")
     with pytest.raises(ValueError, match=r"unsupported dtype torch\.uint8.*torch\.bfloat16"):
         bps.push_pull(torch.ones(3, dtype=torch.uint8), name="u8")
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        bps.allreduce(torch.ones(3), op=bps.Adasum)
+    assert torch.equal(bps.allreduce(torch.tensor([1.0, -2.0]), op=bps.Adasum), torch.tensor([1.0, -2.0]))  # one rank
+    with pytest.raises(NotImplementedError, match="floating-point"):
+        bps.allreduce(torch.ones(3, dtype=torch.int64), op=bps.Adasum)
     with pytest.raises(ValueError, match="meta"):
         bps.allreduce(torch.ones(3, device="meta"))
     with pytest.raises(ValueError, match="dense"):

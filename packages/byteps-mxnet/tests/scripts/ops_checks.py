@@ -174,7 +174,14 @@ def errors():
     expect_error(ValueError, "unsupported dtype bool", lambda: bps.allreduce(mx.np.ones((2,), dtype="bool")))
     expect_error(ValueError, "row_sparse", lambda: bps.allreduce(mx.nd.ones((2, 2)).tostype("row_sparse")))
     expect_error(TypeError, "expected an mxnet NDArray", lambda: bps.allreduce(np.ones(2)))
-    expect_error(NotImplementedError, "Adasum", lambda: bps.allreduce(mx.nd.ones((2,)), op=bps.Adasum))
+    # Adasum (Horovod's): (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b for two ranks
+    mine = [np.array([1.0, 2.0, -3.0, 0.5]) * (k + 1) + np.array([0, 1.0, 0, 0]) * k for k in range(2)]
+    a, b = mine
+    want = (1 - a @ b / (2 * a @ a)) * a + (1 - a @ b / (2 * b @ b)) * b
+    got = bps.allreduce(mx.nd.array(mine[bps.rank()]), op=bps.Adasum, name="adasum").asnumpy()
+    assert np.allclose(got, want, rtol=1e-6), (got, want)
+    expect_error(NotImplementedError, "floating-point",
+                 lambda: bps.allreduce(mx.nd.ones((2,), dtype="int32"), op=bps.Adasum))
     expect_error(ValueError, "root_rank", lambda: bps.broadcast(mx.nd.ones((2,)), root_rank=bps.size()))
     expect_error(ValueError, "floating-point", lambda: bps.allreduce(
         mx.nd.ones((2,), dtype="int32"), prescale_factor=2.0))

@@ -301,7 +301,14 @@ def errors_and_mismatches():
     fn = tf.function(lambda t: bps.allreduce(t, name="c64"))
     expect_error(ValueError, "unsupported dtype complex64", lambda: fn(tf.ones([2], tf.complex64)))
     expect_error(ValueError, "unsupported dtype string", lambda: bps.broadcast(tf.constant(["a"]), 0))
-    expect_error(NotImplementedError, "Adasum", lambda: bps.allreduce(tf.ones(3), op=bps.Adasum))
+    # Adasum (Horovod's): (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b for two ranks, eagerly and in a graph
+    mine = [np.array([1.0, 2.0, -3.0, 0.5]) * (k + 1) + np.array([0, 1.0, 0, 0]) * k for k in range(2)]
+    a, b = mine
+    want = (1 - a @ b / (2 * a @ a)) * a + (1 - a @ b / (2 * b @ b)) * b
+    x = tf.constant(mine[r], tf.float32)
+    assert_close(bps.allreduce(x, op=bps.Adasum, name="adasum"), want, "Adasum")
+    assert_close(tf.function(lambda t: bps.allreduce(t, op=bps.Adasum, name="adasum.fn"))(x), want, "Adasum graph")
+    expect_error(NotImplementedError, "floating-point", lambda: bps.allreduce(tf.ones(3, tf.int32), op=bps.Adasum))
     expect_error(NotImplementedError, "Adasum", lambda: bps.DistributedGradientTape(tf.GradientTape(), op=bps.Adasum))
     expect_error(ValueError, "supersedes", lambda: bps.allreduce(tf.ones(3), average=True, op=bps.Sum))
     expect_error(ValueError, "root_rank", lambda: bps.broadcast(tf.ones(2), root_rank=bps.size()))

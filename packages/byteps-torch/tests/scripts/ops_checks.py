@@ -160,8 +160,18 @@ def errors():
         torch.ones(3, dtype=torch.uint8), name="u8"))
     assert "torch.float32" in message and "torch.bfloat16" in message, message
     expect_error(ValueError, "torch.complex64", lambda: bps.allreduce(torch.ones(3, dtype=torch.complex64)))
-    expect_error(NotImplementedError, "Adasum", lambda: bps.allreduce(torch.ones(3), op=bps.Adasum, name="ad"))
-    expect_error(NotImplementedError, "Adasum", lambda: bps.allreduce_async_(torch.ones(3), op=bps.Adasum))
+    # Adasum (Horovod's): (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b for two ranks
+    def mine(k):
+        return torch.tensor([1.0, 2.0, -3.0, 0.5], dtype=torch.float64) * (k + 1) + torch.tensor([0, 1.0, 0, 0]) * k
+    a, b = mine(0), mine(1)
+    want = (1 - a @ b / (2 * a @ a)) * a + (1 - a @ b / (2 * b @ b)) * b
+    got = bps.allreduce(mine(bps.rank()).float(), op=bps.Adasum, name="ad")
+    assert torch.allclose(got.double(), want, rtol=1e-6), (got, want)
+    inplace = mine(bps.rank()).float()
+    bps.synchronize(bps.allreduce_async_(inplace, op=bps.Adasum, name="ad.inplace"))
+    assert torch.equal(inplace, got), (inplace, got)
+    expect_error(NotImplementedError, "floating-point", lambda: bps.allreduce(torch.ones(3, dtype=torch.int32),
+                                                                               op=bps.Adasum, name="ad.int"))
     expect_error(ValueError, "supersedes", lambda: bps.allreduce(torch.ones(3), average=True, op=bps.Sum))
     # Integers scale as in Horovod: in float64, truncated (int(3 * 0.5) == 1 on every rank).
     scaled = bps.allreduce(torch.full((3,), 3, dtype=torch.int32), op=bps.Sum, prescale_factor=0.5, name="int.scale")

@@ -54,7 +54,7 @@ from byteps.common.frontend.checks import check_root, check_scale
 from byteps.common.frontend.group import push_pull_group
 from byteps.common.frontend.names import TensorNames
 from byteps.common.frontend.process import after_shutdown, before_shutdown, on_init, rank, size
-from byteps.common.frontend.reductions import Max, Min, OpSpec, Product, average_of, op_name
+from byteps.common.frontend.reductions import BY_GATHER, OpSpec, average_of, op_name
 from byteps.common.handle import all_done
 from byteps.mxnet.engine import EngineBridge
 from byteps.mxnet.tensors import NARROW_INTEGERS, check_array, dtype_name, empty_like, on_host, zeros_like
@@ -220,7 +220,7 @@ def allreduce(tensor: mx.nd.NDArray, average: Optional[bool] = None, name: Optio
     ``op=Min``, ``Max`` or ``Product`` gathers every rank's array and
     reduces here, synchronously (:func:`byteps.mxnet.collectives.allreduce_by_gather`).
     """
-    if op in (Min, Max, Product):
+    if op in BY_GATHER:
         from byteps.mxnet.collectives import allreduce_by_gather
         check_scale(prescale_factor, postscale_factor, False, f"allreduce(op={op_name(op)})", op_name(op),
                     needed="op=Average or Sum")

@@ -27,7 +27,7 @@ from byteps.common import PushPullError
 from byteps.common.frontend import collectives as front
 from byteps.common.frontend.objects import allgather_object as _allgather_object
 from byteps.common.frontend.process_sets import rank_view
-from byteps.common.frontend.reductions import Average, Max, Min, Product, Sum, op_name
+from byteps.common.frontend.reductions import BY_GATHER, Average, Sum, op_name
 from byteps.tensorflow.graph_ops import run_eagerly
 from byteps.tensorflow.ops import resolve_name
 from byteps.tensorflow.reduction import InvalidArgument, MismatchError, key_name
@@ -37,7 +37,6 @@ __all__ = ["MismatchError", "alltoall", "reducescatter", "grouped_reducescatter"
            "reduce_by_gather", "allgather_object", "BY_GATHER", "run_collective"]
 
 #: The allreduce ops computed from every rank's tensor rather than by the servers' sum.
-BY_GATHER = (Min, Max, Product)
 
 
 def run_collective(body: Callable[..., List[tf.Tensor]], inputs: Sequence[Any], dtypes: Sequence[tf.DType],

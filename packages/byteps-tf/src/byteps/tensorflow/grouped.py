@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Sequence
 import tensorflow as tf
 
 from byteps.common.frontend.process_sets import rank_view
-from byteps.common.frontend.reductions import Average, Max, Min, Product, Sum, average_of, op_name
+from byteps.common.frontend.reductions import BY_GATHER, Average, Sum, average_of, op_name
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.ops import allreduce, resolve_name
 from byteps.tensorflow.tensors import byteps_dtype
@@ -40,7 +40,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None, de
         return []
     base = resolve_name("grouped_allreduce", name, tensors[0])
     names = [f"{base}.{i}" for i in range(len(tensors))]
-    fusable = (op not in (Min, Max, Product) and rank_view(process_set).set_id == 0 and prescale_factor == 1.0
+    fusable = (op not in BY_GATHER and rank_view(process_set).set_id == 0 and prescale_factor == 1.0
                and postscale_factor == 1.0 and compression is Compression.none
                and all(_reduced_as_is(t) for t in tensors))
     if not fusable:

@@ -41,7 +41,7 @@ from byteps.common.frontend.checks import check_root
 from byteps.common.frontend.collectives import RankView
 from byteps.common.frontend.process import rank, size
 from byteps.common.frontend.process_sets import rank_view
-from byteps.common.frontend.reductions import Average, Max, Min, Product, Sum, average_of, op_name
+from byteps.common.frontend.reductions import BY_GATHER, Average, Sum, average_of, op_name
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.graph_ops import run_group
 from byteps.tensorflow.reduction import Gather, Reduce, key_name, tensor_names
@@ -216,7 +216,7 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
     if isinstance(tensor, tf.IndexedSlices) and op is not None and op not in (Average, Sum):
         raise NotImplementedError(f"allreduce of tf.IndexedSlices: only Average and Sum are supported, "
                                   f"not {op_name(op)}")
-    if op in (Min, Max, Product):
+    if op in BY_GATHER:
         from byteps.tensorflow.collectives import reduce_by_gather
         if average is not None:
             raise ValueError("the op parameter supersedes average: pass only one of them")

@@ -20,14 +20,12 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
-from byteps.common.frontend import Average, Max, Min, Product, average_of, check_root, rank, size
+from byteps.common.frontend import Average, average_of, check_root, rank, size
 from byteps.common.frontend.process_sets import global_process_set, rank_view
+from byteps.common.frontend.reductions import BY_GATHER
 from byteps.torch.collectives import reduce_by_gather_async
 from byteps.torch.compression import Compression, Compressor
 from byteps.torch.ops import OpSpec, ReduceFunction, _names, group_handles, submit, synchronize
-
-#: The ops computed from every rank's tensor rather than by the servers' sum.
-BY_GATHER = (Min, Max, Product)
 
 __all__ = [
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",

@@ -47,7 +47,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from byteps.common import api
-from byteps.common.frontend.reductions import Max, Min, Product, op_name
+from byteps.common.frontend.adasum import adasum_tree, check_adasum
+from byteps.common.frontend.reductions import BY_GATHER, Adasum, Max, Min, Product, op_name
 from byteps.common.handle import Handle, PushPullError
 
 __all__ = ["Piece", "RankView", "Started", "allgather", "gather_all", "alltoall", "reducescatter", "reduce_by_gather",
@@ -253,13 +254,18 @@ def gather_all(name: str, piece: Piece, view: Optional[RankView] = None, family:
 
 def reduce_by_gather(name: str, piece: Piece, op: int, numpy_dtype: np.dtype,
                      view: Optional[RankView] = None) -> Started:
-    """Start Min, Max or Product over the ranks, from every rank's tensor (``numpy_dtype``: how to compute)."""
+    """Start Min, Max, Product or Adasum over the ranks, from every rank's tensor (``numpy_dtype``: how to
+    compute; Adasum: see :mod:`byteps.common.frontend.adasum`)."""
     ufunc = {Min: np.minimum, Max: np.maximum, Product: np.multiply}.get(op)
-    if ufunc is None:
-        raise ValueError(f"reduce_by_gather computes Min, Max and Product, not {op_name(op)}")
+    if ufunc is None and op != Adasum:
+        raise ValueError(f"reduce_by_gather computes {', '.join(op_name(o) for o in BY_GATHER)}, not {op_name(op)}")
+    if op == Adasum:
+        check_adasum((view or RankView.everyone()).size, numpy_dtype, f"allreduce({name!r}, op=Adasum)")
 
     def then(pieces: List[Piece]) -> np.ndarray:
         arrays = [p.data.view(numpy_dtype).reshape(piece.shape) for p in pieces]
+        if ufunc is None:
+            return adasum_tree(arrays)
         result = arrays[0].copy()
         for array in arrays[1:]:
             ufunc(result, array, out=result)

@@ -1,9 +1,9 @@
 """Reduction ops with Horovod's values, and how a call's ``op``/``average`` become byteps' average flag.
 
 byteps servers sum; a worker divides the sum to average. ``Average`` and
-``Sum`` go through the servers; Min, Max and Product are computed by each
-adapter from an allgather of every rank's tensor; Adasum keeps Horovod's
-value and is refused with NotImplementedError today.
+``Sum`` go through the servers; Min, Max, Product and Adasum (``BY_GATHER``)
+are computed by each rank from an allgather of every rank's tensor
+(:func:`byteps.common.frontend.collectives.reduce_by_gather`).
 
 Example::
 
@@ -20,10 +20,12 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "OP_NAMES", "op_name", "average_of",
-           "check_gradient_op", "OpSpec", "divide_towards_zero"]
+           "check_gradient_op", "OpSpec", "divide_towards_zero", "BY_GATHER"]
 
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+#: The ops every rank computes from all ranks' tensors rather than the servers' sum.
+BY_GATHER = (Min, Max, Product, Adasum)
 
 
 def op_name(op: Any) -> Any:
@@ -41,15 +43,15 @@ def average_of(op: Optional[int], average: Optional[bool], default: bool = True)
         return True
     if op == Sum:
         return False
-    raise NotImplementedError(
-        f"op={op_name(op)} is not supported by byteps, whose servers sum: use op=Average or op=Sum"
-        + (" (Adasum needs its own reduction algorithm, which byteps does not have)" if op == Adasum else ""))
+    raise NotImplementedError(f"op={op_name(op)} is not a sum: byteps' push_pull takes op=Average or op=Sum "
+                              "(allreduce computes Min, Max, Product and Adasum)")
 
 
 def check_gradient_op(op: Any, gradient_predivide_factor: float) -> None:
     """The checks of every gradient-averaging wrapper (optimizers, tapes) on ``op`` and the predivide factor."""
     if op == Adasum:
-        raise NotImplementedError("op=Adasum is not supported by byteps, whose servers sum: use Average or Sum")
+        raise NotImplementedError("op=Adasum in a gradient wrapper (Horovod's Adasum delta optimizer) is not "
+                                  "supported: use Average or Sum here; allreduce(tensor, op=Adasum) works")
     if op not in (Average, Sum):
         raise ValueError(f"op must be Average or Sum, got {op!r}")
     if gradient_predivide_factor != 1.0 and op != Average:
