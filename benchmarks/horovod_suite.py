@@ -74,18 +74,18 @@ def in_thread(target, args=(), name=None, daemon=True, silent=False):
 def prepare(horovod: pathlib.Path, suite: str, into: pathlib.Path) -> pathlib.Path:
     """Copy the suite (import changed) and its helper module into ``into``; returns the suite's path."""
     old, new = IMPORTS[suite]
-    source = (horovod / "test" / "parallel" / suite).read_text()
-    changed = re.sub(rf"^import {re.escape(old)} as hvd$", f"import {new} as hvd", source, flags=re.M)
-    if changed == source:
-        raise SystemExit(f"{suite}: no line 'import {old} as hvd' to change")
-    for line, replacement in HELPERS.items():
-        changed = changed.replace(line, replacement)
-    (into / suite).write_text(changed)
-    for helper in (horovod / "test" / "parallel").glob("base_test_*.py"):
-        text = helper.read_text()
+    # The import line, at any indentation (base_test_mxnet.py imports inside a try), in the suite and its bases.
+    pattern = re.compile(rf"^(\s*)import {re.escape(old)} as hvd$", flags=re.M)
+    changes = 0
+    parallel = horovod / "test" / "parallel"
+    for path in [parallel / suite, *sorted(parallel.glob("base_test_*.py"))]:
+        text, count = pattern.subn(rf"\1import {new} as hvd", path.read_text())
+        changes += count
         for line, replacement in HELPERS.items():
             text = text.replace(line, replacement)
-        (into / helper.name).write_text(text)
+        (into / path.name).write_text(text)
+    if not changes:
+        raise SystemExit(f"{suite}: no line 'import {old} as hvd' to change in it or its base_test module")
     common = (horovod / "test" / "utils" / "common.py").read_text()
     common = common.replace("from horovod.runner.util.threads import in_thread", IN_THREAD)
     (into / "common.py").write_text(common)
