@@ -15,7 +15,7 @@ from byteps.common.interface import require_interface
 # skipping_round); 2.0: frontend, sealed transport; 1.1: local aggregation, declare sizes, topology
 INTERFACE_VERSION = (2, 2)
 
-require_interface("byteps-transport", "byteps.transport", (2, 1), requirer="byteps-common")
+require_interface("byteps-transport", "byteps.transport", (2, 2), requirer="byteps-common")
 
 from byteps.common.api import (  # noqa: E402
     barrier,

@@ -26,6 +26,7 @@ from byteps.common.tensor_description import PartitionSpec, split_quorum_aux
 from byteps.transport import (
     FLAG_AVERAGE,
     FLAG_SKIPPED,
+    FLAG_ZEROS,
     Command,
     Context,
     Endpoint,
@@ -84,8 +85,12 @@ class ServerExchange:
             connection.send(Command.INIT_KEY, self.rank, part.key, payload=json_payload(partition_spec(trip).to_json()))
             self._initialized.add(part.key)
         self._in_flight[(part.key, task.round)] = trip
-        connection.send(Command.PUSH, self.rank, part.key, task.round, payload=trip.data,
-                        dtype=int(task.source.dtype), flags=FLAG_AVERAGE if task.average_over else 0, aux=task.tag)
+        flags, payload = FLAG_AVERAGE if task.average_over else 0, trip.data
+        nonzero = task.nonzero
+        if nonzero is not None and not (part.offset < nonzero[1] and nonzero[0] < part.offset + part.nbytes):
+            flags, payload = flags | FLAG_ZEROS, None  # all zeros: the server adds zeros, nothing crosses the wire
+        connection.send(Command.PUSH, self.rank, part.key, task.round, payload=payload,
+                        dtype=int(task.source.dtype), flags=flags, aux=task.tag)
         if self.pipeline:
             self._proceed(trip)
 

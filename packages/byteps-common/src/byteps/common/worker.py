@@ -177,7 +177,7 @@ class Worker:
                         set_id: int = 0, root: Optional[int] = None, tensor_id: Optional[int] = None,
                         joinable: bool = True, compression: Optional[CompressionSpec] = None,
                         lr: Optional[float] = None, asynchronous: bool = False,
-                        stream: Optional[int] = None) -> Handle:
+                        stream: Optional[int] = None, nonzero: Optional[Tuple[int, int]] = None) -> Handle:
         """Start summing (or averaging) ``tensor`` over all workers.
 
         The result goes into ``output`` (default: ``tensor`` itself, in
@@ -210,6 +210,11 @@ class Worker:
         tensor. Its first push_pull broadcasts the initial value into their store (``root`` given); each
         later one pushes a delta (a sum, ``average=False``), which the servers add as it comes, and
         returns the store as it stands after this worker's delta.
+
+        ``nonzero`` (byte offsets ``(start, end)``) says the tensor is zero outside that range, as a
+        gather's buffer is outside this rank's bytes (and a broadcast's everywhere but on its root): where
+        this process pushes its tensor alone (one local rank), partitions outside it go to the servers as
+        a header flagged zeros, with no payload.
 
         A CUDA tensor (DLPack, e.g. torch's) goes through pinned host memory partition by partition
         (:mod:`byteps.common.device_staging`, docs/gpu.md); ``stream``, the caller's CUDA stream, waits
@@ -287,6 +292,8 @@ class Worker:
             if compressor is None or compressor.spec != compression or compressor.dtype != source.dtype:
                 compressor = self._compressors[name] = TensorCompressor(compression, source.dtype)
         tag = int(root) + 1 if root is not None else 0 if joinable else TAG_GATHER
+        if root is not None and root != self.rank:
+            nonzero = (0, 0)  # a broadcast's other ranks push zeros: none of them need to travel
         quorum = 0
         if closes_early:  # averaged over the machines that closed the round
             quorum = self.config.num_worker - self.config.backup_workers
@@ -294,7 +301,8 @@ class Worker:
         task = PushPullTask(name=name, round=round_, source=source, output=target, plan=plan,
                             average_over=count if average else 0, handle=handle, members=ranks, machines=machines,
                             tag=tag, compression=compressor, lr=lr, asynchronous=asynchronous, quorum=quorum,
-                            skipped=skipped, device=staged)
+                            skipped=skipped, device=staged,
+                            nonzero=nonzero if self.local_size == 1 and compressor is None else None)
         if staged is not None:
             comm = self._comm
             staged.start(plan.partitions, lambda _, indices, error: comm.device_copy_done(task, indices, error))

@@ -79,7 +79,7 @@ from byteps.transport import (
     tcp_address,
 )
 from byteps.transport.addressing import resolve_host
-from byteps.transport.frames import FLAG_AVERAGE, FLAG_SKIPPED, command_name, parse_json_payload
+from byteps.transport.frames import FLAG_AVERAGE, FLAG_SKIPPED, FLAG_ZEROS, command_name, parse_json_payload
 
 __all__ = ["ParameterServer"]
 
@@ -349,9 +349,15 @@ class ParameterServer:
                 return
         if message.identity in state.pushed:
             raise ValueError(f"second push of round {header.round} for {state.spec.describe()}")
-        if state.pushed and (header.flags, header.aux) != (state.round_flags, state.round_tag):
+        flags = header.flags & ~FLAG_ZEROS
+        if state.pushed and (flags, header.aux) != (state.round_flags, state.round_tag):
             self._refuse_round(header.key, state, message)
         payload = message.payload if message.payload is not None else b""
+        if header.flags & FLAG_ZEROS:  # a gather's partition this worker has no bytes in: zeros, not sent
+            if payload or state.codec is not None:
+                raise ValueError(f"a push flagged zeros must carry no payload and an uncompressed key "
+                                 f"({state.spec.describe()})")
+            payload = self._zeros_of(state.spec.nbytes)
         received = time.time() if self.tracer is not None and self.tracer.traces(header.round) else 0.0
         if state.codec is not None:  # summed dense; the engine holds the decompressed array until the round ends
             payload, lr = state.codec.decompress_push(payload)
@@ -365,7 +371,7 @@ class ParameterServer:
         # but this push, so no worker's credit waits on another worker.
         self.listener.send(Command.PUSH_ACK, self.rank, header.key, header.round, identity=message.identity)
         if not state.pushed:
-            state.round_started, state.round_flags, state.round_tag = time.monotonic(), header.flags, header.aux
+            state.round_started, state.round_flags, state.round_tag = time.monotonic(), flags, header.aux
         state.pushed.add(message.identity)
         if complete:
             self._round_complete(header.key, state)
@@ -414,9 +420,7 @@ class ParameterServer:
         for identity in list(self.joined):
             if identity in state.pushed:
                 continue
-            zeros = self._zeros.get(state.spec.nbytes)
-            if zeros is None:
-                zeros = self._zeros[state.spec.nbytes] = memoryview(bytes(state.spec.nbytes))
+            zeros = self._zeros_of(state.spec.nbytes)
             round_ = self.engine.completed_round(key) + 1
             if state.round_tag:
                 self.join_failed[(key, round_)] = (
@@ -428,6 +432,13 @@ class ParameterServer:
             if complete:
                 self._round_complete(key, state)
                 return
+
+    def _zeros_of(self, nbytes: int) -> memoryview:
+        """A read-only block of zeros (the engine only reads pushes), one per size."""
+        zeros = self._zeros.get(nbytes)
+        if zeros is None:
+            zeros = self._zeros[nbytes] = memoryview(bytes(nbytes))
+        return zeros
 
     def _refuse_round(self, key: int, state: KeyState, message: Message) -> None:
         """A push that averages where the round's others sum, or names another broadcast root: fail them all."""

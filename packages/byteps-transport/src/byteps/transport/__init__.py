@@ -17,6 +17,7 @@ from byteps.transport.errors import NodeFailure, RemoteError, RendezvousTimeout,
 from byteps.transport.frames import (
     FLAG_AVERAGE,
     FLAG_SKIPPED,
+    FLAG_ZEROS,
     HEADER_BYTES,
     PROTOCOL_VERSION,
     Command,
@@ -35,7 +36,8 @@ from byteps.transport.zmq_endpoints import Connection, Listener, tcp_address
 # 2.0: the endpoint interface (Endpoint with a protected transport surface,
 # Context.listen/connect by address scheme, Poller), payloads as memoryviews,
 # ClientHandshake; 1.1: PUSH_ACK, LOCAL_READY/LOCAL_DONE, AddressBook.job_id
-INTERFACE_VERSION = (2, 1)  # 2.1: NodeInfo.settings (job-wide settings checked at rendezvous), FLAG_SKIPPED
+# 2.1: NodeInfo.settings (job-wide settings checked at rendezvous), FLAG_SKIPPED
+INTERFACE_VERSION = (2, 2)  # 2.2: FLAG_ZEROS
 
 __all__ = [
     "INTERFACE_VERSION",
@@ -43,6 +45,7 @@ __all__ = [
     "HEADER_BYTES",
     "FLAG_AVERAGE",
     "FLAG_SKIPPED",
+    "FLAG_ZEROS",
     "AddressBook",
     "AuthenticationError",
     "ByteCounters",

@@ -23,6 +23,7 @@ __all__ = [
     "HEADER_BYTES",
     "FLAG_AVERAGE",
     "FLAG_SKIPPED",
+    "FLAG_ZEROS",
     "MAX_CONTROL_PAYLOAD",
     "command_name",
     "encode_header",
@@ -77,6 +78,8 @@ def command_name(code: int) -> str:
 FLAG_AVERAGE = 1
 #: Header flag of a PULL: the worker skipped this round (backup workers) and pulls its sum without a push.
 FLAG_SKIPPED = 2
+#: Header flag of a PUSH: the partition is all zeros and no payload travels (a gather's other ranks' bytes).
+FLAG_ZEROS = 4
 
 
 class Header(NamedTuple):

@@ -90,14 +90,16 @@ class RankView:
         return len(self.ranks)
 
     def push_pull_async(self, name: str, array: np.ndarray, average: bool = False, output: Any = None,
-                        dtype: Any = None, root: Optional[int] = None, tensor_id: Optional[int] = None) -> Handle:
+                        dtype: Any = None, root: Optional[int] = None, tensor_id: Optional[int] = None,
+                        nonzero: Optional[Tuple[int, int]] = None) -> Handle:
         """Start summing (or averaging) ``array`` over these ranks (in place unless ``output``;
-        ``root``: a broadcast's; ``tensor_id``: see :meth:`byteps.common.worker.Worker.derived_id`).
+        ``root``: a broadcast's; ``tensor_id``: see :meth:`byteps.common.worker.Worker.derived_id`;
+        ``nonzero``: the byte range outside which ``array`` is zeros, which then need not travel).
         These sums gather: while a rank has joined they fail (see Worker.push_pull_async's ``joinable``)."""
         members = None if self.set_id == 0 else self.ranks
         return api.worker().push_pull_async(array, name, average=average, output=output, dtype=dtype,
                                             members=members, set_id=self.set_id, root=root, tensor_id=tensor_id,
-                                            joinable=False)
+                                            joinable=False, nonzero=nonzero)
 
     def push_pull(self, name: str, array: np.ndarray, average: bool = False, output: Any = None,
                   dtype: Any = None, root: Optional[int] = None) -> np.ndarray:
@@ -196,7 +198,9 @@ def move(name: str, mine: np.ndarray, sizes: Sequence[int], view: RankView,
     # Started from a callback, on whatever thread: its id derives from the describe tensor's, not from order.
     size_class = buffer.size.bit_length() - 1
     tensor_id = api.worker().derived_id(f"{name}.describe", size_class, view.set_id)
-    core = view.push_pull_async(f"{name}.move.{buffer.size}", buffer, tensor_id=tensor_id)
+    # Only this rank's bytes leave the machine; the server adds zeros for the rest (FLAG_ZEROS).
+    core = view.push_pull_async(f"{name}.move.{buffer.size}", buffer, tensor_id=tensor_id,
+                                nonzero=(start, start + mine.nbytes))
 
     def finish() -> Any:
         raw = buffer.view(np.uint8)
