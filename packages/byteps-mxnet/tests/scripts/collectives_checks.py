@@ -40,6 +40,9 @@ def alltoall_and_reducescatter():
     want = [block(k, sum(splits), "float32")[sum(splits[:r]):sum(splits[:r + 1])] for k in range(n)]
     assert_array(received, np.concatenate(want), "alltoall")
     assert counts.asnumpy().tolist() == [r + 1] * n, counts
+    even = bps.alltoall(mx.nd.array(block(r, 2 * n, "float32")), name="a2a.even")  # Horovod: no splits, no counts
+    assert isinstance(even, mx.nd.NDArray), type(even)
+    assert_array(even, np.concatenate([block(k, 2 * n, "float32")[2 * r:2 * r + 2] for k in range(n)]), "even")
     x = block(r, 5, "float64")
     total = sum(block(k, 5, "float64") for k in range(n))
     first = [0, 3][r] if n == 2 else None

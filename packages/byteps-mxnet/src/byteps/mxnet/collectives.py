@@ -20,7 +20,7 @@ gives rank ``i`` Horovod's share of rows. Example::
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
 import numpy as np
@@ -75,14 +75,16 @@ def grouped_allgather(tensors: Sequence[mx.nd.NDArray], name: Optional[str] = No
 
 
 def alltoall(tensor: mx.nd.NDArray, splits: Any = None, name: Optional[str] = None,
-             process_set: Any = None) -> Tuple[mx.nd.NDArray, mx.nd.NDArray]:
-    """Send ``splits[j]`` rows to the j-th rank (an even split without ``splits``); returns what arrived
-    and how many rows came from each rank, as Horovod does."""
+             process_set: Any = None) -> Union[mx.nd.NDArray, Tuple[mx.nd.NDArray, mx.nd.NDArray]]:
+    """Send ``splits[j]`` rows to the j-th rank (an even split without ``splits``); returns what arrived,
+    and with ``splits`` also how many rows came from each rank, as Horovod's MXNet alltoall does."""
     piece = _piece(tensor, "alltoall")
     if splits is not None:
         splits = [int(s) for s in (splits.asnumpy() if isinstance(splits, mx.nd.NDArray) else splits)]
     received, counts = _run("alltoall", name,
                             lambda key: front.alltoall(key, piece, splits, rank_view(process_set)))
+    if splits is None:
+        return _array(received, tensor)
     return _array(received, tensor), mx.nd.array(counts, dtype="int32")
 
 
