@@ -62,6 +62,18 @@ def min_max_product():
     assert_array(bps.allreduce(x, op=bps.Min, name="min"), np.min(values, axis=0), "Min")
     assert_array(bps.allreduce(x, op=bps.Product, name="prod"), np.prod(values, axis=0).astype("int32"), "Product")
     expect_error(ValueError, "op=Average or Sum", lambda: bps.allreduce(x, op=bps.Max, prescale_factor=2.0))
+    # Horovod's grouped_allreduce: new arrays (inputs untouched) or in place; Max reduces each from every rank
+    arrays = [mx.nd.array(block(r, k + 1, "float32")) for k in range(3)]
+    summed = bps.grouped_allreduce(arrays, op=bps.Sum, name="grouped")
+    for k, (got, given) in enumerate(zip(summed, arrays)):
+        assert_array(got, sum(block(j, k + 1, "float32") for j in range(n)), f"grouped sum {k}")
+        assert_array(given, block(r, k + 1, "float32"), f"grouped input {k} untouched")
+    averaged = bps.grouped_allreduce_(arrays, name="grouped.inplace")
+    assert all(a is b for a, b in zip(averaged, arrays))
+    for k, got in enumerate(arrays):
+        assert_array(got, sum(block(j, k + 1, "float32") for j in range(n)) / n, f"grouped average {k}")
+    largest = bps.grouped_allreduce([x, x * 2], op=bps.Max, name="grouped.max")
+    assert_array(largest[1], 2 * np.max(values, axis=0), "grouped Max")
 
 
 def process_sets():
@@ -91,7 +103,7 @@ def main():
     bps.init()
     checks.run("allgather of every dtype, grouped, objects", allgathers)
     checks.run("alltoall and reducescatter", alltoall_and_reducescatter)
-    checks.run("Min, Max, Product", min_max_product)
+    checks.run("Min, Max, Product, grouped_allreduce", min_max_product)
     checks.run("process sets and build flags", process_sets)
     checks.run("join with uneven data", uneven_join)
     mx.nd.waitall()

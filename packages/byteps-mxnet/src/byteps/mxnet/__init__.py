@@ -77,6 +77,8 @@ from byteps.mxnet.ops import (  # noqa: E402
     broadcast_,
     byteps_declare_tensor,
     byteps_push_pull,
+    grouped_allreduce,
+    grouped_allreduce_,
 )
 from byteps.mxnet.optimizer import DistributedOptimizer  # noqa: E402
 from byteps.mxnet.trainer import DistributedTrainer  # noqa: E402
@@ -96,7 +98,8 @@ __all__ = [
     # BytePS names
     "byteps_declare_tensor", "byteps_push_pull", "DistributedTrainer",
     # Horovod names
-    "allreduce", "allreduce_", "broadcast", "broadcast_", "broadcast_parameters", "DistributedOptimizer",
+    "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_", "broadcast", "broadcast_",
+    "broadcast_parameters", "DistributedOptimizer",
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "Compression", "Compressor",
     "PushPullError",

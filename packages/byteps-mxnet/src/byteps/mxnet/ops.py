@@ -61,6 +61,7 @@ from byteps.mxnet.tensors import NARROW_INTEGERS, check_array, dtype_name, empty
 
 __all__ = [
     "byteps_declare_tensor", "byteps_push_pull", "allreduce", "allreduce_", "broadcast", "broadcast_",
+    "grouped_allreduce", "grouped_allreduce_",
 ]
 
 _bridge = EngineBridge()
@@ -239,6 +240,36 @@ def allreduce_(tensor: mx.nd.NDArray, average: Optional[bool] = None, name: Opti
     """
     spec = OpSpec("allreduce", name, average_of(op, average), prescale_factor, postscale_factor, priority)
     return submit(tensor, spec, inplace=True, compression_spec=compression_spec, lr=lr)
+
+
+def grouped_allreduce_(tensors: Sequence[mx.nd.NDArray], average: Optional[bool] = None, name: Optional[str] = None,
+                       priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: Any = None, op: Optional[int] = None) -> List[mx.nd.NDArray]:
+    """Horovod's: :func:`allreduce_` of every array, in place, as one engine op (small ones fused); returns them.
+
+    Array *i* is named ``"<name>.<i>"`` (unnamed without ``name``). Min, Max, Product and Adasum reduce
+    each array from every rank's (synchronously); process sets are not supported here, as in allreduce.
+    """
+    from byteps.common.frontend.process_sets import rank_view
+    if rank_view(process_set).set_id:
+        raise NotImplementedError("grouped_allreduce: byteps.mxnet reduces over every rank; process sets work "
+                                  "with the gathering collectives")
+    tensors = list(tensors)
+    names = [None if name is None else f"{name}.{i}" for i in range(len(tensors))]
+    if op in BY_GATHER:
+        for tensor, key in zip(tensors, names):
+            allreduce(tensor, name=key, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                      op=op).copyto(tensor)
+        return tensors
+    return allreduce_group_(tensors, names, average_of(op, average), priority, prescale_factor, postscale_factor)
+
+
+def grouped_allreduce(tensors: Sequence[mx.nd.NDArray], average: Optional[bool] = None, name: Optional[str] = None,
+                      priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: Any = None, op: Optional[int] = None) -> List[mx.nd.NDArray]:
+    """Horovod's: :func:`grouped_allreduce_` into new arrays; the inputs are left as they are."""
+    return grouped_allreduce_([tensor.copy() for tensor in tensors], average, name, priority, prescale_factor,
+                              postscale_factor, process_set, op)
 
 
 def _check_root(root_rank: int) -> None:
