@@ -60,7 +60,7 @@ class PushPullTask:
     skipped: bool = False  # backup workers: a closed round pulled without a push
     closed_after: Optional[int] = None  # backup workers: rounds closed after this one, least over the partitions
     device: Any = None  # a CUDA tensor's byteps.common.device_staging.StagedTensor (None: host memory)
-    nonzero: Optional[Tuple[int, int]] = None  # a gather's own bytes [start, end): partitions outside push as zeros
+    nonzero: Optional[Tuple[int, int]] = None  # [start, end) of the nonzero bytes: partitions outside push as zeros
     started: float = 0.0  # time.time() when the comm thread started it (for the timeline)
     remaining: int = 0  # partitions not yet in the output
     network_partitions: int = 0  # partitions this process pushes

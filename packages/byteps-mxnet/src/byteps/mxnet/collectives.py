@@ -29,7 +29,7 @@ from byteps.common.frontend import collectives as front
 from byteps.common.frontend.objects import allgather_object as _allgather_object
 from byteps.common.frontend.objects import broadcast_object as _broadcast_object
 from byteps.common.frontend.process_sets import rank_view
-from byteps.common.frontend.reductions import BY_GATHER, Average, Sum, op_name
+from byteps.common.frontend.reductions import Average, Sum, op_name
 from byteps.mxnet.ops import _names
 from byteps.mxnet.tensors import check_array, dtype_name
 
@@ -116,9 +116,8 @@ def grouped_reducescatter(tensors: Sequence[mx.nd.NDArray], name: Optional[str] 
 
 def allreduce_by_gather(tensor: mx.nd.NDArray, op: int, name: Optional[str] = None,
                         process_set: Any = None) -> mx.nd.NDArray:
-    """Min, Max or Product over the ranks, elementwise (every rank's array gathered, reduced here)."""
-    if op not in BY_GATHER:
-        raise ValueError(f"allreduce_by_gather computes Min, Max and Product, not {op_name(op)}")
+    """Min, Max, Product or Adasum over the ranks (every rank's array gathered, reduced here; the front
+    refuses other ops)."""
     piece = _piece(tensor, f"allreduce(op={op_name(op)})")
     result = _run("allreduce", name, lambda key: front.reduce_by_gather(
         key, piece, op, np.dtype(piece.dtype), rank_view(process_set)))

@@ -54,6 +54,7 @@ from byteps.common.frontend.checks import check_root, check_scale
 from byteps.common.frontend.group import push_pull_group
 from byteps.common.frontend.names import TensorNames
 from byteps.common.frontend.process import after_shutdown, before_shutdown, on_init, rank, size
+from byteps.common.frontend.process_sets import rank_view
 from byteps.common.frontend.reductions import BY_GATHER, OpSpec, average_of, op_name
 from byteps.common.handle import all_done
 from byteps.mxnet.engine import EngineBridge
@@ -250,7 +251,6 @@ def grouped_allreduce_(tensors: Sequence[mx.nd.NDArray], average: Optional[bool]
     Array *i* is named ``"<name>.<i>"`` (unnamed without ``name``). Min, Max, Product and Adasum reduce
     each array from every rank's (synchronously); process sets are not supported here, as in allreduce.
     """
-    from byteps.common.frontend.process_sets import rank_view
     if rank_view(process_set).set_id:
         raise NotImplementedError("grouped_allreduce: byteps.mxnet reduces over every rank; process sets work "
                                   "with the gathering collectives")

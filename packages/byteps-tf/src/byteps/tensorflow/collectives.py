@@ -201,7 +201,7 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None, ignore
 
 def reduce_by_gather(tensor: Any, op: int, name: Optional[str], prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0, process_set: Any = None) -> tf.Tensor:
-    """Allreduce by Min, Max or Product, from every rank's tensor (not differentiable)."""
+    """Allreduce by Min, Max, Product or Adasum, from every rank's tensor (not differentiable)."""
     view = rank_view(process_set)
     tensor = _scaled(tf.convert_to_tensor(tensor), prescale_factor)
     name = resolve_name("allreduce", name, tensor)

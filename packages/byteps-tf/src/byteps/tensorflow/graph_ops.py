@@ -101,12 +101,10 @@ def run_eagerly(body: Callable[..., List[tf.Tensor]], inputs: Sequence[tf.Tensor
     graph = tf.compat.v1.get_default_graph()
     previous = _last_op.get(graph)
     keep_error_class = graph_errors.available()
+    if keep_error_class:
+        body, dtypes = graph_errors.guard(body, dtypes), [*dtypes, tf.int32, tf.uint8]
     with tf.control_dependencies([previous] if previous is not None else []):
-        if keep_error_class:
-            outputs = tf.py_function(graph_errors.guard(body, dtypes), inputs, [*dtypes, tf.int32, tf.uint8],
-                                     name="BytePSPushPull")
-        else:
-            outputs = tf.py_function(body, inputs, list(dtypes), name="BytePSPushPull")
+        outputs = tf.py_function(body, inputs, list(dtypes), name="BytePSPushPull")
     outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
     _last_op[graph] = outputs[0].op
     if keep_error_class:

@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Sequence
 import tensorflow as tf
 
 from byteps.common.frontend.process_sets import rank_view
-from byteps.common.frontend.reductions import BY_GATHER, Average, Sum, average_of, op_name
+from byteps.common.frontend.reductions import BY_GATHER, average_of
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.ops import allreduce, resolve_name
 from byteps.tensorflow.tensors import byteps_dtype
@@ -54,10 +54,10 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None, de
 def _grouped_with_slices(tensors: List[Any], average: Optional[bool], compression: Any, op: Optional[int],
                          prescale_factor: float, postscale_factor: float, name: Optional[str],
                          process_set: Any) -> List[Any]:
-    """The slices gathered one by one, the dense tensors as one group, results in the caller's order."""
-    if op is not None and op not in (Average, Sum):
-        raise NotImplementedError(f"grouped_allreduce of tf.IndexedSlices: only Average and Sum are supported, "
-                                  f"not {op_name(op)}")
+    """The slices gathered one by one, the dense tensors as one group, results in the caller's order.
+
+    The slices go first, so allreduce's refusal of ops other than Average and Sum for them comes before
+    anything is sent."""
     first = tensors[0].values if isinstance(tensors[0], tf.IndexedSlices) else tensors[0]
     base = resolve_name("grouped_allreduce", name, first)
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]

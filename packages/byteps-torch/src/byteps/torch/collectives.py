@@ -302,7 +302,7 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression:
 def reduce_by_gather_async(tensor: torch.Tensor, op: int, name: Optional[str], inplace: bool,
                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                            process_set: Any = None) -> int:
-    """Start an allreduce by Min, Max or Product (computed from every rank's tensor)."""
+    """Start an allreduce by Min, Max, Product or Adasum (computed from every rank's tensor)."""
     view = _view(process_set)
     check_tensor(tensor, f"allreduce(op={op_name(op)})")
     host = _scaled(tensor.detach(), prescale_factor).to("cpu").contiguous()

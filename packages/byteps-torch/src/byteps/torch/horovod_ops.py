@@ -47,7 +47,7 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
               process_set: Any = global_process_set) -> torch.Tensor:
     """Average (default) or sum ``tensor`` over all ranks (or ``process_set``'s) into a new tensor; differentiable.
 
-    ``op`` may also be Min, Max or Product (not differentiable).
+    ``op`` may also be Min, Max, Product or Adasum (not differentiable).
     ``prescale_factor`` multiplies the input before the reduction,
     ``postscale_factor`` the result after it (integers in float64, as Horovod).
     """

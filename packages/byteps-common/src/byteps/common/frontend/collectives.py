@@ -260,16 +260,16 @@ def reduce_by_gather(name: str, piece: Piece, op: int, numpy_dtype: np.dtype,
                      view: Optional[RankView] = None) -> Started:
     """Start Min, Max, Product or Adasum over the ranks, from every rank's tensor (``numpy_dtype``: how to
     compute; Adasum: see :mod:`byteps.common.frontend.adasum`)."""
-    ufunc = {Min: np.minimum, Max: np.maximum, Product: np.multiply}.get(op)
-    if ufunc is None and op != Adasum:
+    if op not in BY_GATHER:
         raise ValueError(f"reduce_by_gather computes {', '.join(op_name(o) for o in BY_GATHER)}, not {op_name(op)}")
     if op == Adasum:
         check_adasum((view or RankView.everyone()).size, numpy_dtype, f"allreduce({name!r}, op=Adasum)")
 
     def then(pieces: List[Piece]) -> np.ndarray:
         arrays = [p.data.view(numpy_dtype).reshape(piece.shape) for p in pieces]
-        if ufunc is None:
+        if op == Adasum:
             return adasum_tree(arrays)
+        ufunc = {Min: np.minimum, Max: np.maximum, Product: np.multiply}[op]
         result = arrays[0].copy()
         for array in arrays[1:]:
             ufunc(result, array, out=result)
