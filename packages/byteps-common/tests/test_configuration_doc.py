@@ -31,6 +31,9 @@ READ_ELSEWHERE = {
     "HOROVOD_LOCAL_SIZE": "packages/byteps-launcher/src/byteps/launcher/job_plan.py",
     "HOROVOD_CROSS_RANK": "packages/byteps-launcher/src/byteps/launcher/job_plan.py",
     "HOROVOD_CROSS_SIZE": "packages/byteps-launcher/src/byteps/launcher/job_plan.py",
+    # Elastic jobs: bpslaunch's epoch folder and the worker's lasting name, read before any Config exists.
+    "BYTEPS_ELASTIC_DIR": "packages/byteps-common/src/byteps/common/elastic/membership.py",
+    "BYTEPS_ELASTIC_WORKER": "packages/byteps-common/src/byteps/common/elastic/membership.py",
 }
 
 # A read of one of our variables from an environment mapping: environ.get("X"), env["X"], getenv("X").

@@ -35,7 +35,7 @@ from byteps.common.api import (  # noqa: E402
 )
 from byteps.common.config import Config, ConfigError  # noqa: E402
 from byteps.common.dtypes import DType  # noqa: E402
-from byteps.common.handle import Handle, PushPullError  # noqa: E402
+from byteps.common.handle import Handle, JobLost, PushPullError  # noqa: E402
 from byteps.common.native import get_include  # noqa: E402
 from byteps.common.worker import Worker  # noqa: E402
 
@@ -46,6 +46,7 @@ __all__ = [
     "DType",
     "Handle",
     "PushPullError",
+    "JobLost",
     "Worker",
     "barrier",
     "declare",

@@ -17,20 +17,25 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import logging
 import operator
+import os
 import threading
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from byteps.common.compression import parse_compression_params
 from byteps.common.config import Config
 from byteps.common.dtypes import DType
+from byteps.common.elastic import membership
 from byteps.common.fusion import push_pull_group_async as _push_pull_group_async
 from byteps.common.handle import Handle
 from byteps.common.logging_setup import configure_logging
 from byteps.common.worker import Worker
+from byteps.transport import TransportError
 
 __all__ = [
-    "init", "shutdown", "suspend", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "init", "shutdown", "suspend", "abandon", "is_initialized", "membership_epoch",
+    "rank", "size", "local_rank", "local_size",
     "declare", "push_pull", "push_pull_async", "push_pull_group_async", "poll", "synchronize", "barrier", "worker",
 ]
 
@@ -39,6 +44,51 @@ _worker: Optional[Worker] = None
 _suspended: Optional[Worker] = None  # left by suspend(): still in the job, resumed by init()
 _handles: Dict[int, Handle] = {}
 _handle_ids = itertools.count(1)
+_epoch: Optional[membership.Epoch] = None  # elastic jobs: the membership epoch this process joined last
+#: An elastic worker's BYTEPS_RENDEZVOUS_TIMEOUT unless set: how long it waits for an epoch that was ended.
+ELASTIC_RENDEZVOUS_TIMEOUT_S = 30
+log = logging.getLogger("byteps.common.api")
+
+
+def _config_from_env() -> Config:
+    """The environment's Config; an elastic worker's first waits to be let into the next membership epoch.
+
+    The epoch's variables (ranks, the scheduler's port, the job secret) are
+    written into ``os.environ`` as well, where scripts read them as they
+    read horovodrun's.
+    """
+    global _epoch
+    folder = os.environ.get(membership.ELASTIC_DIR, "").strip()
+    if folder:
+        worker_name = os.environ.get(membership.ELASTIC_WORKER, "").strip()
+        if not worker_name:
+            raise ValueError(f"{membership.ELASTIC_DIR} is set but {membership.ELASTIC_WORKER} is not: "
+                             "elastic workers are started by bpslaunch --min-np/--max-np")
+        after = _epoch.number if _epoch is not None else -1
+        epoch = membership.wait_for_epoch(folder, worker_name, after)
+        os.environ.update(epoch.environment(worker_name))
+        # A scheduler that was ended before this worker reached it never answers: give up on it in
+        # time to join the next epoch.
+        os.environ.setdefault("BYTEPS_RENDEZVOUS_TIMEOUT", str(ELASTIC_RENDEZVOUS_TIMEOUT_S))
+        _epoch = epoch
+    return Config.from_env()
+
+
+def _new_worker(config: Config) -> Worker:
+    """A Worker in ``config``'s job; an elastic worker whose epoch ended while it joined waits for the next one."""
+    while True:
+        try:
+            return Worker(config)
+        except TransportError as exc:
+            if _epoch is None:
+                raise
+            log.warning("could not join membership epoch %d (%s); waiting for the next one", _epoch.number, exc)
+            config = _config_from_env()
+
+
+def membership_epoch() -> Optional[membership.Epoch]:
+    """The elastic membership epoch this process joined last; None outside ``bpslaunch --min-np`` jobs."""
+    return _epoch
 
 
 def init(config: Optional[Config] = None) -> None:
@@ -51,8 +101,11 @@ def init(config: Optional[Config] = None) -> None:
     with _lock:
         if _worker is not None:
             return
-        config = config or Config.from_env()
         parked, _suspended = _suspended, None
+    if config is None:
+        # A suspended worker resumes in its epoch; only a worker with none waits for the next one.
+        config = Config.from_env() if parked is not None else _config_from_env()
+    with _lock:
         if parked is not None and parked.config == config:
             _worker = parked
             return
@@ -61,7 +114,7 @@ def init(config: Optional[Config] = None) -> None:
     with _lock:
         if _worker is None:
             configure_logging(config, f"worker {config.rank}")
-            _worker = Worker(config)
+            _worker = _new_worker(config)
 
 
 def suspend() -> None:
@@ -80,14 +133,23 @@ def suspend() -> None:
 
 def shutdown() -> None:
     """Leave the job; safe to call twice; also runs at interpreter exit."""
+    for leaving in _take_workers():
+        leaving.shutdown()
+
+
+def abandon() -> None:
+    """Leave a broken job at once, without goodbyes (see Worker.abandon); a later init() joins another."""
+    for leaving in _take_workers():
+        leaving.abandon()
+
+
+def _take_workers() -> List[Worker]:
     global _worker, _suspended
     with _lock:
         current, _worker = _worker, None
         parked, _suspended = _suspended, None
         _handles.clear()
-    for leaving in (current, parked):
-        if leaving is not None:
-            leaving.shutdown()
+    return [w for w in (current, parked) if w is not None]
 
 
 atexit.register(shutdown)

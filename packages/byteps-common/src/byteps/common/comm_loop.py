@@ -26,7 +26,7 @@ from byteps.common import kernels
 from byteps.common.buffers import TensorView
 from byteps.common.compression.feedback import TensorCompressor
 from byteps.common.compression.stages import CompressionStages
-from byteps.common.handle import Handle
+from byteps.common.handle import Handle, JobLost
 from byteps.common.local_aggregation import LocalGroup
 from byteps.common.partition import PartitionPlan
 from byteps.common.route import PartitionTrip, RouteDispatcher, Stage, plan_route
@@ -178,7 +178,7 @@ class CommLoop(threading.Thread):
     # --- called from API threads -------------------------------------------------
     def submit(self, task: PushPullTask) -> None:
         if self._fatal is not None or not self.is_alive():
-            task.handle.set_error(self._fatal or TransportError("the worker's communication thread is not running"))
+            task.handle.set_error(self._fatal or JobLost("the worker's communication thread is not running"))
             return
         self._enqueue(task)
 
@@ -222,13 +222,17 @@ class CommLoop(threading.Thread):
         self.tracer = tracer
         self.dispatcher.set_tracer(tracer)
 
-    def stop(self) -> None:
-        """Ask the thread to finish; in-flight tasks fail if it must cut them off."""
+    def stop(self, linger_ms: Optional[int] = None) -> None:
+        """Ask the thread to finish; in-flight tasks fail if it must cut them off.
+
+        ``linger_ms`` bounds how long unsent messages to the servers are kept trying (0: drop them, for a
+        worker leaving a broken job).
+        """
         self._tasks.put(None)
         os.write(self._wake_write, b"s")
         self.join()
         if self.exchange is not None:
-            self.exchange.close()
+            self.exchange.close(linger_ms)
         if self.local is not None:
             self.local.close()
         os.close(self._wake_read)
@@ -449,6 +453,10 @@ class CommLoop(threading.Thread):
         self._maybe_start_join()
 
     def _fail_all(self, error: BaseException) -> None:
+        if not isinstance(error, JobLost):  # whatever ended the thread broke the job for every push_pull
+            lost = JobLost(str(error))
+            lost.__cause__ = error
+            error = lost
         if self._fatal is None:
             self._fatal = error
         for task in list(self._active.values()):

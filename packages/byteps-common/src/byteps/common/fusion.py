@@ -35,7 +35,7 @@ import numpy as np
 
 from byteps.common.buffers import TensorView, input_and_output_views
 from byteps.common.dtypes import DType, dtype_of
-from byteps.common.handle import Handle, PushPullError
+from byteps.common.handle import Handle, failure
 
 __all__ = ["FusionGroup", "plan_fusion", "push_pull_group_async"]
 
@@ -160,7 +160,7 @@ class _MemberHandle(Handle):
         if not self._shared.event.wait(timeout):
             raise TimeoutError(f"push_pull of {self.name!r} did not finish within {timeout} s")
         if self._shared.error is not None:
-            raise PushPullError(f"push_pull of {self.name!r} failed: {self._shared.error}") from self._shared.error
+            raise failure(self.name, self._shared.error) from self._shared.error
         return self._output
 
     @property

@@ -6,13 +6,30 @@ import logging
 import threading
 from typing import Any, Callable, List, Optional
 
-__all__ = ["Handle", "PushPullError", "all_done"]
+__all__ = ["Handle", "PushPullError", "JobLost", "failure", "all_done"]
 
 log = logging.getLogger("byteps.common.handle")
 
 
 class PushPullError(RuntimeError):
     """A push_pull failed: a server refused it or the job broke."""
+
+
+class JobLost(PushPullError):
+    """The job broke under a push_pull: a process of it died, or its scheduler stopped.
+
+    Every push_pull in flight fails with it, and so does every later one
+    until the worker leaves the job. Under ``bpslaunch --min-np`` this is
+    what elastic training recovers from (Horovod's ``HorovodInternalError``
+    from a lost peer); a refusal (ranks that disagree) stays a plain
+    PushPullError, since starting again would only repeat it.
+    """
+
+
+def failure(name: str, error: BaseException) -> PushPullError:
+    """What waiting on a failed push_pull of ``name`` raises: JobLost if ``error`` is one, else PushPullError."""
+    kind = JobLost if isinstance(error, JobLost) else PushPullError
+    return kind(f"push_pull of {name!r} failed: {error}")
 
 
 class Handle:
@@ -38,7 +55,7 @@ class Handle:
         if not self._done.wait(timeout):
             raise TimeoutError(f"push_pull of {self.name!r} did not finish within {timeout} s")
         if self._error is not None:
-            raise PushPullError(f"push_pull of {self.name!r} failed: {self._error}") from self._error
+            raise failure(self.name, self._error) from self._error
         return self._output
 
     @property

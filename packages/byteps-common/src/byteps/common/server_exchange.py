@@ -18,7 +18,7 @@ push everything, then pull everything, like MXNet's KVStore.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, List, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from byteps.common.route import PartitionTrip, Stage
 from byteps.common.scheduling import CreditQueue
@@ -209,6 +209,6 @@ class ServerExchange:
     def bytes_received(self) -> int:
         return sum(c.counters.bytes_received for c in self.connections)
 
-    def close(self) -> None:
+    def close(self, linger_ms: Optional[int] = None) -> None:
         for connection in self.connections:
-            connection.close()
+            connection.close(linger_ms)

@@ -503,12 +503,24 @@ class Worker:
 
     def shutdown(self) -> None:
         """Leave the job: waits for the other workers, then closes every socket."""
+        self._leave(goodbye=True)
+
+    def abandon(self) -> None:
+        """Leave a broken job at once: no goodbye to the scheduler, nothing unsent kept.
+
+        For a worker that goes on in another job (elastic training after a lost process), where a
+        goodbye to a dead scheduler would only wait out the sockets' linger.
+        """
+        self._leave(goodbye=False)
+
+    def _leave(self, goodbye: bool) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        linger_ms = None if goodbye else 0
         if self._comm is not None:
-            self._comm.stop()
+            self._comm.stop(linger_ms)
         self._device_staging.close()
         self._write_report()
         self.stop_timeline()
@@ -516,9 +528,10 @@ class Worker:
             self._tracer.write({"rank": self.rank, "size": self.size, "local_rank": self.local_rank, **self._clock()})
         if self._scheduler is not None:
             try:
-                self._scheduler.finalize()
+                if goodbye:
+                    self._scheduler.finalize()
             finally:
-                self._scheduler.close()
+                self._scheduler.close(linger_ms)
         if self._context is not None:
             self._context.close()
 

@@ -45,6 +45,7 @@ from byteps.common.config import ConfigError
 from byteps.common.interface import distribution_version
 from byteps.common.job_report import REPORT_DIR_VARIABLE, read_reports, summarize
 from byteps.launcher.cpu_placement import place_workers
+from byteps.launcher.elastic_mode import ElasticOptions, ElasticSupervisor
 from byteps.launcher.embedded_mode import EmbeddedOptions, embedded_plan, stale_variables
 from byteps.launcher.hosts import parse_host_names, parse_hosts, read_hostfile
 from byteps.launcher.job_plan import JobPlan, UsageError
@@ -137,6 +138,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="after a failure, start the whole job again, up to N times, with BYTEPS_RESTART_COUNT "
                              "= 1, 2, ... in every process (embedded mode and -H hosts; default 0). A job "
                              "stopped by Ctrl-C or SIGTERM is not restarted")
+    elastic = parser.add_argument_group(
+        "elastic training", "Horovod's elastic mode on this machine: each worker process stands for a host of one "
+        "slot; the job goes on when workers, servers or the scheduler are lost (docs/elastic.md)")
+    elastic.add_argument("--min-np", type=int, default=None, metavar="N",
+                         help="the fewest workers the job goes on with (default: -np)")
+    elastic.add_argument("--max-np", type=int, default=None, metavar="N",
+                         help="the most workers the job grows to (default: -np, or no limit with a discovery script)")
+    elastic.add_argument("--host-discovery-script", default=None, metavar="SCRIPT",
+                         help="prints 'localhost:SLOTS' (Horovod's host:slots lines); run every second, more slots "
+                              "start more workers, who join at the next state.commit()")
+    elastic.add_argument("--reset-limit", type=_non_negative_int, default=None, metavar="N",
+                         help="fail the job after N changes of membership (default: no limit)")
     parser.add_argument("--grace-period", type=_non_negative_float, default=DEFAULT_GRACE_PERIOD,
                         metavar="SECONDS",
                         help="time between SIGTERM and SIGKILL when tearing the job down "
@@ -244,8 +257,70 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         shutil.rmtree(report_dir, ignore_errors=True)
 
 
+def _refuse(error: Exception, console: Console) -> int:
+    """One line naming what to fix in the command line or the environment; bpslaunch's exit status 2."""
+    if isinstance(error, ConfigError):
+        console.note(f"configuration error: {error}")
+    else:
+        console.note(f"error: {error} (see bpslaunch --help)")
+    return USAGE_ERROR
+
+
+def _is_elastic(args: argparse.Namespace) -> bool:
+    return any(value is not None for value in (args.min_np, args.max_np, args.host_discovery_script,
+                                               args.reset_limit))
+
+
+def _elastic_supervisor(args: argparse.Namespace, command: List[str], environ: Dict[str, str],
+                        console: Console) -> ElasticSupervisor:
+    """The elastic job the command line asks for; UsageError for flags it cannot take."""
+    refused = [flag for flag, given in (
+        ("-H/--hostfile", args.hosts is not None or args.hostfile is not None),
+        ("--workers", args.num_worker is not None), ("--force-distributed", args.force_distributed),
+        ("--max-restarts", bool(args.max_restarts)), ("DMLC_ROLE", bool(environ.get("DMLC_ROLE", "").strip())),
+        ("srun", in_slurm_step(environ))) if given]
+    if refused:
+        raise UsageError(f"elastic mode (--min-np/--max-np/--host-discovery-script/--reset-limit) runs every worker "
+                         f"on this machine as a host of its own; drop {', '.join(refused)}")
+    np = args.local_size if args.local_size is not None else args.min_np if args.min_np is not None else None
+    if np is None:
+        raise UsageError("elastic mode needs -np (how many workers to start with) or --min-np")
+    max_np = args.max_np if args.max_np is not None else (1 << 30) if args.host_discovery_script else np
+    options = ElasticOptions(np=np, min_np=args.min_np if args.min_np is not None else np, max_np=max_np,
+                             discovery_script=args.host_discovery_script,
+                             num_server=1 if args.num_server is None else args.num_server,
+                             reset_limit=args.reset_limit)
+    for name in stale_variables(environ):
+        console.note(f"elastic mode sets {name} itself; ignoring {name}={environ[name]!r}")
+    return ElasticSupervisor(options, command, environ, console, grace_period=args.grace_period)
+
+
+def _run_elastic(args: argparse.Namespace, command: List[str], report_dir: str, console: Console) -> int:
+    started = time.monotonic()
+    try:
+        supervisor = _elastic_supervisor(args, command, _environment(args, report_dir), console)
+        if not args.quiet:
+            options = supervisor.options
+            console.note(f"elastic job: {options.np} worker(s) to start, between {options.min_np} and "
+                         f"{options.max_np if options.max_np < (1 << 30) else 'any number of'} worker(s), "
+                         f"{options.num_server} server(s) per membership epoch")
+        outcome = supervisor.run()
+    except (ConfigError, UsageError) as exc:
+        return _refuse(exc, console)
+    if not args.quiet:
+        wall_s = time.monotonic() - started
+        changes = f"; membership changed {supervisor.resets} time(s)" if supervisor.resets else ""
+        if outcome.ok:
+            console.note(f"elastic job finished in {wall_s:.1f} s{changes}")
+        else:
+            console.note(f"job failed after {wall_s:.1f} s with exit status {outcome.exit_code}{changes}")
+    return outcome.exit_code
+
+
 def _run(args: argparse.Namespace, command: List[str], report_dir: str, console: Console) -> int:
     """Plan and run the job; with --max-restarts, again after a failure, with the next BYTEPS_RESTART_COUNT."""
+    if _is_elastic(args):
+        return _run_elastic(args, command, report_dir, console)
     started = time.monotonic()
     attempts = args.max_restarts + 1
     for attempt in range(attempts):
@@ -263,12 +338,8 @@ def _run(args: argparse.Namespace, command: List[str], report_dir: str, console:
                 console.note(plan.describe())
             if plan.mode != "ssh":  # other hosts' cores are theirs to place
                 plan = place_workers(plan, report=console.note if verbose and attempt == 0 else None)
-        except ConfigError as exc:
-            console.note(f"configuration error: {exc}")
-            return USAGE_ERROR
-        except UsageError as exc:
-            console.note(f"error: {exc} (see bpslaunch --help)")
-            return USAGE_ERROR
+        except (ConfigError, UsageError) as exc:
+            return _refuse(exc, console)
         except KeyboardInterrupt:
             return 130
 

@@ -38,7 +38,7 @@ from typing import Callable, List, Optional
 
 from byteps.common.shared_segment import sweep
 from byteps.launcher.child_process import ChildProcess, describe_exit, exit_status
-from byteps.launcher.job_plan import JobPlan
+from byteps.launcher.job_plan import JobPlan, ProcessSpec
 from byteps.launcher.output import Console, OutputRelay
 from byteps.launcher.process_tree import ProcessTree
 
@@ -140,22 +140,26 @@ class Supervisor:
         inherit_stdin = len(self.plan.processes) == 1
         for spec in self.plan.processes:
             self._handle_signals()
-            if self._phase == TEARDOWN:
+            if self._phase == TEARDOWN or self._spawn(spec, inherit_stdin) is None:
                 return
-            try:
-                child = ChildProcess.spawn(spec, inherit_stdin=inherit_stdin, ssh=self.plan.ssh)
-            except OSError as exc:
-                # the shell's conventions: 127 not found, 126 not executable
-                code = 127 if isinstance(exc, FileNotFoundError) else 126 if isinstance(exc, PermissionError) else 1
-                self._fail(f"{spec.label} could not be started: {exc}", code)
-                return
-            self._tree.add(child)
-            streams = ((child.proc.stdout, self.console.stdout), (child.proc.stderr, self.console.stderr))
-            for stream, sink in streams:
-                fd = os.dup(stream.fileno())  # the relay owns this copy; Popen's is closed now
-                stream.close()
-                self._relay.attach(fd, spec.prefix, sink)
-            child.proc.stdout = child.proc.stderr = None
+
+    def _spawn(self, spec: ProcessSpec, inherit_stdin: bool = False) -> Optional[ChildProcess]:
+        """Start one child and relay its output; None (and the job failing) if it cannot be started."""
+        try:
+            child = ChildProcess.spawn(spec, inherit_stdin=inherit_stdin, ssh=self.plan.ssh)
+        except OSError as exc:
+            # the shell's conventions: 127 not found, 126 not executable
+            code = 127 if isinstance(exc, FileNotFoundError) else 126 if isinstance(exc, PermissionError) else 1
+            self._fail(f"{spec.label} could not be started: {exc}", code)
+            return None
+        self._tree.add(child)
+        streams = ((child.proc.stdout, self.console.stdout), (child.proc.stderr, self.console.stderr))
+        for stream, sink in streams:
+            fd = os.dup(stream.fileno())  # the relay owns this copy; Popen's is closed now
+            stream.close()
+            self._relay.attach(fd, spec.prefix, sink)
+        child.proc.stdout = child.proc.stderr = None
+        return child
 
     def _step(self) -> bool:
         """One turn of the loop; True when the job is over."""

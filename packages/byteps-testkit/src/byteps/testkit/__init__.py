@@ -10,6 +10,9 @@
   bpslaunch, with :func:`rank_lines` and :func:`assert_all_ok` to read it;
   its worker side, in the launched script: :mod:`.checks` (``Checks``,
   ``check``, ``expect_error``: ``OK <name>`` lines and ``ALL OK <n>``);
+* :class:`WatchedJob` (:mod:`.watched_job`): a bpslaunch job read line by
+  line while it runs, whose processes a test can find and kill; with
+  :class:`DiscoveryScript`, the host list an elastic job discovers;
 * :func:`kill_group`, :func:`is_alive`, :func:`wait_until_dead`
   (:mod:`.processes`): process clean-up;
 * :class:`SshHosts` (:mod:`.ssh_hosts`): a real ``sshd`` per loopback
@@ -38,6 +41,7 @@ from byteps.testkit.processes import is_alive, kill_group, process_state, wait_u
 from byteps.testkit.role_job import JobResult, RunningJob, run_job, start_job
 from byteps.testkit.slurm_cluster import SlurmCluster, slurm_available
 from byteps.testkit.ssh_hosts import SshHosts, sshd_available
+from byteps.testkit.watched_job import DiscoveryScript, WatchedJob, children_with_variable
 
 __all__ = [
     "JOB_LAYOUTS",
@@ -63,4 +67,7 @@ __all__ = [
     "tail",
     "unset_byteps_env",
     "wait_until_dead",
+    "WatchedJob",
+    "DiscoveryScript",
+    "children_with_variable",
 ]

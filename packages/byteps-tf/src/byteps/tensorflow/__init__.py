@@ -55,7 +55,7 @@ from byteps.common.frontend.process_sets import (  # noqa: E402
     remove_process_set,
 )
 from byteps.common.frontend.reductions import Adasum, Average, Max, Min, Product, Sum  # noqa: E402
-from byteps.tensorflow import util  # noqa: E402,F401  (Horovod's hvd.util)
+from byteps.tensorflow import elastic, util  # noqa: E402,F401  (Horovod's hvd.elastic and hvd.util)
 from byteps.tensorflow.collectives import (  # noqa: E402
     allgather_object,
     alltoall,
@@ -82,6 +82,7 @@ INTERFACE_VERSION = (1, 0)
 
 
 __all__ = [
+    "elastic",
     "INTERFACE_VERSION",
     *_process.__all__,  # init, shutdown, is_initialized, size, rank, local_size, local_rank, barrier, join
     "rank_op", "size_op", "local_rank_op", "local_size_op",

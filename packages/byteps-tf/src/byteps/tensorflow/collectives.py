@@ -30,7 +30,7 @@ from byteps.common.frontend.process_sets import rank_view
 from byteps.common.frontend.reductions import BY_GATHER, Average, Sum, op_name
 from byteps.tensorflow.graph_ops import run_eagerly
 from byteps.tensorflow.ops import resolve_name
-from byteps.tensorflow.reduction import InvalidArgument, MismatchError, key_name
+from byteps.tensorflow.reduction import InvalidArgument, MismatchError, as_tensorflow_error, key_name
 from byteps.tensorflow.tensors import byteps_dtype, from_piece, to_piece
 
 __all__ = ["MismatchError", "alltoall", "reducescatter", "grouped_reducescatter", "grouped_allgather",
@@ -46,9 +46,7 @@ def run_collective(body: Callable[..., List[tf.Tensor]], inputs: Sequence[Any], 
         try:
             return body(*tensors)
         except PushPullError as exc:
-            if isinstance(exc, MismatchError):
-                raise
-            raise MismatchError(str(exc)) from exc
+            raise as_tensorflow_error(exc) from exc
 
     return run_eagerly(guarded, [tf.convert_to_tensor(t) for t in inputs], dtypes, shapes)
 

@@ -38,7 +38,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
-from byteps.common import Handle, PushPullError, api
+from byteps.common import Handle, JobLost, PushPullError, api
 from byteps.common.compression import CompressionSpec
 from byteps.common.dtypes import DType
 from byteps.common.frontend import TensorNames, after_shutdown
@@ -46,7 +46,8 @@ from byteps.common.frontend.collectives import RankView, allgather
 from byteps.common.frontend.group import push_pull_group
 from byteps.tensorflow.tensors import ResultBuffer, _on_cpu, byteps_dtype, from_piece, host_view, to_piece
 
-__all__ = ["Reduce", "Gather", "Spec", "MismatchError", "execute", "key_name", "forget_names", "tensor_names"]
+__all__ = ["Reduce", "Gather", "Spec", "MismatchError", "JobLostError", "JOB_LOST_MARK", "as_tensorflow_error",
+           "execute", "key_name", "forget_names", "tensor_names"]
 
 
 class MismatchError(PushPullError, tf.errors.FailedPreconditionError):
@@ -56,6 +57,31 @@ class MismatchError(PushPullError, tf.errors.FailedPreconditionError):
 
     def __init__(self, message: str) -> None:
         tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+
+class JobLostError(JobLost, tf.errors.AbortedError):
+    """The job lost a process under this op: byteps' JobLost (what elastic training recovers from) and
+    TensorFlow's AbortedError, whose message starts with :data:`JOB_LOST_MARK` so that it is recognized
+    when it comes out of a graph."""
+
+    def __init__(self, message: str) -> None:
+        text = message if message.startswith(JOB_LOST_MARK) else f"{JOB_LOST_MARK}{message}"
+        JobLost.__init__(self, text)
+        tf.errors.AbortedError.__init__(self, None, None, text)
+
+
+#: How a JobLostError's message starts, inside graphs too.
+JOB_LOST_MARK = "byteps lost a process of the job: "
+
+
+def as_tensorflow_error(failure: PushPullError) -> PushPullError:
+    """A failed op's error as TensorFlow classes it: JobLostError for a lost process, else MismatchError."""
+    if isinstance(failure, (MismatchError, JobLostError)):
+        return failure
+    kind = JobLostError if isinstance(failure, JobLost) else MismatchError
+    converted = kind(str(failure))
+    converted.__cause__ = failure
+    return converted
 
 
 class InvalidArgument(ValueError, tf.errors.InvalidArgumentError):
@@ -242,8 +268,8 @@ def execute(specs: Sequence[Spec], inputs: Sequence[tf.Tensor], lr: Optional[flo
             outputs.extend([item.tensor()] if isinstance(item, _Pending) else item.tensors())
         except BaseException as exc:  # keep waiting for the rest, then raise the first error
             failure = failure or exc
-    if isinstance(failure, PushPullError) and not isinstance(failure, MismatchError):
-        raise MismatchError(str(failure)) from failure
+    if isinstance(failure, PushPullError):
+        raise as_tensorflow_error(failure)
     if failure is not None:
         raise failure
     return outputs

@@ -47,7 +47,7 @@ from byteps.common.frontend.process_sets import (  # noqa: E402
     remove_process_set,
 )
 from byteps.common.frontend.reductions import Adasum, Average, Max, Min, Product, Sum  # noqa: E402
-from byteps.torch import parallel  # noqa: E402
+from byteps.torch import elastic, parallel  # noqa: E402  (elastic: Horovod's hvd.elastic)
 from byteps.torch.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from byteps.torch.collectives import (  # noqa: E402
     allgather,
@@ -116,6 +116,6 @@ __all__ = [
     "Compression", "Compressor",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
     "save_checkpoint", "load_checkpoint", "SyncBatchNorm",
-    "DistributedOptimizer", "parallel",
+    "DistributedOptimizer", "parallel", "elastic",
     "PushPullError",
 ]

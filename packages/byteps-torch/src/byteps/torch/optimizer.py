@@ -41,7 +41,9 @@ the step::
 
 from __future__ import annotations
 
+import itertools
 import warnings
+import weakref
 from collections import Counter
 from contextlib import contextmanager
 from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Set, Tuple
@@ -53,6 +55,7 @@ from byteps.common import api
 from byteps.common.compression import NesterovMomentum, parse_compression_params
 from byteps.common.frontend import Average, check_gradient_op, check_passes
 from byteps.common.frontend.async_training import async_enabled, check_async_compression
+from byteps.common.frontend.process import on_init
 from byteps.common.frontend.process_sets import global_process_set, rank_view
 from byteps.torch.async_optimizer import AsyncDistributedOptimizer
 from byteps.torch.buckets import Bucket, GradientBuckets, push_pull_bucket, wait_gradient
@@ -71,6 +74,16 @@ GRADIENT_PREFIX = "Gradient."
 # (a new DistributedOptimizer for the same model) moves the hook to the new
 # optimizer, so a gradient is never push_pulled twice under one name.
 _hooks: WeakIdKeyDictionary = WeakIdKeyDictionary()   # tensor -> RemovableHandle
+_optimizers: weakref.WeakSet[Any] = weakref.WeakSet()   # every synchronous DistributedOptimizer alive
+_creation_order = itertools.count()
+
+
+def _rejoin_all() -> None:
+    for optimizer in sorted(_optimizers, key=lambda o: o._created):
+        optimizer._rejoin_if_moved()
+
+
+on_init(_rejoin_all)
 
 
 class _PendingGradient(NamedTuple):
@@ -97,9 +110,6 @@ class _DistributedOptimizer:
         self._compression = compression
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
-        # A rank outside the set steps on its own gradients, as in Horovod.
-        included = process_set is None or process_set.included()
-        self._view = rank_view(process_set) if included else None
         self._sparse: Set[torch.Tensor] = set()   # gradients that were sparse this step (returned sparse)
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
@@ -109,21 +119,44 @@ class _DistributedOptimizer:
         for group in self.param_groups:
             for p in group["params"]:
                 self._parameter_names[p] = names[id(p)]
-        self._passes_left: Dict[torch.Tensor, int] = {p: backward_passes_per_step for p in self._parameter_names}
+        self._hooked: Set[torch.Tensor] = set()
+        self._should_synchronize = True
+        self._worker: Any = None
+        self._created = next(_creation_order)  # optimizers declare again in the order they were made
+        self._join_job()
+        _optimizers.add(self)
+
+    def _join_job(self) -> None:
+        """Start from a clean step in the worker's job: at construction, and after a change of membership.
+
+        Elastic training puts the worker into a new job (other ranks, maybe
+        another size); what this optimizer had in flight belonged to the old
+        one, and its gradients' names must be declared again, in the order
+        every rank declares them.
+        """
+        self._worker = api.worker() if api.is_initialized() else None
+        # A rank outside the set steps on its own gradients, as in Horovod.
+        included = self.process_set is None or self.process_set.included()
+        self._view = rank_view(self.process_set) if included else None
+        self._passes_left: Dict[torch.Tensor, int] = {p: self.backward_passes_per_step for p in self._parameter_names}
         self._touched: Set[torch.Tensor] = set()      # gradient accumulated since the last synchronize
         self._pending: Dict[torch.Tensor, _PendingGradient] = {}
-        self._hooked: Set[torch.Tensor] = set()
+        self._sparse.clear()
         self._synchronized = False
-        self._should_synchronize = True
         self._communicate = included and self._view.size > 1   # one worker: nothing to average (as Horovod)
         self._buckets = GradientBuckets({p: GRADIENT_PREFIX + name for p, name in self._parameter_names.items()},
-                                        compression)
+                                        self._compression)
         self._plan: Optional[Dict[torch.Tensor, Bucket]] = None   # this step's buckets, once known
         self._rounds_behind = 0  # backup workers: rounds closed without this worker, as of the last step
         if self._communicate:
             self._register_hooks()
         self._buckets.declare(self._current_plan() if self._communicate else {})
         self._plan = None
+
+    def _rejoin_if_moved(self) -> None:
+        """After init(): join again if the process is in another job now (elastic training's next epoch)."""
+        if api.is_initialized() and api.worker() is not self._worker:
+            self._join_job()
 
     def _take_compression_params(self, params: Any) -> Tuple[Any, Optional[NesterovMomentum]]:
         """BytePS's compression_params, parsed; with momentum="nesterov" the optimizer's own momentum is

@@ -245,8 +245,8 @@ class SchedulerClient:
                 f"unexpected {command_name(message.header.command)} from the scheduler during {what}"
             )
 
-    def close(self) -> None:
-        self.connection.close()
+    def close(self, linger_ms: Optional[int] = None) -> None:
+        self.connection.close(linger_ms)
 
 
 def _text(message: Message) -> str:

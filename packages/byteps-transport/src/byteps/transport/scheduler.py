@@ -109,8 +109,20 @@ class Scheduler:
                 self._check_heartbeats()
                 if self.refusal is not None and time.monotonic() > self._refused_at + _REFUSAL_GRACE_S:
                     raise TransportError(self.refusal)  # every node was told; the job cannot assemble
+        except (SystemExit, KeyboardInterrupt):
+            # Stopped by a signal (a launcher's SIGTERM, e.g. bpslaunch ending a membership epoch): every node
+            # still in the job hears it now rather than after PS_HEARTBEAT_TIMEOUT.
+            self._tell_nodes("the scheduler at " + self.address + " was stopped before the job ended")
+            raise
         finally:
             self.listener.close()
+
+    def _tell_nodes(self, text: str, spare: Optional[_Registered] = None) -> None:
+        """Send NODE_FAILED with ``text`` to every registered node still in the job (but ``spare``)."""
+        for other in self._nodes():
+            if other is not spare and not other.finished:
+                self.listener.send(Command.NODE_FAILED, SCHEDULER_SENDER, payload=text.encode(),
+                                   identity=other.identity)
 
     def stop(self) -> None:
         """Ask ``run()`` (in another thread) to return within a second; for embedding and tests."""
@@ -131,10 +143,7 @@ class Scheduler:
             text = (f"{entry.info.describe()} sent no heartbeat for {silent:.1f} s "
                     f"(PS_HEARTBEAT_TIMEOUT={self.options.heartbeat_timeout_s:g}): presumed dead")
             log.error("%s; telling every other node and ending the job", text)
-            for other in self._nodes():
-                if other is not entry and not other.finished:
-                    self.listener.send(Command.NODE_FAILED, SCHEDULER_SENDER, payload=text.encode(),
-                                       identity=other.identity)
+            self._tell_nodes(text, spare=entry)
             raise NodeFailure(text)
 
     def _heard_from(self, identity: bytes) -> None:

@@ -40,11 +40,15 @@ from byteps.common.frontend.reductions import Average, Sum  # noqa: E402
 from byteps.tensorflow import functions as _functions  # noqa: E402
 from byteps.tensorflow import ops as _ops  # noqa: E402
 from byteps.tensorflow.compression import Compression, Compressor  # noqa: E402
-from byteps.tensorflow.keras import callbacks  # noqa: E402
+from byteps.tensorflow.keras import (
+    callbacks,  # noqa: E402
+    elastic,  # noqa: E402  (Horovod's hvd.elastic)
+)
 from byteps.tensorflow.keras.model_io import load_model  # noqa: E402
 from byteps.tensorflow.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer  # noqa: E402
 
 __all__ = [  # noqa: F405  (the process names come from byteps.common.frontend.process)
+    "elastic",
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "barrier",
     "DistributedOptimizer", "PartialDistributedOptimizer", "broadcast_global_variables",
     "push_pull", "allreduce", "broadcast", "allgather",

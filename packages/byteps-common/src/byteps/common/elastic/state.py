@@ -1,0 +1,112 @@
+"""What an elastic job keeps across a change of membership: Horovod's ``State`` and ``ObjectState``.
+
+A state is saved in memory at ``commit()``, rolled back to that save with
+``restore()`` after a lost process, and sent from rank 0 to every rank with
+``sync()`` when a membership epoch starts. ``commit()`` also asks whether
+the launcher has workers waiting to be let in: rank 0 reads it and every
+rank learns the answer by one broadcast, so all ranks raise
+:class:`HostsUpdatedInterrupt` at the same commit.
+
+Example::
+
+    state = ObjectState(broadcast_object, rank, epoch=0, batch=0)
+    state.batch = 7
+    state.commit()        # saved; raises HostsUpdatedInterrupt when workers wait to join
+    state.batch = 9
+    state.restore()       # state.batch == 7 again
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Dict, Iterable, List
+
+__all__ = ["State", "ObjectState", "HostsUpdatedInterrupt"]
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The job's membership changes at this commit: every rank leaves the epoch and joins the next.
+
+    ``skip_sync`` is True when no worker joins (only removals), so the
+    states the ranks hold are already the same and need no broadcast.
+    """
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("the job's membership changes: leaving this epoch for the next one")
+        self.skip_sync = skip_sync
+
+
+class State:
+    """The base of elastic states: ``save``, ``restore``, ``sync`` and ``reset`` are the subclass's."""
+
+    def __init__(self, bcast_object: Callable[..., Any], get_rank: Callable[[], int]) -> None:
+        self._bcast_object = bcast_object
+        self._rank = get_rank
+        self._reset_callbacks: List[Callable[[], None]] = []
+
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
+        """Call each of ``callbacks`` (no arguments) after every change of membership, e.g. to rescale the lr."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self) -> None:
+        """Save the state; then raise HostsUpdatedInterrupt on every rank if workers wait to join."""
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise HostsUpdatedInterrupt on every rank together when the launcher has workers waiting.
+
+        Outside an elastic job (no membership epoch) there is nothing to ask and nothing is sent.
+        """
+        import os
+
+        from byteps.common import api
+        from byteps.common.elastic.membership import ELASTIC_DIR, update_pending
+
+        epoch = api.membership_epoch()
+        if epoch is None:
+            return
+        pending = self._rank() == 0 and update_pending(os.environ[ELASTIC_DIR], epoch.number)
+        if self._bcast_object(bool(pending)):
+            raise HostsUpdatedInterrupt(skip_sync=False)
+
+    def save(self) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Called after every change of membership, before the reset callbacks; nothing by default."""
+
+
+class ObjectState(State):
+    """Plain Python values as attributes (``state.epoch``, ``state.batch``), saved by copy, synced by broadcast."""
+
+    def __init__(self, bcast_object: Callable[..., Any], get_rank: Callable[[], int], **kwargs: Any) -> None:
+        self._saved_state: Dict[str, Any] = dict(kwargs)
+        self._set_attrs()
+        super().__init__(bcast_object, get_rank)
+
+    def save(self) -> None:
+        self._saved_state = {name: copy.deepcopy(getattr(self, name)) for name in self._saved_state}
+
+    def restore(self) -> None:
+        self._set_attrs()
+
+    def sync(self) -> None:
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state)
+            self._set_attrs()
+
+    def _set_attrs(self) -> None:
+        for name, value in self._saved_state.items():
+            setattr(self, name, copy.deepcopy(value))
