@@ -16,6 +16,7 @@ Example (run under ``bpslaunch --workers 2 -- python train.py``)::
 from __future__ import annotations
 
 import atexit
+import functools
 import itertools
 import logging
 import operator
@@ -78,7 +79,11 @@ def _new_worker(config: Config) -> Worker:
     """A Worker in ``config``'s job; an elastic worker whose epoch ended while it joined waits for the next one."""
     while True:
         try:
-            return Worker(config)
+            if _epoch is None:
+                return Worker(config)
+            # A dead scheduler cannot say that its epoch is over; the epoch file can.
+            watch = functools.partial(membership.epoch_ended, os.environ[membership.ELASTIC_DIR], _epoch.number)
+            return Worker(config, job_over=watch)
         except TransportError as exc:
             if _epoch is None:
                 raise

@@ -20,7 +20,7 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from byteps.common import kernels
 from byteps.common.buffers import TensorView
@@ -37,6 +37,7 @@ from byteps.transport.rendezvous import BARRIER_WORKERS
 __all__ = ["PushPullTask", "BarrierRequest", "JoinRequest", "DeviceCopyDone", "CommLoop", "CommOptions"]
 
 log = logging.getLogger("byteps.common.comm_loop")
+_JOB_CHECK_S = 1.0  # how often CommOptions.job_over is asked
 
 
 @dataclasses.dataclass
@@ -118,6 +119,9 @@ class CommOptions:
     handshake_timeout_s: float = 120.0
     partition_bytes: int = 4096000  # BYTEPS_PARTITION_BYTES (a joined local root re-cuts partitions with it)
     tracer: Any = None  # byteps.common.tracing.Tracer while BYTEPS_TRACE_ON=1
+    #: Asked about once a second: why the job is over, or None. An elastic worker's says when bpslaunch has
+    #: ended its membership epoch, which a dead scheduler could not tell it.
+    job_over: Optional[Callable[[], Optional[str]]] = None
 
 
 class CommLoop(threading.Thread):
@@ -261,8 +265,17 @@ class CommLoop(threading.Thread):
         try:
             while self.local is not None and self.local.channel.has_early:
                 self.local.receive()  # sent by faster local ranks while this one authenticated
+            next_check = time.monotonic() + _JOB_CHECK_S
             while not self._stopping:
                 wait_s = self.scheduler.pulse() if self.scheduler else None
+                if self.options.job_over is not None:
+                    now = time.monotonic()
+                    if now >= next_check:
+                        next_check = now + _JOB_CHECK_S
+                        reason = self.options.job_over()
+                        if reason is not None:
+                            raise NodeFailure(reason)
+                    wait_s = min(wait_s if wait_s is not None else _JOB_CHECK_S, max(0.0, next_check - now))
                 for ready in poller.poll(wait_s):
                     if ready is self._wake_read:
                         os.read(self._wake_read, 4096)

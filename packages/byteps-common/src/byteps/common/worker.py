@@ -26,7 +26,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -59,7 +59,9 @@ _RESERVED_SET = _DERIVED_SETS - 1
 class Worker:
     """One worker process of a byteps job."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, job_over: Optional[Callable[[], Optional[str]]] = None) -> None:
+        """Join ``config``'s job. ``job_over``: asked about once a second, the reason the job is over or None
+        (an elastic worker's says when bpslaunch ended its membership epoch)."""
         if config.role != "worker":
             raise ValueError(f"a Worker needs DMLC_ROLE=worker, this process has DMLC_ROLE={config.role}")
         if config.enable_rdma:
@@ -67,6 +69,7 @@ class Worker:
                 "DMLC_ENABLE_RDMA=1: the RDMA transport is not available yet; unset it to use TCP"
             )
         self.config = config
+        self._job_over = job_over
         self._lock = threading.Lock()
         self._tensor_ids: Dict[str, int] = {}
         self._next_ids: Dict[int, int] = {}  # process set id -> its next tensor number
@@ -127,7 +130,7 @@ class Worker:
             credit_bytes=cfg.scheduling_credit * cfg.partition_bytes, pipeline=cfg.pipeline,
             job_id=self.job_id, machine=cfg.worker_id, local_rank=cfg.local_rank, local_size=cfg.local_size,
             secret=cfg.secret, handshake_timeout_s=cfg.rendezvous_timeout, partition_bytes=cfg.partition_bytes,
-            tracer=self._tracer)
+            tracer=self._tracer, job_over=self._job_over)
         # From here on the comm thread owns the scheduler connection (heartbeats, barriers).
         self._comm = CommLoop(self._context, list(book.servers), options, self._scheduler)
         if cfg.secret is not None:

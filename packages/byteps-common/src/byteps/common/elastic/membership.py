@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Dict, Optional, Set, Tuple
 
-__all__ = ["Epoch", "write_epoch", "read_epoch", "wait_for_epoch", "update_pending", "announce_leaving",
+__all__ = ["Epoch", "write_epoch", "read_epoch", "wait_for_epoch", "update_pending", "epoch_ended", "announce_leaving",
            "leaving_members", "EPOCH_FILE",
            "ELASTIC_DIR", "ELASTIC_WORKER"]
 
@@ -129,6 +129,14 @@ def wait_for_epoch(folder: os.PathLike, worker: str, after: int, timeout_s: Opti
             log.warning("elastic worker %s still waits for a membership epoch after %d (%.0f s so far)",
                         worker, after, now - started)
         time.sleep(_POLL_S)
+
+
+def epoch_ended(folder: os.PathLike, number: int) -> Optional[str]:
+    """Why epoch ``number`` is over (bpslaunch published a later one), or None while it is current."""
+    epoch = read_epoch(folder)
+    if epoch is not None and epoch.number != number:
+        return f"bpslaunch ended membership epoch {number} (epoch {epoch.number} is current)"
+    return None
 
 
 def update_pending(folder: os.PathLike, number: int) -> bool:
