@@ -152,6 +152,28 @@ def test_a_worker_reported_by_discovery_joins_at_a_commit_with_the_current_state
     assert final_x(output, 0) == final_x(output, 2) == replay(sizes)
 
 
+def test_a_worker_discovery_no_longer_reports_leaves_at_a_commit(tmp_path):
+    discovery = DiscoveryScript(tmp_path, "localhost:3")
+    flags = ["-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", discovery.path]
+    with WatchedJob(flags, WORKER, [str(STEPS), "0.3"]) as job:
+        job.wait_for(r"^\[worker 0\] step 3 ")
+        pids = job_pids(job)
+        discovery.report("localhost:2")
+        joined = job.wait_for(r"^\[worker 0\] joined 1 rank 0 of 2 at step (\d+)", timeout=60)
+        result = job.finish(timeout=120)
+    output = result.stdout
+    assert result.returncode == 0, output[-6000:]
+    assert "discovery reports 2 slot(s): worker(s) w2 leave at the members' next commit" in output
+    assert "membership epoch 1 (workers removed): 2 worker(s) w0, w1" in output
+    step = int(joined.group(1))
+    records = steps_of(output, 0)
+    assert_each_step_once(records, step)  # the commit that saw the change saved its step and raised
+    sizes = sizes_by_step(records, 3)
+    assert sizes == [3] * step + [2] * (STEPS - step)
+    assert final_x(output, 0) == final_x(output, 1) == replay(sizes)
+    assert wait_until_dead(pids, timeout=10) == []
+
+
 def test_fewer_workers_than_min_np_end_the_job_with_the_dead_workers_status():
     with WatchedJob(["-np", "2", "--min-np", "2"], WORKER, [str(STEPS), "0.2"]) as job:
         job.wait_for(r"^\[worker 1\] step 2 ")

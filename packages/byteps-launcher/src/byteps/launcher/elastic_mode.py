@@ -18,6 +18,9 @@ nothing an older epoch's process sends is ever summed.
   At their next ``state.commit()`` the members leave it together
   (``HostsUpdatedInterrupt``); once all have said so, the next epoch
   includes the newcomers, who get the state by ``sync()``.
+* The discovery script reports fewer slots: the newest members (never
+  fewer than ``--min-np``) leave at the members' next commit, the same way,
+  and bpslaunch stops them (SIGTERM) once all have left the epoch.
 * The job succeeds when every member has exited 0; workers still waiting
   to join then are stopped. Once a member has finished, the job is ending:
   a failure after that fails it.
@@ -129,6 +132,7 @@ class ElasticSupervisor(Supervisor):
         self.folder = tempfile.mkdtemp(prefix="bpslaunch-elastic-")  # 0700: the epoch file holds the secret
         self.workers: Dict[str, ChildProcess] = {}  # live workers by their lasting name
         self.waiting: List[str] = []  # started, not yet members of an epoch
+        self.removing: List[str] = []  # members discovery no longer has slots for: they leave at the next commit
         self.finished: Set[str] = set()
         self.epoch: Optional[Epoch] = None
         self.services: List[ChildProcess] = []  # the current epoch's scheduler and servers
@@ -239,15 +243,25 @@ class ElasticSupervisor(Supervisor):
             self._membership_lost(f"{child.spec.label} of epoch {self.epoch.number} {describe_exit(returncode)}",
                                   exit_status(returncode) or 1)
 
-    def _admit_waiting(self) -> None:
+    def _change_membership(self) -> None:
         """Once every live member has left the epoch for the next one (at the commit that saw `pending`),
-        start it with the newcomers."""
+        stop the workers being removed and start the next epoch with the rest and the newcomers."""
         members = self._members_alive()
         if not members or not set(members) <= leaving_members(self.folder, self.epoch.number):
             return
-        if self._may_reset("workers wait to join", 1):
-            self._retire_services(immediately=False)
-            self._start_epoch(members + self.waiting, "workers joined")
+        if not self._may_reset("the membership changes", 1):
+            return
+        for name in self.removing:
+            child = self.workers.pop(name, None)
+            if child is not None:
+                _signal(child, signal.SIGTERM)
+        kept = [m for m in members if m not in self.removing]
+        why = "workers joined" if self.waiting else "workers removed"
+        if self.waiting and self.removing:
+            why = "workers joined and removed"
+        self.removing = []
+        self._retire_services(immediately=False)
+        self._start_epoch(kept + self.waiting, why)
 
     def _members_alive(self) -> List[str]:
         return [m for m in self.epoch.members if m in self.workers]
@@ -263,6 +277,7 @@ class ElasticSupervisor(Supervisor):
             return
         if not self._may_reset(reason, code):
             return
+        self.removing = []  # the next discovery decides again, for the new membership
         self.console.note(f"{reason}; going on with {len(survivors)} worker(s) from their last commit")
         self._retire_services(immediately=True)
         self._start_epoch(survivors + self.waiting, "a process was lost")
@@ -300,7 +315,7 @@ class ElasticSupervisor(Supervisor):
             self._finish()  # workers still waiting to be let in have nothing left to join
             return
         if self.epoch is not None and self.epoch.pending and not self.finished:
-            self._admit_waiting()
+            self._change_membership()
         if self.options.discovery_script and not self.finished and now >= self._next_discovery:
             self._next_discovery = now + DISCOVERY_INTERVAL_S
             self._discover()
@@ -329,15 +344,25 @@ class ElasticSupervisor(Supervisor):
                 self._last_discovery_error = str(exc)
             return
         self._last_discovery_error = ""
-        wanted = min(slots, self.options.max_np) - len(self.workers)
-        if wanted <= 0 or self.epoch is None:
-            return
-        started = [name for name in (self._start_worker() for _ in range(wanted)) if name]
-        if started:
+        if self.epoch is None or self.epoch.pending:
+            return  # one change at a time
+        target = max(self.options.min_np, min(slots, self.options.max_np))
+        change = target - len(self.workers)
+        if change > 0:
+            started = [name for name in (self._start_worker() for _ in range(change)) if name]
+            if not started:
+                return
             self.console.note(f"discovery reports {slots} slot(s): started worker(s) {', '.join(started)}; "
                               "they join at the members' next commit")
-            self.epoch = dataclasses.replace(self.epoch, pending=True)
-            write_epoch(self.folder, self.epoch)
+        elif change < 0:
+            # The newest workers go first, so the oldest (and rank 0) stay.
+            self.removing = sorted(self._members_alive(), key=lambda name: int(name[1:]))[change:]
+            self.console.note(f"discovery reports {slots} slot(s): worker(s) {', '.join(self.removing)} leave at "
+                              "the members' next commit")
+        else:
+            return
+        self.epoch = dataclasses.replace(self.epoch, pending=True)
+        write_epoch(self.folder, self.epoch)
 
     def _remove_shared_memory(self) -> None:
         for job_id in self.job_ids:
