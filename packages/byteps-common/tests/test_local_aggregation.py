@@ -109,6 +109,18 @@ def test_two_jobs_on_one_machine_do_not_collide():
         assert_ok(result)
 
 
+def test_a_local_rank_that_leaves_right_after_init_strands_no_other():
+    # Local ranks prove the job secret to each other both ways during init. A rank that returned from init
+    # once its own proofs were accepted, before its peers' proofs had reached it, stopped answering them and,
+    # if it then shut down at once, left a peer waiting out BYTEPS_RENDEZVOUS_TIMEOUT. The race was lost
+    # about one time in three; every run must pass.
+    script = "import byteps.common as bps; bps.init(); bps.shutdown()"
+    for _ in range(4):
+        result = run_job([sys.executable, "-c", script], 1, 0, local_size=2, timeout=60,
+                         env={"BYTEPS_JOB_SECRET": "s" * 32, "BYTEPS_RENDEZVOUS_TIMEOUT": "20"})
+        assert_ok(result)
+
+
 @pytest.mark.parametrize("what", ["size", "dtype"])
 def test_local_ranks_that_disagree_fail_on_every_rank(what):
     started = time.monotonic()

@@ -43,6 +43,10 @@ def alltoall_and_reducescatter():
     even = bps.alltoall(mx.nd.array(block(r, 2 * n, "float32")), name="a2a.even")  # Horovod: no splits, no counts
     assert isinstance(even, mx.nd.NDArray), type(even)
     assert_array(even, np.concatenate([block(k, 2 * n, "float32")[2 * r:2 * r + 2] for k in range(n)]), "even")
+    # Bad splits fail before anything is sent, as MXNetError (Horovod's class) that is also a ValueError.
+    for bad, text in ((mx.nd.ones((n,), dtype="float32"), "int32 array"), ([n] * n, "splits")):
+        for kind in (mx.base.MXNetError, ValueError):
+            expect_error(kind, text, lambda bad=bad: bps.alltoall(mx.nd.ones((n,)), splits=bad))
     x = block(r, 5, "float64")
     total = sum(block(k, 5, "float64") for k in range(n))
     first = [0, 3][r] if n == 2 else None

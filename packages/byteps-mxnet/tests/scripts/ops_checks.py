@@ -157,6 +157,21 @@ def scaling_and_reused_names():
     x = mx.nd.ones((3,)) * (r + 1)
     y = bps.allreduce(x, name="scaled", op=bps.Sum, prescale_factor=2.0, postscale_factor=0.5)
     assert_array(y, np.full(3, sum(k + 1 for k in range(n)), np.float32), "prescale 2 and postscale 0.5")
+    # Integers scale in float64 and truncate toward zero, float16 in float32 (Horovod's rules).
+    ints = bps.allreduce(mx.nd.array([5, -7, 3], dtype="int32"), name="scaled.int32", op=bps.Sum,
+                         prescale_factor=0.5)
+    assert_array(ints, np.array([2, -3, 1], np.int32) * n, "int32 prescale 0.5")
+    longs = bps.allreduce(mx.nd.array([3, -4], dtype="int64"), name="scaled.int64", op=bps.Sum,
+                          postscale_factor=0.3)
+    assert_array(longs, np.trunc(np.array([3.0, -4.0]) * n * 0.3).astype(np.int64), "int64 postscale 0.3")
+    halves = bps.allreduce(mx.nd.array([1.0, 3.0], dtype="float16"), name="scaled.f16", op=bps.Sum,
+                           prescale_factor=1 / 3)
+    assert_array(halves, (np.array([1.0, 3.0], np.float32) * np.float32(1 / 3)).astype(np.float16) * n,
+                 "float16 prescale 1/3", rtol=1e-3)
+    rows = bps.reducescatter(mx.nd.ones((2 * n, 2)) * (r + 1), name="scaled.rs", op=bps.Sum, prescale_factor=2.0,
+                             postscale_factor=0.25)
+    assert_array(rows, np.full((2, 2), 0.5 * sum(k + 1 for k in range(n)), np.float32),
+                 "reducescatter prescale 2 and postscale 0.25")
     a = bps.allreduce(mx.nd.ones((3,)) * r, name="reused", average=False)
     b = bps.allreduce(mx.nd.ones((2, 2)) * r, name="reused", average=False)  # another shape: another tensor
     c = bps.allreduce(mx.nd.ones((3,)) * r, name="reused", average=False)
@@ -183,8 +198,6 @@ def errors():
     expect_error(NotImplementedError, "floating-point",
                  lambda: bps.allreduce(mx.nd.ones((2,), dtype="int32"), op=bps.Adasum))
     expect_error(ValueError, "root_rank", lambda: bps.broadcast(mx.nd.ones((2,)), root_rank=bps.size()))
-    expect_error(ValueError, "floating-point", lambda: bps.allreduce(
-        mx.nd.ones((2,), dtype="int32"), prescale_factor=2.0))
     # Shapes that differ between ranks: the op fails on every rank, raised by MXNet from the read
     # of anything computed from its result (once: MXNet forgets an exception it has raised), or
     # under the NaiveEngine from the call.

@@ -70,13 +70,17 @@ class LocalChannel:
             poller.register(handshake.connection)
             owners[id(handshake.connection)] = rank
         deadline = time.monotonic() + timeout_s
-        while any(not h.done for h in handshakes.values()):
+        # Both ways: this rank's proofs to every peer, and every peer's proof to this rank. A rank that only
+        # waited for its own would stop answering here, and a peer it left behind could wait forever if
+        # this rank then shut down before its comm thread answered.
+        while any(not h.done for h in handshakes.values()) or self.gate.admitted < len(self.peers):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 waiting = sorted(rank for rank, h in handshakes.items() if not h.done)
                 raise AuthenticationError(
                     f"local rank {self.local_rank}: local ranks {waiting} did not complete the handshake "
-                    f"within {timeout_s:g} s (BYTEPS_RENDEZVOUS_TIMEOUT)")
+                    f"({self.gate.admitted} of {len(self.peers)} proved themselves here) within {timeout_s:g} s "
+                    "(BYTEPS_RENDEZVOUS_TIMEOUT)")
             for ready in poller.poll(remaining):
                 if ready is self.inbox:
                     message = self._admitted()

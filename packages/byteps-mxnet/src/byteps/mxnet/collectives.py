@@ -31,10 +31,15 @@ from byteps.common.frontend.objects import broadcast_object as _broadcast_object
 from byteps.common.frontend.process_sets import rank_view
 from byteps.common.frontend.reductions import Average, Sum, op_name
 from byteps.mxnet.ops import _names
-from byteps.mxnet.tensors import check_array, dtype_name
+from byteps.mxnet.tensors import check_array, dtype_name, scaled
 
 __all__ = ["allgather", "grouped_allgather", "alltoall", "reducescatter", "grouped_reducescatter",
-           "allreduce_by_gather", "allgather_object", "broadcast_object"]
+           "allreduce_by_gather", "allgather_object", "broadcast_object", "InvalidArgument"]
+
+
+class InvalidArgument(ValueError, mx.base.MXNetError):
+    """Arguments an op finds wrong when it runs (alltoall splits that do not add up): a ValueError and, as
+    Horovod's MXNet raises it from its engine op, an MXNetError."""
 
 
 def _piece(array: mx.nd.NDArray, what: str) -> front.Piece:
@@ -79,10 +84,17 @@ def alltoall(tensor: mx.nd.NDArray, splits: Any = None, name: Optional[str] = No
     """Send ``splits[j]`` rows to the j-th rank (an even split without ``splits``); returns what arrived,
     and with ``splits`` also how many rows came from each rank, as Horovod's MXNet alltoall does."""
     piece = _piece(tensor, "alltoall")
+    if isinstance(splits, mx.nd.NDArray):
+        if dtype_name(splits) != "int32":
+            raise InvalidArgument(f"alltoall: splits must be an int32 array (Horovod's rule), got {dtype_name(splits)}")
+        splits = splits.asnumpy()
     if splits is not None:
-        splits = [int(s) for s in (splits.asnumpy() if isinstance(splits, mx.nd.NDArray) else splits)]
-    received, counts = _run("alltoall", name,
-                            lambda key: front.alltoall(key, piece, splits, rank_view(process_set)))
+        splits = [int(s) for s in splits]
+    try:
+        received, counts = _run("alltoall", name,
+                                lambda key: front.alltoall(key, piece, splits, rank_view(process_set)))
+    except ValueError as exc:  # splits that do not fit the array
+        raise InvalidArgument(str(exc)) from exc
     if splits is None:
         return _array(received, tensor)
     return _array(received, tensor), mx.nd.array(counts, dtype="int32")
@@ -95,23 +107,30 @@ def _average(op: Any) -> bool:
 
 
 def reducescatter(tensor: mx.nd.NDArray, name: Optional[str] = None, op: Any = Average,
-                  process_set: Any = None) -> mx.nd.NDArray:
-    """This rank's rows of the ranks' average (or sum): the first ``rows % n`` ranks get one row more."""
+                  process_set: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                  priority: int = 0) -> mx.nd.NDArray:
+    """This rank's rows of the ranks' average (or sum): the first ``rows % n`` ranks get one row more.
+
+    ``prescale_factor`` multiplies the input, ``postscale_factor`` this rank's rows (integers in float64,
+    float16 in float32, as Horovod). ``priority`` is accepted for Horovod's signature.
+    """
     average = _average(op)
     check_array(tensor, "reducescatter")
-    host = np.ascontiguousarray(tensor.asnumpy())
+    host = np.ascontiguousarray(scaled(tensor, prescale_factor).asnumpy())
     dtype = dtype_name(tensor)
     rows = _run("reducescatter", name,
                 lambda key: front.reducescatter(_names.key(key, (host.shape, dtype)), host, dtype, average,
                                                 rank_view(process_set)))
-    return mx.nd.array(rows, ctx=tensor.context, dtype=dtype)
+    return scaled(mx.nd.array(rows, ctx=tensor.context, dtype=dtype), postscale_factor)
 
 
 def grouped_reducescatter(tensors: Sequence[mx.nd.NDArray], name: Optional[str] = None, op: Any = Average,
-                          process_set: Any = None) -> List[mx.nd.NDArray]:
+                          process_set: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          priority: int = 0) -> List[mx.nd.NDArray]:
     """:func:`reducescatter` of each array (names ``"<name>.<i>"``)."""
     base = _names.resolve("grouped_reducescatter", name)
-    return [reducescatter(t, f"{base}.{i}", op, process_set) for i, t in enumerate(tensors)]
+    return [reducescatter(t, f"{base}.{i}", op, process_set, prescale_factor, postscale_factor)
+            for i, t in enumerate(tensors)]
 
 
 def allreduce_by_gather(tensor: mx.nd.NDArray, op: int, name: Optional[str] = None,

@@ -58,7 +58,16 @@ from byteps.common.frontend.process_sets import rank_view
 from byteps.common.frontend.reductions import BY_GATHER, OpSpec, average_of, op_name
 from byteps.common.handle import all_done
 from byteps.mxnet.engine import EngineBridge
-from byteps.mxnet.tensors import NARROW_INTEGERS, check_array, dtype_name, empty_like, on_host, zeros_like
+from byteps.mxnet.tensors import (
+    NARROW_INTEGERS,
+    check_array,
+    dtype_name,
+    empty_like,
+    on_host,
+    scale_,
+    scaled,
+    zeros_like,
+)
 
 __all__ = [
     "byteps_declare_tensor", "byteps_push_pull", "allreduce", "allreduce_", "broadcast", "broadcast_",
@@ -116,7 +125,6 @@ def submit(tensor: mx.nd.NDArray, spec: OpSpec, inplace: bool, contribute: bool 
     what = f"{spec.family}({name!r})"
     check_array(tensor, what)
     dtype = dtype_name(tensor)
-    check_scale(spec.prescale, spec.postscale, dtype.startswith("float"), what, dtype, needed="a floating-point array")
     if compression_spec is not None and compression_spec.compressor != "none" and not dtype.startswith("float"):
         raise ValueError(f"{what}: compression_params {compression_spec.compressor!r} takes float16, float32 or "
                          f"float64 arrays, not {dtype}")
@@ -128,14 +136,11 @@ def submit(tensor: mx.nd.NDArray, spec: OpSpec, inplace: bool, contribute: bool 
     if inplace:
         if not contribute:
             zeros_like(work).copyto(work)
-        elif spec.prescale != 1.0:
-            work *= spec.prescale
+        else:
+            scale_(work, spec.prescale)
         reads, result = [], work
     else:
-        if not contribute:
-            source = zeros_like(work)
-        else:
-            source = work * spec.prescale if spec.prescale != 1.0 else work
+        source = zeros_like(work) if not contribute else scaled(work, spec.prescale)
         reads, result = [source], empty_like(work)
     average = spec.average
 
@@ -144,8 +149,7 @@ def submit(tensor: mx.nd.NDArray, spec: OpSpec, inplace: bool, contribute: bool 
         return worker.push_pull_async(arrays[0], key, average, output, dtype, compression=compression_spec, lr=lr)
 
     _bridge.submit(reads, [result], _token(key), spec.priority, key, what, start)
-    if spec.postscale != 1.0:
-        result *= spec.postscale
+    scale_(result, spec.postscale)
     if work is tensor:
         return result
     if inplace:
@@ -170,14 +174,10 @@ def allreduce_group_(tensors: Sequence[mx.nd.NDArray], names: Sequence[str], ave
         name = _names.resolve("allreduce", name)
         what = f"allreduce({name!r})"
         check_array(tensor, what)
-        dtype = dtype_name(tensor)
-        check_scale(prescale_factor, postscale_factor, dtype.startswith("float"), what, dtype,
-                    needed="a floating-point array")
         keys.append(_key_name(name, tensor))
         worker.declare(keys[-1])
         work = tensor if on_host(tensor) else tensor.copyto(mx.cpu())
-        if prescale_factor != 1.0:
-            work *= prescale_factor
+        scale_(work, prescale_factor)
         works.append(work)
     if not works:
         return []
@@ -188,8 +188,7 @@ def allreduce_group_(tensors: Sequence[mx.nd.NDArray], names: Sequence[str], ave
 
     _bridge.submit([], works, _token(group), priority, group, f"allreduce_group({group!r})", start)
     for work, tensor in zip(works, tensors):
-        if postscale_factor != 1.0:
-            work *= postscale_factor
+        scale_(work, postscale_factor)
         if work is not tensor:
             work.copyto(tensor)
     return list(tensors)

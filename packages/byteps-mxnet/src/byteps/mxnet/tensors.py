@@ -20,7 +20,7 @@ import numpy as np
 
 from byteps.common.dtypes import DType
 
-__all__ = ["check_array", "dtype_name", "empty_like", "zeros_like", "on_host", "NARROW_INTEGERS"]
+__all__ = ["check_array", "dtype_name", "empty_like", "zeros_like", "on_host", "scaled", "scale_", "NARROW_INTEGERS"]
 
 _DTYPES = {
     "float16": DType.FLOAT16,
@@ -75,3 +75,25 @@ def zeros_like(array: mx.nd.NDArray) -> mx.nd.NDArray:
     if _is_numpy_interface(array):
         return mx.np.zeros_like(array)
     return mx.nd.zeros_like(array)
+
+
+def scaled(array: mx.nd.NDArray, factor: float) -> mx.nd.NDArray:
+    """``array * factor`` in ``array``'s dtype, as Horovod scales: integers in float64 (truncated toward
+    zero), float16 in float32. The same array when ``factor`` is 1 (engine ops otherwise)."""
+    if factor == 1.0:
+        return array
+    name = dtype_name(array)
+    if name in ("float32", "float64"):
+        return array * factor
+    wide = "float32" if name == "float16" else "float64"
+    return (array.astype(wide) * factor).astype(name)
+
+
+def scale_(array: mx.nd.NDArray, factor: float) -> None:
+    """``array`` times ``factor`` in place, scaled as :func:`scaled` does."""
+    if factor == 1.0:
+        return
+    if dtype_name(array) in ("float32", "float64"):
+        array *= factor
+    else:
+        scaled(array, factor).copyto(array)

@@ -112,6 +112,11 @@ class Gate:
         self._admitted: set = set()
         self._pending: collections.OrderedDict[bytes, tuple] = collections.OrderedDict()
 
+    @property
+    def admitted(self) -> int:
+        """How many peers have proved the secret so far."""
+        return len(self._admitted)
+
     def admit(self, endpoint: Endpoint, message: Message) -> bool:
         if self.secret is None or message.identity in self._admitted:
             return True
