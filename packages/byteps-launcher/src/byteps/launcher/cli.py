@@ -45,7 +45,7 @@ from byteps.common.config import ConfigError
 from byteps.common.interface import distribution_version
 from byteps.common.job_report import REPORT_DIR_VARIABLE, read_reports, summarize
 from byteps.launcher.cpu_placement import place_workers
-from byteps.launcher.elastic_mode import ElasticOptions, ElasticSupervisor
+from byteps.launcher.elastic_mode import NO_LIMIT, ElasticOptions, ElasticSupervisor
 from byteps.launcher.embedded_mode import EmbeddedOptions, embedded_plan, stale_variables
 from byteps.launcher.hosts import parse_host_names, parse_hosts, read_hostfile
 from byteps.launcher.job_plan import JobPlan, UsageError
@@ -285,7 +285,7 @@ def _elastic_supervisor(args: argparse.Namespace, command: List[str], environ: D
     np = args.local_size if args.local_size is not None else args.min_np if args.min_np is not None else None
     if np is None:
         raise UsageError("elastic mode needs -np (how many workers to start with) or --min-np")
-    max_np = args.max_np if args.max_np is not None else (1 << 30) if args.host_discovery_script else np
+    max_np = args.max_np if args.max_np is not None else NO_LIMIT if args.host_discovery_script else np
     options = ElasticOptions(np=np, min_np=args.min_np if args.min_np is not None else np, max_np=max_np,
                              discovery_script=args.host_discovery_script,
                              num_server=1 if args.num_server is None else args.num_server,
@@ -302,7 +302,7 @@ def _run_elastic(args: argparse.Namespace, command: List[str], report_dir: str, 
         if not args.quiet:
             options = supervisor.options
             console.note(f"elastic job: {options.np} worker(s) to start, between {options.min_np} and "
-                         f"{options.max_np if options.max_np < (1 << 30) else 'any number of'} worker(s), "
+                         f"{options.max_np if options.max_np < NO_LIMIT else 'any number of'} worker(s), "
                          f"{options.num_server} server(s) per membership epoch")
         outcome = supervisor.run()
     except (ConfigError, UsageError) as exc:

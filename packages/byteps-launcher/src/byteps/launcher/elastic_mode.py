@@ -34,7 +34,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import signal
 import subprocess
@@ -47,17 +46,19 @@ from byteps.common.elastic.membership import ELASTIC_DIR, ELASTIC_WORKER, Epoch,
 from byteps.common.shared_segment import sweep
 from byteps.launcher.child_process import ChildProcess, describe_exit, exit_status
 from byteps.launcher.embedded_mode import LOCALHOST, OWNED_VARIABLES
-from byteps.launcher.hosts import Host, _checked, _entry, is_local
+from byteps.launcher.hosts import is_local, parse_host_lines
 from byteps.launcher.job_plan import SERVER_ARGV, JobPlan, ProcessSpec, UsageError, child_environment, job_identity
 from byteps.launcher.output import Console
 from byteps.launcher.ports import free_port
 from byteps.launcher.supervisor import DEFAULT_GRACE_PERIOD, TEARDOWN, Supervisor
 
-__all__ = ["ElasticOptions", "ElasticSupervisor", "discover_slots", "DISCOVERY_INTERVAL_S"]
+__all__ = ["ElasticOptions", "ElasticSupervisor", "discover_slots", "DISCOVERY_INTERVAL_S", "NO_LIMIT"]
 
 #: How often the discovery script runs (Horovod polls its script about once a second too).
 DISCOVERY_INTERVAL_S = 1.0
 DISCOVERY_TIMEOUT_S = 10.0
+#: ``max_np`` of a job with a discovery script and no --max-np: the script alone bounds it.
+NO_LIMIT = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,12 +103,10 @@ def discover_slots(script: str, timeout_s: float = DISCOVERY_TIMEOUT_S) -> int:
     if result.returncode != 0:
         tail = result.stderr.strip().splitlines()[-1:] or ["(no output on stderr)"]
         raise UsageError(f"--host-discovery-script {script} {describe_exit(result.returncode)}: {tail[0]}")
-    where = f"--host-discovery-script {script} output"
-    hosts: List[Host] = [_entry(line, f"{where} line {number}")
-                         for number, line in enumerate(result.stdout.splitlines(), start=1) if line.strip()]
-    if not hosts:
+    if not result.stdout.strip():
         return 0
-    _checked(hosts, where)
+    where = f"--host-discovery-script {script} output"
+    hosts = parse_host_lines(result.stdout.splitlines(), where)
     remote = [h.name for h in hosts if not is_local(h.name)]
     if remote:
         raise UsageError(f"{where} names {', '.join(remote)}: elastic jobs run on this machine only for now "
@@ -254,7 +253,7 @@ class ElasticSupervisor(Supervisor):
         for name in self.removing:
             child = self.workers.pop(name, None)
             if child is not None:
-                _signal(child, signal.SIGTERM)
+                self._tree.signal(child, signal.SIGTERM)
         kept = [m for m in members if m not in self.removing]
         why = "workers joined" if self.waiting else "workers removed"
         if self.waiting and self.removing:
@@ -300,7 +299,7 @@ class ElasticSupervisor(Supervisor):
         if immediately:  # its scheduler tells every node before it exits (NODE_FAILED)
             for child in self.services:
                 if child.running and child.spec.role == "scheduler":
-                    _signal(child, signal.SIGTERM)
+                    self._tree.signal(child, signal.SIGTERM)
         self.services = []
 
     def _timeout(self) -> float:
@@ -310,7 +309,7 @@ class ElasticSupervisor(Supervisor):
         now = time.monotonic()
         for child in self._tree.running():
             if child.pid in self.retired and now >= self.retired[child.pid]:
-                _signal(child, signal.SIGKILL)
+                self._tree.signal(child, signal.SIGKILL)
         if self.finished and not self._members_alive():
             self._finish()  # workers still waiting to be let in have nothing left to join
             return
@@ -324,7 +323,7 @@ class ElasticSupervisor(Supervisor):
         """Every member exited 0: give the services the grace period to stop on their own, then end."""
         for name in self.waiting:
             self.console.note(f"worker {name} was still waiting to join when the job finished; stopping it")
-            _signal(self.workers.pop(name), signal.SIGTERM)
+            self._tree.signal(self.workers.pop(name), signal.SIGTERM)
         self.waiting = []
         services = self._tree.running()
         if not services:
@@ -369,9 +368,3 @@ class ElasticSupervisor(Supervisor):
             for name in sweep(job_id):
                 self.console.note(f"removed leftover shared memory /dev/shm/{name}")
 
-
-def _signal(child: ChildProcess, sig: int) -> None:
-    try:
-        os.killpg(child.pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -17,11 +17,11 @@ from __future__ import annotations
 import dataclasses
 import re
 import socket
-from typing import List
+from typing import Iterable, List
 
 from byteps.launcher.job_plan import UsageError
 
-__all__ = ["Host", "parse_hosts", "read_hostfile", "parse_host_names", "is_local"]
+__all__ = ["Host", "parse_hosts", "read_hostfile", "parse_host_lines", "parse_host_names", "is_local"]
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-\[\]:]+")
 
@@ -74,12 +74,18 @@ def read_hostfile(path: str) -> List[Host]:
             lines = f.read().splitlines()
     except OSError as exc:
         raise UsageError(f"--hostfile {path}: {exc.strerror}") from None
+    return parse_host_lines(lines, f"--hostfile {path}")
+
+
+def parse_host_lines(lines: Iterable[str], where: str) -> List[Host]:
+    """Hosts from a hostfile's lines (blank lines and ``#`` comments skipped); ``where`` names the source
+    in errors, e.g. ``--hostfile hosts.txt`` or a discovery script's output."""
     hosts = []
     for number, line in enumerate(lines, start=1):
         content = line.split("#", 1)[0]
         if content.strip():
-            hosts.append(_entry(content, f"--hostfile {path} line {number}"))
-    return _checked(hosts, f"--hostfile {path}")
+            hosts.append(_entry(content, f"{where} line {number}"))
+    return _checked(hosts, where)
 
 
 def parse_host_names(text: str, flag: str) -> List[str]:

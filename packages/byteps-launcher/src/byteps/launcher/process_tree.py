@@ -131,6 +131,10 @@ class ProcessTree:
         """Children whose process group still has members (the child or what it started)."""
         return [c for c in self.children.values() if _kill(c.pgid, 0, group=True)]
 
+    def signal(self, child: ChildProcess, sig: int) -> None:
+        """Send ``sig`` to one child's process group (nothing if it is gone)."""
+        _kill(child.pgid, sig, group=True)
+
     def signal_all(self, sig: int) -> None:
         """Send ``sig`` to every process group of the job and every adopted orphan."""
         for child in self.children.values():

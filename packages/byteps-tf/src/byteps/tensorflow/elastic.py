@@ -69,7 +69,32 @@ def _assign(variables: List[Any], values: List[Any]) -> None:
         variable.assign(value)
 
 
-class TensorFlowState(ObjectState):
+class _VariablesState(ObjectState):
+    """TensorFlow variables (``_variables()``, the subclass's) plus plain values: saved as numpy copies,
+    restored by assignment, synced by a broadcast from rank 0."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._saved_variables = _values(self._variables())
+        super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
+
+    def _variables(self) -> List[Any]:
+        raise NotImplementedError
+
+    def save(self) -> None:
+        self._saved_variables = _values(self._variables())
+        super().save()
+
+    def restore(self) -> None:
+        _assign(self._variables(), self._saved_variables)
+        super().restore()
+
+    def sync(self) -> None:
+        broadcast_variables(self._variables(), root_rank=0)
+        self._saved_variables = _values(self._variables())
+        super().sync()
+
+
+class TensorFlowState(_VariablesState):
     """Horovod's ``TensorFlowState`` for eager TensorFlow: a list of variables plus plain values."""
 
     def __init__(self, variables: Optional[List[Any]] = None, session: Any = None, **kwargs: Any) -> None:
@@ -77,24 +102,13 @@ class TensorFlowState(ObjectState):
             raise ValueError("TensorFlowState(session=...): byteps' elastic training runs eagerly (TF2); "
                              "TF1 sessions are not supported")
         self.variables = list(variables or [])
-        self._saved_variables = _values(self.variables)
-        super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
+        super().__init__(**kwargs)
 
-    def save(self) -> None:
-        self._saved_variables = _values(self.variables)
-        super().save()
-
-    def restore(self) -> None:
-        _assign(self.variables, self._saved_variables)
-        super().restore()
-
-    def sync(self) -> None:
-        broadcast_variables(self.variables, root_rank=0)
-        self._saved_variables = _values(self.variables)
-        super().sync()
+    def _variables(self) -> List[Any]:
+        return self.variables
 
 
-class TensorFlowKerasState(ObjectState):
+class TensorFlowKerasState(_VariablesState):
     """Horovod's ``TensorFlowKerasState``: a Keras model, its optimizer and plain values (``epoch=0``).
 
     The optimizer is built on the model's trainable variables here if it is
@@ -107,27 +121,10 @@ class TensorFlowKerasState(ObjectState):
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         if self.optimizer is not None and not getattr(self.optimizer, "built", True) and model.built:
             self.optimizer.build(model.trainable_variables)
-        self._save_model()
-        super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
+        super().__init__(**kwargs)
 
     def _variables(self) -> List[Any]:
         variables = list(self.model.variables)
         if self.optimizer is not None:
             variables += list(self.optimizer.variables)
         return variables
-
-    def _save_model(self) -> None:
-        self._saved_model_state = _values(self._variables())
-
-    def save(self) -> None:
-        self._save_model()
-        super().save()
-
-    def restore(self) -> None:
-        _assign(self._variables(), self._saved_model_state)
-        super().restore()
-
-    def sync(self) -> None:
-        broadcast_variables(self._variables(), root_rank=0)
-        self._save_model()
-        super().sync()

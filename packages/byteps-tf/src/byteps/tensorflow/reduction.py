@@ -59,6 +59,10 @@ class MismatchError(PushPullError, tf.errors.FailedPreconditionError):
         tf.errors.FailedPreconditionError.__init__(self, None, None, message)
 
 
+#: How a JobLostError's message starts, inside graphs too.
+JOB_LOST_MARK = "byteps lost a process of the job: "
+
+
 class JobLostError(JobLost, tf.errors.AbortedError):
     """The job lost a process under this op: byteps' JobLost (what elastic training recovers from) and
     TensorFlow's AbortedError, whose message starts with :data:`JOB_LOST_MARK` so that it is recognized
@@ -68,10 +72,6 @@ class JobLostError(JobLost, tf.errors.AbortedError):
         text = message if message.startswith(JOB_LOST_MARK) else f"{JOB_LOST_MARK}{message}"
         JobLost.__init__(self, text)
         tf.errors.AbortedError.__init__(self, None, None, text)
-
-
-#: How a JobLostError's message starts, inside graphs too.
-JOB_LOST_MARK = "byteps lost a process of the job: "
 
 
 def as_tensorflow_error(failure: PushPullError) -> PushPullError:

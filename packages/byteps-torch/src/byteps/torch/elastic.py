@@ -112,34 +112,13 @@ class ElasticSampler(torch.utils.data.Sampler):
 
 
 class _Handler:
-    """How one kind of value is saved, restored and synced."""
+    """One value with a ``state_dict``: saved as a deep copy, restored from another copy (an optimizer's
+    ``load_state_dict`` may keep the tensors it is given, which its next step would change), synced its own way."""
 
     def __init__(self, value: Any) -> None:
         self.value = value
         self.save()
 
-    def save(self) -> None:
-        raise NotImplementedError
-
-    def restore(self) -> None:
-        raise NotImplementedError
-
-    def sync(self) -> None:
-        raise NotImplementedError
-
-
-class _ModelHandler(_Handler):
-    def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self._saved)
-
-    def sync(self) -> None:
-        broadcast_parameters(self.value.state_dict(), root_rank=0)
-
-
-class _OptimizerHandler(_Handler):
     def save(self) -> None:
         self._saved = copy.deepcopy(self.value.state_dict())
 
@@ -147,16 +126,20 @@ class _OptimizerHandler(_Handler):
         self.value.load_state_dict(copy.deepcopy(self._saved))
 
     def sync(self) -> None:
+        raise NotImplementedError
+
+
+class _ModelHandler(_Handler):
+    def sync(self) -> None:
+        broadcast_parameters(self.value.state_dict(), root_rank=0)
+
+
+class _OptimizerHandler(_Handler):
+    def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
 class _SamplerHandler(_Handler):
-    def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self._saved)
-
     def sync(self) -> None:
         self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0))
 

@@ -107,12 +107,12 @@ def read_epoch(folder: os.PathLike) -> Optional[Epoch]:
     return Epoch(**data)
 
 
-def wait_for_epoch(folder: os.PathLike, worker: str, after: int, timeout_s: Optional[float] = None) -> Epoch:
+def wait_for_epoch(folder: os.PathLike, worker: str, after: int) -> Epoch:
     """Block until an epoch numbered above ``after`` counts ``worker`` among its members.
 
-    A worker waits here when it starts, and again after leaving an epoch;
-    the launcher ends the whole job if it never lets the worker in, so
-    ``timeout_s`` (None: no limit) is a guard for a launcher that is gone.
+    A worker waits here when it starts, and again after leaving an epoch.
+    No time limit: bpslaunch lets the worker in, stops it, or ends the job
+    (and a worker dies with its bpslaunch, by its parent-death signal).
     Logs every 10 s what it waits for.
     """
     started = reported = time.monotonic()
@@ -121,9 +121,6 @@ def wait_for_epoch(folder: os.PathLike, worker: str, after: int, timeout_s: Opti
         if epoch is not None and epoch.number > after and epoch.rank_of(worker) is not None:
             return epoch
         now = time.monotonic()
-        if timeout_s is not None and now - started > timeout_s:
-            raise TimeoutError(f"elastic worker {worker!r} was not let into a membership epoch after "
-                               f"{after} within {timeout_s:g} s (is bpslaunch still running?)")
         if now - reported > _REPORT_EVERY_S:
             reported = now
             log.warning("elastic worker %s still waits for a membership epoch after %d (%.0f s so far)",

@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any, Callable, Dict, Iterable, List
 
 __all__ = ["State", "ObjectState", "HostsUpdatedInterrupt"]
@@ -63,8 +64,6 @@ class State:
 
         Outside an elastic job (no membership epoch) there is nothing to ask and nothing is sent.
         """
-        import os
-
         from byteps.common import api
         from byteps.common.elastic.membership import ELASTIC_DIR, update_pending
 
