@@ -149,3 +149,9 @@ def test_views_refuse_unsupported_dtypes():
     op.finish("refused")
     with pytest.raises(mx.base.MXNetError, match="refused"):
         x.wait_to_read()
+
+
+def test_an_elastic_script_fails_at_hvd_elastic_naming_what_to_do_instead():
+    for name in ("run", "ObjectState", "MXNetState"):
+        with pytest.raises(NotImplementedError, match=r"--max-restarts .*byteps\.torch\.elastic"):
+            getattr(bps.elastic, name)

@@ -58,6 +58,7 @@ from byteps.common.frontend.process_sets import (  # noqa: E402
     remove_process_set,
 )
 from byteps.common.frontend.reductions import Adasum, Average, Max, Min, Product, Sum  # noqa: E402
+from byteps.mxnet import elastic  # noqa: E402,F401  (Horovod's hvd.elastic: a clear error, see the module)
 from byteps.mxnet.collectives import (  # noqa: E402
     allgather,
     allgather_object,
