@@ -6,8 +6,9 @@ gradients through the numpy reference of byteps.testkit.compression_reference
 (worker momentum and error feedback and codec, server sum, server error
 feedback and codec) and requires the same averaged gradients on both ranks,
 every step, to float32 tolerance. The weight (800 bytes) is compressed; the
-bias (20 bytes) is below BYTEPS_MIN_COMPRESS_BYTES=64 and goes as it is,
-getting its Nesterov momentum after the pull.
+bias and a gain (20 bytes each) are below BYTEPS_MIN_COMPRESS_BYTES=64 and
+go uncompressed, fused into one bucket, getting their Nesterov momentum
+after the pull.
 """
 
 from __future__ import annotations
@@ -69,11 +70,14 @@ def test_two_workers_match_the_reference_algorithm(case, tmp_path):
     params, mu = CASES[case]
     records = _run(tmp_path, params, mu)
     _check_weight(records, ReferenceJob(params, workers=2, momentum=mu), case)
-    bias = uncompressed_rounds([r["local_bias"] for r in records], mu)
-    for step in range(STEPS):
-        for rank, record in enumerate(records):
-            np.testing.assert_allclose(record["synced_bias"][step], bias[step], rtol=1e-6, atol=1e-7,
-                                       err_msg=f"{case}: bias, step {step}, rank {rank}")
+    for name in ("bias", "gain"):
+        expected = uncompressed_rounds([r[f"local_{name}"] for r in records], mu)
+        for step in range(STEPS):
+            for rank, record in enumerate(records):
+                np.testing.assert_allclose(record[f"synced_{name}"][step], expected[step], rtol=1e-6, atol=1e-7,
+                                           err_msg=f"{case}: {name}, step {step}, rank {rank}")
+    for rank, record in enumerate(records):  # the small ones went fused, the compressed weight alone
+        assert record["fused"].tolist() == [["gain", "linear.bias"]], f"rank {rank}: {record['fused']}"
 
 
 def test_two_machines_of_two_processes_compress_their_local_sums(tmp_path):

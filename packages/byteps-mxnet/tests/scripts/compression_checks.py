@@ -83,12 +83,42 @@ def run_case(case: str, out_dir: str) -> None:
              **{key: np.array(value) for key, value in record.items()})
 
 
+def small_gradients_fuse() -> None:
+    """Beside a compressed weight, DistributedTrainer fuses the gradients too small to compress (plain averages)."""
+    from byteps.common import api
+    from byteps.common.fusion import BUCKET_PREFIX
+
+    net = gluon.nn.HybridSequential(prefix="fusion_")
+    with net.name_scope():
+        net.add(gluon.nn.Dense(3, in_units=40), gluon.nn.Dense(2, in_units=3))  # one weight compressed, 3 small
+    mx.random.seed(1 + bps.rank())
+    net.initialize(mx.init.Xavier())
+    trainer = bps.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": LR},
+                                     compression_params={"compressor": "onebit", "scaling": True})
+    x = mx.nd.array(np.random.RandomState(bps.rank()).normal(size=(BATCH, 40)).astype(np.float32))
+    with autograd.record():
+        loss = net(x).sum()
+    loss.backward()
+    params = list(net.collect_params().values())
+    local = {p.name: p.grad().asnumpy() for p in params}
+    before = {name for name in api.worker()._tensor_ids if name.startswith(BUCKET_PREFIX)}
+    trainer.allreduce_grads()
+    mx.nd.waitall()
+    buckets = {name for name in api.worker()._tensor_ids if name.startswith(BUCKET_PREFIX)} - before
+    assert len(buckets) == 1, buckets
+    for index, p in enumerate(params):
+        if p.grad().size * 4 < 64:  # too small to compress: the plain average
+            expected = bps.allreduce(mx.nd.array(local[p.name]), average=True, name=f"fusion.check.{index}")
+            np.testing.assert_allclose(p.grad().asnumpy(), expected.asnumpy(), rtol=1e-6)
+
+
 def main() -> None:
     out_dir = sys.argv[1]
     bps.init()
     checks = Checks()
     for case in CASES:
         checks.run(f"{case}: recorded", lambda case=case: run_case(case, out_dir))
+    checks.run("small gradients fuse beside a compressed one", small_gradients_fuse)
     mx.nd.waitall()
     bps.shutdown()
     checks.done()

@@ -2,8 +2,12 @@
 
 Usage: compression_training.py PARAMS_JSON OUT_DIR STEPS MOMENTUM [hook]
 
+The model is a linear layer times a per-output gain: its weight (200
+floats) is compressed; its bias and the gain (5 floats each) are too small
+and go fused, as one bucket, getting their Nesterov momentum after the pull.
 With ``hook``: torch's own DistributedDataParallel with byteps_hook and a
-HookState (the bucket is the weight alone: the model has no bias).
+HookState on the linear layer alone (the bucket is the weight alone: no
+bias, no gain).
 
 Saves OUT_DIR/rank<r>.npz: each step's local gradients (what this rank
 computed), the gradients DistributedOptimizer left after synchronize (what
@@ -25,8 +29,21 @@ params, out_dir, steps, momentum = json.loads(sys.argv[1]), sys.argv[2], int(sys
 hooked = sys.argv[5:] == ["hook"]
 bps.init()
 torch.manual_seed(0)
-model = torch.nn.Linear(40, 5, bias=not hooked)  # weight: 200 floats (compressed), bias: 5 (too small)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+
+
+class GainedLinear(torch.nn.Module):
+    def __init__(self, bias: bool) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(40, 5, bias=bias)
+        self.gain = torch.nn.Parameter(torch.linspace(0.5, 1.5, 5), requires_grad=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * self.gain
+
+
+model = GainedLinear(bias=not hooked)
+trained = [p for p in (model.linear.weight, model.linear.bias, model.gain) if p is not None and p.requires_grad]
+optimizer = torch.optim.SGD(trained, lr=0.1, momentum=momentum)
 if hooked:
     import torch.distributed as dist
 
@@ -34,7 +51,7 @@ if hooked:
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     dist.init_process_group("gloo", rank=bps.rank(), world_size=bps.size())
-    network = torch.nn.parallel.DistributedDataParallel(model)
+    network = torch.nn.parallel.DistributedDataParallel(model.linear)
     network.register_comm_hook(HookState(compression_params=params, lr=lambda: optimizer.param_groups[0]["lr"]),
                                byteps_hook)
 else:
@@ -43,28 +60,31 @@ else:
                                          compression_params=params)
 assert all(group["momentum"] == 0 for group in optimizer.param_groups) or params.get("momentum") != "nesterov"
 data = torch.Generator().manual_seed(100 + bps.rank())
-record = {"local_weight": [], "local_bias": [], "synced_weight": [], "synced_bias": [], "lr": []}
+record = {f"{kind}_{name}": [] for kind in ("local", "synced") for name in ("weight", "bias", "gain")}
+record["lr"] = []
 for _ in range(steps):
     x, y = torch.randn(8, 40, generator=data), torch.randn(8, 5, generator=data)
     optimizer.zero_grad()
     loss = ((model(x) - y) ** 2).mean()
-    local = torch.autograd.grad(loss, [p for p in model.parameters()], retain_graph=True)
+    local = torch.autograd.grad(loss, trained, retain_graph=True)
     record["lr"].append(optimizer.param_groups[0]["lr"])
-    loss = ((network(x) - y) ** 2).mean()  # DDP's forward marks the parameters its backward reduces
+    loss = ((network(x) * model.gain - y) ** 2).mean() if hooked else loss  # DDP's forward marks what it reduces
     loss.backward()
     if not hooked:
         optimizer.synchronize()
-    record["local_weight"].append(local[0].numpy().copy())
-    record["synced_weight"].append(model.weight.grad.numpy().copy())
+    for name, p, gradient in zip(("weight", "bias", "gain"), trained, local):
+        record[f"local_{name}"].append(gradient.numpy().copy())
+        record[f"synced_{name}"].append(p.grad.numpy().copy())
     if not hooked:
-        record["local_bias"].append(local[1].numpy().copy())
-        record["synced_bias"].append(model.bias.grad.numpy().copy())
         with optimizer.skip_synchronize():
             optimizer.step()
     else:
         optimizer.step()
     for group in optimizer.param_groups:
         group["lr"] *= 0.8
+if not hooked:  # which gradients went fused: the bias and the gain, in one bucket
+    record["fused"] = [sorted(n for n, p in model.named_parameters() if p in plan and len(plan[p].members) > 1)
+                       for plan in optimizer._plans.values()]
 np.savez(os.path.join(out_dir, f"rank{bps.rank()}.npz"), **{k: np.array(v) for k, v in record.items() if v})
 print("OK recorded", steps, "steps")
 bps.shutdown()

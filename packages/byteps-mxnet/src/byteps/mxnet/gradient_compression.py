@@ -7,8 +7,9 @@ adapter's part, as BytePS's MXNet ``DistributedTrainer`` has it:
 * take the momentum factor from the optimizer and turn the optimizer's own
   momentum off (``optimizer_params["momentum"]``, or the attribute of an
   optimizer object), and with ``onebit`` its weight decay too;
-* push every gradient alone (never fused) with the spec and the optimizer's
-  current learning rate (error feedback rescales by its change);
+* push every gradient large enough to be compressed alone, with the spec
+  and the optimizer's current learning rate (error feedback rescales by its
+  change); the smaller ones are fused as usual;
 * give the gradients the core left uncompressed (small ones, or a job
   without servers) their Nesterov momentum after the pull:
   ``M = mu*(M + D); D = D + M`` (BytePS's ``NagAdapter``);

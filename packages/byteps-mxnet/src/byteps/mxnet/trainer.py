@@ -90,9 +90,9 @@ class DistributedTrainer(mx.gluon.Trainer):
     (docs/compression.md), e.g. ``{"compressor": "onebit", "scaling": True,
     "ef": "vanilla", "momentum": "nesterov"}``, or ``{"fp16": True}`` (the
     same as Horovod's ``compression=Compression.fp16``). With a compressor,
-    every gradient goes alone (never fused), with the trainer's current
-    ``learning_rate``; those of at least BYTEPS_MIN_COMPRESS_BYTES are
-    averaged, then compressed, on their way through the servers.
+    gradients of at least BYTEPS_MIN_COMPRESS_BYTES go alone, with the
+    trainer's current ``learning_rate``, and are averaged, then compressed,
+    on their way through the servers; smaller ones are fused as usual.
     ``"momentum": "nesterov"`` takes its factor from
     ``optimizer_params["momentum"]`` (or the optimizer object's
     ``momentum``) and runs the optimizer with momentum 0.0; with
@@ -188,13 +188,17 @@ class DistributedTrainer(mx.gluon.Trainer):
         of BYTEPS_FUSION_THRESHOLD bytes) once all its gradients are written.
         Which gradients are small depends only on the parameters, so every
         rank builds the same group.
+
+        With compression_params, a gradient the worker core compresses (at
+        least BYTEPS_MIN_COMPRESS_BYTES, through servers) goes alone with
+        the spec and this step's learning rate (the core averages, then
+        compresses it); the others, fused or not, get their Nesterov
+        momentum after the pull.
         """
         if self._async is not None:
             return  # each worker updates with its own gradients
-        if self._gradient_compression is not None:
-            self._push_pull_compressed()
-            return
-        config = api.worker().config
+        config, compression = api.worker().config, self._gradient_compression
+        spec, lr = (compression.spec, float(self.learning_rate)) if compression is not None else (None, None)
         small: List[Tuple[int, Parameter, mx.nd.NDArray, mx.nd.NDArray, Any]] = []
         for index, param in enumerate(self._params):
             if param.grad_req == "null":
@@ -202,13 +206,16 @@ class DistributedTrainer(mx.gluon.Trainer):
             grad = param.list_grad()[0]
             sent, ctx = self._compression.compress(grad)
             nbytes = sent.size * np.dtype(sent.dtype).itemsize
-            if 0 < config.fusion_threshold and nbytes <= min(config.fusion_threshold, config.fusion_max_tensor_bytes):
+            compressed = spec is not None and api.worker().compresses(nbytes, True, spec)
+            if (not compressed and 0 < config.fusion_threshold
+                    and nbytes <= min(config.fusion_threshold, config.fusion_max_tensor_bytes)):
                 small.append((index, param, grad, sent, ctx))
                 continue
-            allreduce_(sent, average=True, name=self._gradient_name(param), priority=-index,
-                       prescale_factor=1.0 / self._predivide, postscale_factor=self._predivide)
-            if sent is not grad:
-                self._compression.decompress(sent, ctx).copyto(grad)
+            name = self._gradient_name(param)
+            allreduce_(sent, average=True, name=name, priority=-index, prescale_factor=1.0 / self._predivide,
+                       postscale_factor=self._predivide, compression_spec=spec if compressed else None,
+                       lr=lr if compressed else None)
+            self._after_pull(name, grad, sent, ctx)
         if len(small) == 1:
             index, param, grad, sent, ctx = small[0]
             allreduce_(sent, average=True, name=self._gradient_name(param), priority=-index,
@@ -217,27 +224,15 @@ class DistributedTrainer(mx.gluon.Trainer):
             allreduce_group_([sent for _, _, _, sent, _ in small], [self._gradient_name(p) for _, p, _, _, _ in small],
                              average=True, priority=-small[0][0], prescale_factor=1.0 / self._predivide,
                              postscale_factor=self._predivide)
-        for _, _, grad, sent, ctx in small:
-            if sent is not grad:
-                self._compression.decompress(sent, ctx).copyto(grad)
+        for _, param, grad, sent, ctx in small:
+            self._after_pull(self._gradient_name(param), grad, sent, ctx)
 
-    def _push_pull_compressed(self) -> None:
-        """compression_params: each gradient alone (never fused), with the learning rate of this step.
-
-        The worker core averages, then compresses the gradients it sends
-        through servers that are at least BYTEPS_MIN_COMPRESS_BYTES; the
-        others get their Nesterov momentum here, after the pull.
-        """
-        compression, lr = self._gradient_compression, float(self.learning_rate)
-        for index, param in enumerate(self._params):
-            if param.grad_req == "null":
-                continue
-            grad, name = param.list_grad()[0], self._gradient_name(param)
-            sent, ctx = self._compression.compress(grad)
-            allreduce_(sent, average=True, name=name, priority=-index, compression_spec=compression.spec, lr=lr)
-            if sent is not grad:
-                self._compression.decompress(sent, ctx).copyto(grad)
-            compression.after_pull(name, grad, sent.size * np.dtype(sent.dtype).itemsize)
+    def _after_pull(self, name: str, grad: mx.nd.NDArray, sent: mx.nd.NDArray, ctx: Any) -> None:
+        """``grad`` = the averaged ``sent`` cast back; with compression_params, momentum where it went uncompressed."""
+        if sent is not grad:
+            self._compression.decompress(sent, ctx).copyto(grad)
+        if self._gradient_compression is not None:
+            self._gradient_compression.after_pull(name, grad, sent.size * np.dtype(sent.dtype).itemsize)
 
     def _update(self, ignore_stale_grad: bool = False) -> None:
         """gluon's update, after onebit's weight-decay momentum (compression_params with onebit and Nesterov).

@@ -3,7 +3,8 @@
 The tape and both DistributedOptimizers take the dict of
 docs/compression.md and hand the parsed spec to their
 :class:`~byteps.tensorflow.gradients.GradientReducer`, which sends each
-compressed gradient alone (the worker core averages, then compresses it).
+compressed gradient alone (the worker core averages, then compresses it;
+the smaller ones are fused).
 What is TensorFlow's here:
 
 * ``"momentum": "nesterov"`` takes its factor from the optimizer (Keras:

@@ -19,9 +19,9 @@ per process).
 * Gradients of worker-local variables (``local``) are not sent; Horovod
   divides them by ``size()`` (``scale_local_gradients``) and so do we.
 * ``compression`` with a :class:`~byteps.tensorflow.gradient_compression.GradientCompression`
-  (BytePS's ``compression_params``): each dense gradient goes alone, not
-  fused, with the optimizer's learning rate; the worker core averages it,
-  then compresses it when it is large enough. With ``"nesterov"``,
+  (BytePS's ``compression_params``): each dense gradient large enough to be
+  compressed goes alone, with the optimizer's learning rate (the worker
+  core averages it, then compresses it); smaller ones are fused as usual. With ``"nesterov"``,
   ``tf.IndexedSlices`` are densified (the momentum is dense) and the
   gradients that went uncompressed get the momentum after the pull (all of
   them with one worker).

@@ -19,9 +19,10 @@ specs go as one grouped push_pull (:func:`byteps.common.frontend.group.push_pull
 which fuses the small tensors into buckets of at most
 BYTEPS_FUSION_THRESHOLD bytes: a model's biases and norms, reduced by
 DistributedGradientTape or DistributedOptimizer, cost a few messages. A
-Reduce with a ``compression`` (BytePS's compression_params, parsed) goes
-alone, never fused: the worker core compresses each tensor's partitions,
-with the group's learning rate. Runs eagerly; inside
+Reduce with a ``compression`` (BytePS's compression_params, parsed) that
+the worker core compresses goes alone: the core compresses each tensor's
+partitions, with the group's learning rate; one too small to compress
+fuses with the others. Runs eagerly; inside
 a ``tf.function`` :mod:`byteps.tensorflow.graph_ops` calls it through
 ``tf.py_function``.
 
@@ -100,7 +101,7 @@ class Reduce:
     average: bool
     contribute: bool = True
     root: Optional[int] = None  # a broadcast's root: ranks that name different roots fail
-    compression: Optional[CompressionSpec] = None  # BytePS's compression: sent alone, compressed by the core
+    compression: Optional[CompressionSpec] = None  # BytePS's compression: compressed by the core (if large enough)
 
     inputs = 1
 
@@ -157,6 +158,14 @@ class _Pending:
     def tensor(self) -> tf.Tensor:
         self.wait()
         return self.result.to_tensor(self.shape, self.device)
+
+
+def _goes_compressed(spec: Reduce, tensor: tf.Tensor) -> bool:
+    """Whether the worker core compresses ``spec``'s tensor (compression_params, at least
+    BYTEPS_MIN_COMPRESS_BYTES, through servers): it then goes alone; smaller ones fuse with the rest."""
+    if spec.compression is None:
+        return False
+    return api.worker().compresses(int(tensor.shape.num_elements()) * tensor.dtype.size, True, spec.compression)
 
 
 def _push_pull_compressed(spec: Reduce, tensor: tf.Tensor, lr: Optional[float]) -> _Pending:
@@ -245,7 +254,7 @@ def execute(specs: Sequence[Spec], inputs: Sequence[tf.Tensor], lr: Optional[flo
     run: List[Tuple[Reduce, tf.Tensor]] = []  # consecutive uncompressed Reduce specs of one averaging flag and root
     try:
         for spec, tensors in _split(specs, inputs):
-            fusable = isinstance(spec, Reduce) and spec.compression is None
+            fusable = isinstance(spec, Reduce) and not _goes_compressed(spec, tensors[0])
             if fusable and (not run or (run[0][0].average, run[0][0].root) == (spec.average, spec.root)):
                 run.append((spec, tensors[0]))
                 continue

@@ -65,9 +65,11 @@ class Bucket:
 class GradientBuckets:
     """The bucket plans of one wrapper: per set of active parameters, cached."""
 
-    def __init__(self, names: Dict[torch.Tensor, str], compression: Any) -> None:
+    def __init__(self, names: Dict[torch.Tensor, str], compression: Any,
+                 alone: Callable[[int], bool] = lambda nbytes: False) -> None:
         self.names = names          # parameter -> its gradient's push_pull name
         self.compression = compression
+        self.alone = alone          # whether a gradient of these wire bytes must go alone (e.g. compressed)
         config = api.worker().config
         self._limits = (config.fusion_threshold, config.fusion_max_tensor_bytes)
         #: the plans made so far, by the ids of their active parameters
@@ -92,7 +94,7 @@ class GradientBuckets:
         by_device: Dict[torch.device, Tuple[list, list]] = {}  # buckets never mix devices
         for p in active:
             layout = self._wire_layout(p)
-            if layout is not None:
+            if layout is not None and not self.alone(layout[0]):
                 items, params = by_device.setdefault(p.device, ([], []))
                 items.append((self.names[p], *layout))
                 params.append(p)

@@ -144,8 +144,10 @@ class _DistributedOptimizer:
         self._sparse.clear()
         self._synchronized = False
         self._communicate = included and self._view.size > 1   # one worker: nothing to average (as Horovod)
+        # Compressed gradients go alone (BytePS compresses each tensor's partitions); the small ones that
+        # go uncompressed are fused as usual.
         self._buckets = GradientBuckets({p: GRADIENT_PREFIX + name for p, name in self._parameter_names.items()},
-                                        self._compression)
+                                        self._compression, alone=self._goes_compressed)
         self._plan: Optional[Dict[torch.Tensor, Bucket]] = None   # this step's buckets, once known
         self._rounds_behind = 0  # backup workers: rounds closed without this worker, as of the last step
         if self._communicate:
@@ -220,14 +222,16 @@ class _DistributedOptimizer:
         servers (bucket names encode their members), not a wrong sum.
         """
         if self._plan is None:
-            if self._view.set_id or self._compression_spec is not None:
-                # A process set's gradients go one by one (fusion spans every rank), and so do
-                # compressed ones (BytePS compresses each tensor's partitions).
-                self._plan = {}
+            if self._view.set_id:
+                self._plan = {}  # a process set's gradients go one by one (fusion spans every rank)
             else:
                 self._plan = self._buckets.plan([p for p in self._parameter_names
                                                  if p in self._hooked and p.requires_grad])
         return self._plan
+
+    def _goes_compressed(self, nbytes: int) -> bool:
+        """Whether a gradient sent as ``nbytes`` is compressed (compression_params, large enough, servers)."""
+        return self._compression_spec is not None and api.worker().compresses(nbytes, True, self._compression_spec)
 
     def _prepare(self, p: torch.Tensor) -> Tuple[torch.Tensor, Any, bool, float]:
         """``p``'s gradient as it is sent: (contiguous buffer, compressor context, average, postscale)."""
@@ -262,8 +266,7 @@ class _DistributedOptimizer:
         else:
             handle = push_pull_async_inplace(buffer, average=average, name=name,
                                              compression_spec=self._compression_spec, lr=self._lr_of(p))
-        momentum = self._nesterov is not None and not api.worker().compresses(
-            buffer.numel() * buffer.element_size(), True, self._compression_spec)
+        momentum = self._nesterov is not None and not self._goes_compressed(buffer.numel() * buffer.element_size())
         self._pending[p] = _PendingGradient(handle, ctx, postscale, momentum)
 
     def _lr_of(self, p: torch.Tensor) -> Optional[float]:
@@ -280,8 +283,9 @@ class _DistributedOptimizer:
         handles = push_pull_bucket(bucket, [item[0] for item in prepared], prepared[0][2],
                                    [GRADIENT_PREFIX + self._parameter_names[p] for p in bucket.members])
         bucket.started = True
+        momentum = self._nesterov is not None  # fused gradients go uncompressed: their momentum comes after
         for p, (_, ctx, _, postscale), handle in zip(bucket.members, prepared, handles):
-            self._pending[p] = _PendingGradient(handle, ctx, postscale)
+            self._pending[p] = _PendingGradient(handle, ctx, postscale, momentum)
 
     def synchronize(self) -> None:
         """Wait for every gradient's push_pull and write the averages into ``p.grad``.
