@@ -4,7 +4,7 @@ Started by the rig on its host with the role environment (DMLC_ROLE=worker,
 DMLC_WORKER_ID, DMLC_PS_ROOT_URI, ..., DMLC_INTERFACE=eth0). Each round
 starts at a barrier, push_pulls every gradient of the workload at once
 (averaged, as training does) and ends when the last one is back. The first
-round is checked against the exact average (also with ``--compression``:
+round is checked against the exact average (also with ``--compression-params``:
 onebit with scaling sends a constant tensor exactly).
 """
 
@@ -26,7 +26,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", required=True, help="result JSON of this worker")
     parser.add_argument("--trace", help="write per-partition timestamps here (stage_probe)")
-    parser.add_argument("--compression", type=json.loads, default=None, help="BytePS's compression_params (JSON)")
+    parser.add_argument("--compression-params", type=json.loads, default=None,
+                        help="BytePS's compression_params (JSON)")
     parser.add_argument("--backward-ms", type=float, default=0.0,
                         help="spread the submissions over this long, in backward order, each after a share "
                              "proportional to its size (an emulated backward pass); 0: all at once")
@@ -60,7 +61,7 @@ def main() -> None:
             if pause:
                 time.sleep(pause)
             handles.append(bps.push_pull_async(array, name=name, average=True,
-                                               compression_params=args.compression))
+                                               compression_params=args.compression_params))
         submitted = now()
         bps.synchronize(handles[-1])  # the first layer's gradients: when could the next forward pass begin?
         first = now() - submitted  # from the end of the backward pass

@@ -27,17 +27,17 @@ EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "
 
 
 def load_models():
-    """MODELS and ResNet of the byteps synthetic benchmark (one definition of the model)."""
+    """MODELS and build_model of the byteps synthetic benchmark (one definition of the models)."""
     spec = importlib.util.spec_from_file_location("synthetic_benchmark", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.MODELS, module.ResNet
+    return module.MODELS, module.build_model
 
 
 def main() -> None:
-    models, resnet = load_models()
+    models, build_model = load_models()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="resnet20", choices=sorted(models, key=models.get))
+    parser.add_argument("--model", default="resnet20", choices=list(models))
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--num-warmup-batches", type=int, default=10)
@@ -52,7 +52,7 @@ def main() -> None:
     size = dist.get_world_size()
     torch.set_num_threads(args.num_threads)
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(resnet(models[args.model]))
+    model = torch.nn.parallel.DistributedDataParallel(build_model(args.model, args.image_size))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * size, momentum=0.9)
     data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
     target = torch.randint(0, 10, (args.batch_size,))

@@ -114,7 +114,7 @@ def layout(system: str, n: int, worker_args: List[str], workdir: str, port: int,
         if system == "gloo":
             argv += ["--master", f"{address(0)}:{port}"]
         if system == "byteps-onebit":
-            argv += ["--compression", ONEBIT]
+            argv += ["--compression-params", ONEBIT]
         if trace:
             argv += ["--trace", os.path.join(workdir, f"trace-worker{w}.json")]
         roles.append(Role(f"worker{w}", w, argv, {**common, **per_host(w), "DMLC_ROLE": "worker",

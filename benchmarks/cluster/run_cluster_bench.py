@@ -57,6 +57,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end training comparison")
     p.add_argument("--e2e-workers", default="2,4")
     p.add_argument("--e2e-iters", type=int, default=10, help="timed iterations of the synthetic benchmark")
+    p.add_argument("--e2e-model", default="resnet20",
+                   help="the synthetic benchmark's model (resnet20; mlp: communication-bound)")
+    p.add_argument("--e2e-systems", default="byteps,gloo", help="subset of byteps,byteps-onebit,gloo")
     p.add_argument("--results", default=os.path.join(ROOT, "docs", "img", "cluster_benchmark.json"))
     p.add_argument("--plot", default=os.path.join(ROOT, "docs", "img", "cluster_benchmark.png"))
     p.add_argument("--doc", default=os.path.join(ROOT, "docs", "performance.md"))
@@ -128,7 +131,7 @@ class Bench:
                 if n == args.trace_n and "byteps" in self.results["settings"]["systems"]:
                     self.trace(rig, n)
                 if not args.no_e2e and str(n) in args.e2e_workers.split(","):
-                    for system in ("byteps", "gloo"):
+                    for system in args.e2e_systems.split(","):
                         self.e2e(rig, n, system)
         self.results["finished"] = _now()
         self.save()
@@ -220,14 +223,16 @@ class Bench:
         self.save()
 
     def e2e(self, rig: ClusterRig, n: int, system: str) -> None:
-        """The synthetic benchmark trained on the rig: byteps (k = n servers) or native DDP over gloo."""
+        """The synthetic benchmark trained on the rig: byteps (k = n servers, byteps-onebit compressed) or native
+        DDP over gloo."""
         workdir = os.path.join(self.workdir, f"n{n}", f"e2e-{system}")
-        script = os.path.join(ROOT, "examples", "torch", "synthetic_benchmark.py") if system == "byteps" \
-            else os.path.join(HERE, "ddp_synthetic.py")
-        roles = layout(system, n, ["--num-threads", "1", "--num-iters", str(self.args.e2e_iters)], workdir,
-                       self.next_port(), len(rig.hosts) - 1, rig.address, worker_script=script)
+        script = os.path.join(HERE, "ddp_synthetic.py") if system == "gloo" \
+            else os.path.join(ROOT, "examples", "torch", "synthetic_benchmark.py")
+        model = self.args.e2e_model
+        roles = layout(system, n, ["--num-threads", "1", "--num-iters", str(self.args.e2e_iters), "--model", model],
+                       workdir, self.next_port(), len(rig.hosts) - 1, rig.address, worker_script=script)
         outcome = run_job(rig, roles, workdir, timeout=900, collect=False)
-        record = {"n": n, "system": system, "rate": rig.rate}
+        record = {"n": n, "system": system, "rate": rig.rate, "model": model}
         with open(os.path.join(workdir, "worker0.log"), errors="replace") as f:
             found = re.search(r"Total img/sec on \d+ worker\(s\): ([0-9.]+) \+-([0-9.]+)", f.read())
         if outcome.ok and found:

@@ -1,6 +1,7 @@
 """Synthetic data-parallel benchmark in the style of Horovod's pytorch_synthetic_benchmark.py.
 
-Trains a small CIFAR-style ResNet (defined here, no torchvision) on random
+Trains a small CIFAR-style ResNet (defined here, no torchvision), or with
+``--model mlp`` a wide MLP whose steps are bound by communication, on random
 32x32 images and reports images per second per worker and in total, as
 mean +- 1.96 standard deviations over the timed iterations. Without the
 launcher it measures one worker (no communication); with it, e.g.
@@ -8,12 +9,14 @@ launcher it measures one worker (no communication); with it, e.g.
     bpslaunch -np 2 -- python examples/torch/synthetic_benchmark.py
     bpslaunch --workers 2 --servers 2 -- python examples/torch/synthetic_benchmark.py
 
-each worker push_pulls its gradients through byteps every step.
+each worker push_pulls its gradients through byteps every step
+(``--compression-params JSON``: compressed as BytePS does).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import timeit
 
@@ -64,7 +67,27 @@ class ResNet(torch.nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
-MODELS = {f"resnet{depth}": depth for depth in (8, 14, 20, 32, 44, 56)}
+class WideMLP(torch.nn.Module):
+    """A communication-bound model: 10.5 M parameters (42 MB of gradients) and little compute per image."""
+
+    def __init__(self, image_size: int = 32, width: int = 2048, num_classes: int = 10) -> None:
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * image_size * image_size, width),
+                                          torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(),
+                                          torch.nn.Linear(width, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+#: name -> the model's builder (given the image size); resnets by depth, then the wide MLP.
+MODELS = {**{f"resnet{depth}": (lambda image_size, depth=depth: ResNet(depth)) for depth in (8, 14, 20, 32, 44, 56)},
+          "mlp": WideMLP}
+
+
+def build_model(name: str, image_size: int = 32) -> torch.nn.Module:
+    """The benchmark's model ``name`` (a key of MODELS) for square images of ``image_size``."""
+    return MODELS[name](image_size)
 
 
 def default_num_threads() -> int:
@@ -80,7 +103,8 @@ def default_num_threads() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="resnet20", choices=sorted(MODELS, key=MODELS.get))
+    parser.add_argument("--model", default="resnet20", choices=list(MODELS),
+                        help="a CIFAR ResNet, or mlp: communication-bound (10.5 M parameters, little compute)")
     parser.add_argument("--batch-size", type=int, default=16, help="input batch size per worker")
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--num-warmup-batches", type=int, default=10, help="batches before timing starts")
@@ -88,16 +112,19 @@ def main() -> None:
     parser.add_argument("--num-iters", type=int, default=10, help="timed iterations")
     parser.add_argument("--num-threads", type=int, default=0, help="torch threads (default: this worker's cores)")
     parser.add_argument("--fp16-pushpull", action="store_true", help="push_pull gradients as float16")
+    parser.add_argument("--compression-params", type=json.loads, default=None, metavar="JSON",
+                        help='BytePS\'s gradient compression, e.g. \'{"compressor": "onebit", "scaling": true, '
+                             '"ef": "vanilla"}\' (docs/compression.md)')
     args = parser.parse_args()
 
     bps.init()
     torch.set_num_threads(args.num_threads or default_num_threads())
     torch.manual_seed(0)
-    model = ResNet(MODELS[args.model])
+    model = build_model(args.model, args.image_size)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * bps.size(), momentum=0.9)
     compression = bps.Compression.fp16 if args.fp16_pushpull else bps.Compression.none
     optimizer = bps.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression)
+                                         compression=compression, compression_params=args.compression_params)
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     bps.broadcast_optimizer_state(optimizer, root_rank=0)
 
@@ -118,7 +145,8 @@ def main() -> None:
     log(f"Model: {args.model} ({parameters / 1e6:.2f} M parameters)")
     log(f"Batch size: {args.batch_size}")
     log(f"Number of workers: {bps.size()} (CPU, {torch.get_num_threads()} thread(s) each)")
-    log(f"Gradient compression: {'fp16' if args.fp16_pushpull else 'none'}")
+    log(f"Gradient compression: {'fp16' if args.fp16_pushpull else 'none'}"
+        + (f", compression_params {json.dumps(args.compression_params)}" if args.compression_params else ""))
 
     log("Running warmup...")
     timeit.timeit(benchmark_step, number=args.num_warmup_batches)
