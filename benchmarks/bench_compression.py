@@ -7,10 +7,14 @@ is GB/s of dense input (decompress: of dense output), median of
 ``--repeats`` runs, and the ratio kernel/numpy. The numpy versions skip
 what numpy cannot do cheaply (randomk and dithering draw from numpy's own
 generator, not BytePS's xorshift128+; topk's output is not index-sorted),
-so they are a generous baseline. The last rows time a worker's whole
-COMPRESS stage with error feedback and Nesterov momentum
-(WorkerPartition.compress), and give CPU seconds per MB compressed, from
-which the compression cost on other machines can be estimated.
+so they are a generous baseline. Then error feedback's update
+e = p - D(C(p)) two ways, in the same run: the two passes it took before
+the kernels fused it (compress; decompress into e; np.subtract) against
+one compress call with ``error=``, in CPU ms per MB of dense input. The
+last rows time a worker's whole COMPRESS stage with error feedback and
+Nesterov momentum (WorkerPartition.compress), fused and with the two-pass
+update, and give CPU seconds per MB compressed, from which the compression
+cost on other machines can be estimated.
 
     python benchmarks/bench_compression.py [--mb 4] [--repeats 7] [--json out.json]
 """
@@ -18,10 +22,11 @@ which the compression cost on other machines can be estimated.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -40,6 +45,23 @@ def _median_seconds(run: Callable[[], object], repeats: int) -> float:
         run()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+class TwoPassCodec:
+    """A PartitionCodec whose error update is the one before the fused kernels: compress, then
+    decompress into the error and np.subtract."""
+
+    def __init__(self, codec: PartitionCodec) -> None:
+        self.codec, self.nbytes = codec, codec.nbytes
+
+    def compress(self, dense: np.ndarray, out: np.ndarray, error: Optional[np.ndarray] = None) -> None:
+        self.codec.compress(dense, out)
+        if error is not None:
+            self.codec.decompress(out, error)
+            np.subtract(dense, error, out=error)
+
+    def decompress(self, compressed, dense: np.ndarray) -> None:
+        self.codec.decompress(compressed, dense)
 
 
 def _numpy_cases(x: np.ndarray, k: int, levels: int) -> Dict[str, Callable[[], object]]:
@@ -118,19 +140,42 @@ def main() -> None:
         rows.append(row)
         print(f"{name:<20}{row['byteps_gb_s']:>12.2f}{row['numpy_gb_s']:>12.2f}{row['ratio']:>8.2f}")
 
-    print("\nthe worker's COMPRESS stage (prescale, Nesterov, error feedback, codec, error update):")
-    for params in ({"compressor": "onebit", "scaling": True}, {"compressor": "topk", "k": args.k_fraction},
-                   {"compressor": "randomk", "k": args.k_fraction, "seed": 3},
-                   {"compressor": "dithering", "k": float(args.levels), "seed": 3}):
-        spec = CompressionSpec(**params, ef=True, momentum=0.9)
-        worker = WorkerPartition(spec, DType.FLOAT32, n)
-        seconds = _median_seconds(lambda worker=worker: worker.compress(x.view(np.uint8), 0.1, 0.5), args.repeats)
-        sent = PartitionCodec(spec, DType.FLOAT32, n).nbytes
-        row = {"stage": params["compressor"], "gb_s": gigabytes / seconds,
-               "cpu_s_per_mb": seconds / (x.nbytes / 1e6), "ratio_of_bytes": x.nbytes / sent}
+    specs = {
+        "onebit": {"compressor": "onebit", "scaling": True},
+        "topk": {"compressor": "topk", "k": args.k_fraction},
+        "randomk": {"compressor": "randomk", "k": args.k_fraction, "seed": 3},
+        "dithering": {"compressor": "dithering", "k": float(args.levels), "seed": 3},
+    }
+    megabytes = x.nbytes / 1e6
+    print("\nerror feedback's e = p - D(C(p)): compress + decompress + np.subtract, against the fused kernel:")
+    print(f"{'compressor':<20}{'two-pass ms/MB':>16}{'fused ms/MB':>13}{'ratio':>8}")
+    for name, params in specs.items():
+        codec = PartitionCodec(CompressionSpec(**params, ef=True), DType.FLOAT32, n)
+        two_pass, out, error = TwoPassCodec(codec), np.empty(codec.nbytes, np.uint8), np.zeros_like(x)
+        two_pass_s = _median_seconds(functools.partial(two_pass.compress, x, out, error), args.repeats)
+        fused_s = _median_seconds(functools.partial(codec.compress, x, out, error), args.repeats)
+        row = {"error_feedback": name, "two_pass_ms_per_mb": 1e3 * two_pass_s / megabytes,
+               "fused_ms_per_mb": 1e3 * fused_s / megabytes, "ratio": two_pass_s / fused_s}
         rows.append(row)
-        print(f"{params['compressor']:<20}{row['gb_s']:>8.2f} GB/s  {1e3 * row['cpu_s_per_mb']:.3f} ms per MB  "
-              f"{row['ratio_of_bytes']:.1f}x fewer bytes")
+        print(f"{name:<20}{row['two_pass_ms_per_mb']:>16.3f}{row['fused_ms_per_mb']:>13.3f}{row['ratio']:>8.2f}")
+
+    print("\nthe worker's COMPRESS stage (prescale, Nesterov, error feedback, codec, error update), "
+          "with the error update fused and in two passes:")
+    print(f"{'compressor':<20}{'GB/s':>8}{'ms per MB':>11}{'two-pass GB/s':>15}{'ratio':>8}{'fewer bytes':>13}")
+    for name, params in specs.items():
+        spec = CompressionSpec(**params, ef=True, momentum=0.9)
+        worker, two_pass_worker = WorkerPartition(spec, DType.FLOAT32, n), WorkerPartition(spec, DType.FLOAT32, n)
+        two_pass_worker.codec = TwoPassCodec(two_pass_worker.codec)
+        seconds = _median_seconds(functools.partial(worker.compress, x.view(np.uint8), 0.1, 0.5), args.repeats)
+        two_pass_s = _median_seconds(functools.partial(two_pass_worker.compress, x.view(np.uint8), 0.1, 0.5),
+                                     args.repeats)
+        sent = PartitionCodec(spec, DType.FLOAT32, n).nbytes
+        row = {"stage": name, "gb_s": gigabytes / seconds, "cpu_s_per_mb": seconds / megabytes,
+               "two_pass_gb_s": gigabytes / two_pass_s, "ratio": two_pass_s / seconds,
+               "ratio_of_bytes": x.nbytes / sent}
+        rows.append(row)
+        print(f"{name:<20}{row['gb_s']:>8.2f}{1e3 * row['cpu_s_per_mb']:>11.3f}{row['two_pass_gb_s']:>15.2f}"
+              f"{row['ratio']:>8.2f}{row['ratio_of_bytes']:>12.1f}x")
     if args.json:
         with open(args.json, "w") as out:
             json.dump(rows, out, indent=1)

@@ -15,6 +15,12 @@
 // array [a, b]) that they update in place, so a Python codec keeps BytePS's
 // one-generator-per-partition stream across rounds.
 //
+// Every compress function takes an optional `error` (src's element count,
+// writable, sharing no byte with dst, but possibly src itself): error
+// feedback's error = src - decompress(dst), written in the compressing pass,
+// bit for bit what the decompress function into error followed by numpy's
+// np.subtract(src, error, out=error) gives.
+//
 // Every function validates its buffers (sizes, writability, dtype) with the
 // GIL held, then releases it for the loops in compress_loops.h and
 // dithering_loops.h.
@@ -24,6 +30,7 @@
 #include <pybind11/numpy.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "byteps/buffer_arg.h"
@@ -144,6 +151,40 @@ class RngState {
 
 uint8_t* bytes(const BufferArg& buf) { return static_cast<uint8_t*>(buf.data()); }
 
+// dst and src of the same element count; in place (the very same buffer)
+// is allowed only where `same_ok`.
+size_t same_count(const BufferArg& dst, const BufferArg& src, int dtype, bool same_ok) {
+  const size_t n_dst = dst.count(itemsize(dtype), kNames[dtype]);
+  const size_t n_src = src.count(itemsize(dtype), kNames[dtype]);
+  if (n_dst != n_src) {
+    throw py::value_error(dst.name() + " has " + elements(n_dst, dtype) + " but " + src.name() + " has " +
+                          std::to_string(n_src));
+  }
+  if (!(same_ok && dst.data() == src.data())) check_disjoint(dst, src);
+  return n_dst;
+}
+
+// A compress function's optional `error` output (None: absent), checked
+// against src (same element count; src itself allowed) and the outputs.
+class ErrorArg {
+ public:
+  ErrorArg(py::handle obj, const BufferArg& src, int dtype, const BufferArg& dst, const RngState* state = nullptr) {
+    if (obj.is_none()) return;
+    const BufferArg& error = buf_.emplace(obj, "error", true);
+    same_count(error, src, dtype, true);
+    check_disjoint(error, dst);
+    if (state) check_disjoint(error, state->buffer());
+  }
+  // The output as the element type, or nullptr when absent.
+  template <typename S>
+  S* get() const {
+    return buf_ ? static_cast<S*>(buf_->data()) : nullptr;
+  }
+
+ private:
+  std::optional<BufferArg> buf_;
+};
+
 // ---------------------------------------------------------------------------
 
 py::array_t<uint64_t> py_xorshift_next(py::handle state_obj, int64_t count) {
@@ -159,17 +200,18 @@ py::array_t<uint64_t> py_xorshift_next(py::handle state_obj, int64_t count) {
   return out;
 }
 
-void py_onebit_compress(py::handle src_obj, py::handle dst_obj, int dtype, bool scaling) {
+void py_onebit_compress(py::handle src_obj, py::handle dst_obj, int dtype, bool scaling, py::handle error_obj) {
   check_dtype(dtype);
   BufferArg src(src_obj, "src", false);
   BufferArg dst(dst_obj, "dst", true);
   const size_t n = src.count(itemsize(dtype), kNames[dtype]);
   check_nbytes(dst, onebit_nbytes(n, dtype), "onebit of " + elements(n, dtype));
   check_disjoint(src, dst);
+  const ErrorArg error(error_obj, src, dtype, dst);
   py::gil_scoped_release release;
   with_type(dtype, [&](auto tag) {
     using S = decltype(tag);
-    bc::onebit_compress(static_cast<const S*>(src.data()), n, bytes(dst), scaling);
+    bc::onebit_compress(static_cast<const S*>(src.data()), n, bytes(dst), scaling, error.get<S>());
   });
 }
 
@@ -196,7 +238,7 @@ size_t sparse_source_count(const BufferArg& src, int dtype) {
   return n;
 }
 
-void py_topk_compress(py::handle src_obj, py::handle dst_obj, int dtype, int64_t k) {
+void py_topk_compress(py::handle src_obj, py::handle dst_obj, int dtype, int64_t k, py::handle error_obj) {
   check_dtype(dtype);
   BufferArg src(src_obj, "src", false);
   BufferArg dst(dst_obj, "dst", true);
@@ -208,15 +250,16 @@ void py_topk_compress(py::handle src_obj, py::handle dst_obj, int dtype, int64_t
   const auto kk = static_cast<size_t>(k);
   check_nbytes(dst, sparse_nbytes(kk, dtype), std::to_string(k) + " " + kNames[dtype] + " records");
   check_disjoint(src, dst);
+  const ErrorArg error(error_obj, src, dtype, dst);
   py::gil_scoped_release release;
   with_type(dtype, [&](auto tag) {
     using S = decltype(tag);
-    bc::topk_compress(static_cast<const S*>(src.data()), n, kk, bytes(dst));
+    bc::topk_compress(static_cast<const S*>(src.data()), n, kk, bytes(dst), error.get<S>());
   });
 }
 
 void py_randomk_compress(py::handle src_obj, py::handle dst_obj, int dtype, int64_t k,
-                         py::handle state_obj) {
+                         py::handle state_obj, py::handle error_obj) {
   check_dtype(dtype);
   BufferArg src(src_obj, "src", false);
   BufferArg dst(dst_obj, "dst", true);
@@ -228,10 +271,11 @@ void py_randomk_compress(py::handle src_obj, py::handle dst_obj, int dtype, int6
   check_nbytes(dst, sparse_nbytes(kk, dtype), std::to_string(k) + " " + kNames[dtype] + " records");
   check_disjoint(src, dst);
   check_disjoint(state.buffer(), dst);
+  const ErrorArg error(error_obj, src, dtype, dst, &state);
   py::gil_scoped_release release;
   with_type(dtype, [&](auto tag) {
     using S = decltype(tag);
-    bc::randomk_compress(static_cast<const S*>(src.data()), n, kk, state.rng, bytes(dst));
+    bc::randomk_compress(static_cast<const S*>(src.data()), n, kk, state.rng, bytes(dst), error.get<S>());
   });
   state.save();
 }
@@ -265,7 +309,7 @@ void py_sparse_decompress(py::handle src_obj, py::handle dst_obj, int dtype) {
 }
 
 void py_dithering_compress(py::handle src_obj, py::handle dst_obj, int dtype, int64_t levels,
-                           bool natural, bool l2, py::handle state_obj) {
+                           bool natural, bool l2, py::handle state_obj, py::handle error_obj) {
   check_dtype(dtype);
   const uint32_t s = check_levels(levels, natural);
   BufferArg src(src_obj, "src", false);
@@ -275,10 +319,12 @@ void py_dithering_compress(py::handle src_obj, py::handle dst_obj, int dtype, in
   check_nbytes(dst, dithering_nbytes(n, s), "dithering of " + elements(n, dtype));
   check_disjoint(src, dst);
   check_disjoint(state.buffer(), dst);
+  const ErrorArg error(error_obj, src, dtype, dst, &state);
   py::gil_scoped_release release;
   with_type(dtype, [&](auto tag) {
     using S = decltype(tag);
-    bc::dithering_compress(static_cast<const S*>(src.data()), n, s, natural, l2, state.rng, bytes(dst));
+    bc::dithering_compress(static_cast<const S*>(src.data()), n, s, natural, l2, state.rng, bytes(dst),
+                           error.get<S>());
   });
   state.save();
 }
@@ -305,19 +351,6 @@ void py_dithering_decompress(py::handle src_obj, py::handle dst_obj, int dtype, 
     throw py::value_error("src element " + std::to_string(decoded) + " has level code " + std::to_string(code) +
                           " above levels = " + std::to_string(s) + ": not a dithering encoding with these levels");
   }
-}
-
-// dst and src of the same element count; in place (the very same buffer)
-// is allowed only where `same_ok`.
-size_t same_count(const BufferArg& dst, const BufferArg& src, int dtype, bool same_ok) {
-  const size_t n_dst = dst.count(itemsize(dtype), kNames[dtype]);
-  const size_t n_src = src.count(itemsize(dtype), kNames[dtype]);
-  if (n_dst != n_src) {
-    throw py::value_error(dst.name() + " has " + elements(n_dst, dtype) + " but " + src.name() + " has " +
-                          std::to_string(n_src));
-  }
-  if (!(same_ok && dst.data() == src.data())) check_disjoint(dst, src);
-  return n_dst;
 }
 
 void py_axpy(py::handle dst_obj, py::handle src_obj, int dtype, float alpha) {
@@ -349,6 +382,9 @@ void py_nesterov(py::handle grad_obj, py::handle momentum_obj, int dtype, float 
 namespace byteps {
 
 void register_compression(py::module_& m) {
+#define ERROR_DOC                                                                                  \
+  " With error (src's element count; src itself allowed), also error = src - decompress(dst) "   \
+  "in the same pass, as decompressing into error and np.subtract(src, error, out=error) would."
   m.def("xorshift_next", &py_xorshift_next, py::arg("state"), py::arg("count"),
         "The next count outputs (uint64 array) of BytePS's xorshift128+ from state [a, b], "
         "updated in place. Seed as state = [seed, seed].");
@@ -357,19 +393,20 @@ void register_compression(py::module_& m) {
         py::arg("count"), py::arg("dtype"),
         "ceil(count / (8*itemsize)) * itemsize + 4: onebit's sign words and float32 scale.");
   m.def("onebit_compress", &py_onebit_compress, py::arg("src"), py::arg("dst"), py::arg("dtype"),
-        py::arg("scaling"),
+        py::arg("scaling"), py::arg("error") = py::none(),
         "dst = sign bits of src (1 where x < 0), most significant first, then the float32 scale: "
-        "1.0, or mean |x| with scaling.");
+        "1.0, or mean |x| with scaling." ERROR_DOC);
   m.def("onebit_decompress", &py_onebit_decompress, py::arg("src"), py::arg("dst"), py::arg("dtype"),
         "dst[i] = -scale where bit i is set, else +scale.");
   m.def("sparse_compressed_nbytes",
         [](int64_t k, int dtype) { return sparse_nbytes(non_negative(k, "k"), check_dtype(dtype)); },
         py::arg("k"), py::arg("dtype"), "k * (4 + itemsize): k {uint32 index, value} records.");
   m.def("topk_compress", &py_topk_compress, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("k"),
-        "dst = records of the k elements of largest |x| (ties: lower index; NaN first), by index.");
+        py::arg("error") = py::none(),
+        "dst = records of the k elements of largest |x| (ties: lower index; NaN first), by index." ERROR_DOC);
   m.def("randomk_compress", &py_randomk_compress, py::arg("src"), py::arg("dst"), py::arg("dtype"),
-        py::arg("k"), py::arg("state"),
-        "dst = records of k elements drawn with replacement (index = next() % n), in draw order.");
+        py::arg("k"), py::arg("state"), py::arg("error") = py::none(),
+        "dst = records of k elements drawn with replacement (index = next() % n), in draw order." ERROR_DOC);
   m.def("sparse_decompress", &py_sparse_decompress, py::arg("src"), py::arg("dst"), py::arg("dtype"),
         "dst = 0, then dst[index] = value for each record of src in order.");
   m.def("dithering_compressed_nbytes",
@@ -379,8 +416,9 @@ void register_compression(py::module_& m) {
         py::arg("count"), py::arg("levels"),
         "ceil(count * (1 + bit_length(levels)) / 8) + 4: one field per element and a float32 scale.");
   m.def("dithering_compress", &py_dithering_compress, py::arg("src"), py::arg("dst"), py::arg("dtype"),
-        py::arg("levels"), py::arg("natural"), py::arg("l2"), py::arg("state"),
-        "dst = src stochastically rounded to levels of max |x| (or the l2 norm), one draw per element.");
+        py::arg("levels"), py::arg("natural"), py::arg("l2"), py::arg("state"), py::arg("error") = py::none(),
+        "dst = src stochastically rounded to levels of max |x| (or the l2 norm), one draw per element."
+        ERROR_DOC);
   m.def("dithering_decompress", &py_dithering_decompress, py::arg("src"), py::arg("dst"), py::arg("dtype"),
         py::arg("levels"), py::arg("natural"),
         "dst[i] = +-(q * scale / S) in float32, S = levels (linear) or 2^(levels-1) (natural).");
@@ -388,6 +426,7 @@ void register_compression(py::module_& m) {
         "dst += float32(alpha) * src elementwise (float16 through float32; float64 in double).");
   m.def("nesterov", &py_nesterov, py::arg("grad"), py::arg("momentum"), py::arg("dtype"), py::arg("mu"),
         "momentum = grad + mu*momentum; grad = grad + mu*momentum, in place (mu a float32).");
+#undef ERROR_DOC
 }
 
 }  // namespace byteps

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "compress_loops.h"
 
@@ -114,23 +115,94 @@ double dithering_scale(const S* x, size_t n, bool l2) {
   return nan ? NAN : max;
 }
 
-// Quantizes x with one Bernoulli draw per element (n draws whatever the
-// data) and writes the fields and the float32 scale. A level that rounding
-// pushes past the top one (|x| rounded up to float32 above a float64 scale,
-// say) is clamped to the top level, which the field can hold.
-template <typename S>
-void dithering_compress(const S* x, size_t n, uint32_t levels, bool natural, bool l2,
-                        Xorshift128p& rng, uint8_t* dst) {
-  const double scale = dithering_scale(x, n, l2);
-  const unsigned width = dithering_field_bits(levels);
-  BitWriter out(dst);
+// The value dithering_decode gives a field whose code is at most `levels`:
+// +-(q * scale / divisor) in float32, a zero level +0.
+template <bool kNatural, typename S>
+inline S dithering_value(uint32_t field, float scale, float divisor) {
+  const uint32_t code = field >> 1;
+  const uint32_t q = kNatural ? (uint32_t{1} << code) >> 1 : code;  // natural: 0 or 2^(code-1)
+  const float value = static_cast<float>(1 - 2 * static_cast<int>(field & 1)) *
+                      (static_cast<float>(q) * scale / divisor);
+  // A zero level decodes to +0 even when the scale is Inf or NaN, as
+  // BytePS leaves unsent elements at zero.
+  return Element<S>::store(half::bits_to_float(half::float_to_bits(value) & (0u - (q != 0))));
+}
+
+inline float dithering_divisor(uint32_t levels, bool natural) {
+  return static_cast<float>(natural ? uint32_t{1} << (levels - 1) : levels);
+}
+
+// Where dithering_encode's fields go: the stream alone...
+class FieldWriter {
+ public:
+  FieldWriter(uint8_t* dst, uint32_t levels) : out_(dst), width_(dithering_field_bits(levels)) {}
+  void put(uint32_t field) { out_.put(field, width_); }
+  void flush() { out_.flush(); }
+
+ private:
+  BitWriter out_;
+  unsigned width_;
+};
+
+// ... or the stream and error = x - the fields' decoded values, a block of
+// elements at a time (error_minus, compress_loops.h) once encode has read
+// them, so that error may be x itself. Where fields are at most 10 bits
+// wide (all natural ones are), the values come from a table of every field's.
+template <bool kNatural, typename S>
+class FieldAndErrorWriter {
+ public:
+  static constexpr unsigned kTableBits = 10;
+  static constexpr size_t kBlock = 256;
+
+  FieldAndErrorWriter(const S* x, uint8_t* dst, uint32_t levels, float scale, S* error)
+      : fields_(dst, levels), x_(x), error_(error), scale_(scale), divisor_(dithering_divisor(levels, kNatural)) {
+    if (dithering_field_bits(levels) <= kTableBits) {
+      table_.resize(size_t{1} << dithering_field_bits(levels));
+      for (uint32_t field = 0; field < table_.size(); ++field) table_[field] = decoded(field);
+    }
+  }
+  void put(uint32_t field) {
+    fields_.put(field);
+    block_[filled_] = table_.empty() ? decoded(field) : table_[field];
+    if (++filled_ == kBlock) drain();
+  }
+  void flush() {
+    fields_.flush();
+    drain();
+  }
+
+ private:
+  Compute<S> decoded(uint32_t field) const { return load(dithering_value<kNatural, S>(field, scale_, divisor_)); }
+  void drain() {
+    error_minus(x_ + done_, block_, error_ + done_, filled_);
+    done_ += filled_;
+    filled_ = 0;
+  }
+
+  FieldWriter fields_;
+  const S* x_;
+  S* error_;
+  float scale_;
+  float divisor_;
+  std::vector<Compute<S>> table_;
+  Compute<S> block_[kBlock];
+  size_t filled_ = 0;
+  size_t done_ = 0;
+};
+
+// The fields of x for a scale (see dithering_compress), one draw each, into
+// a Writer (FieldWriter or FieldAndErrorWriter) made from `args`, a local
+// object so that its state can live in registers.
+template <bool kNatural, typename Writer, typename S, typename... Args>
+void dithering_encode(const S* x, size_t n, uint32_t levels, double scale, Xorshift128p& rng, Args... args) {
+  Writer out(args...);
   if (!(scale > 0.0 && std::isfinite(scale))) {
     // Nothing to normalise by (all zeros, Inf or NaN): every level is 0.
     for (size_t i = 0; i < n; ++i) {
       rng.next();
-      out.put(0, width);
+      out.put(0);
     }
-  } else if (!natural) {
+  } else if (!kNatural) {
     const double s = levels;
     const auto top = static_cast<float>(levels);  // exact: levels <= 2^24
     for (size_t i = 0; i < n; ++i) {
@@ -142,7 +214,7 @@ void dithering_compress(const S* x, size_t n, uint32_t levels, bool natural, boo
       const float fl = u < 8388608.0f ? static_cast<float>(static_cast<int32_t>(u)) : u;
       const float q = fl + static_cast<float>(rng.bernoulli(static_cast<double>(u - fl)));  // in [0, +Inf]
       const auto code = static_cast<uint32_t>(std::min(q, top));
-      out.put((code << 1) | (static_cast<uint32_t>(code != 0) & std::signbit(v)), width);
+      out.put((code << 1) | (static_cast<uint32_t>(code != 0) & std::signbit(v)));
     }
   } else {
     const uint32_t top = uint32_t{1} << (levels - 1);
@@ -159,11 +231,34 @@ void dithering_compress(const S* x, size_t n, uint32_t levels, bool natural, boo
       const uint32_t len = fl ? fl : 1;
       const uint64_t q = std::min<uint64_t>(fl + uint64_t{len} * rng.bernoulli((u - fl) / len), top);
       const uint32_t code = bit_length(q);  // q = 2^(code-1), or 0
-      out.put((code << 1) | (static_cast<uint32_t>(code != 0) & std::signbit(v)), width);
+      out.put((code << 1) | (static_cast<uint32_t>(code != 0) & std::signbit(v)));
     }
   }
   out.flush();
+}
+
+// Quantizes x with one Bernoulli draw per element (n draws whatever the
+// data) and writes the fields and the float32 scale. A level that rounding
+// pushes past the top one (|x| rounded up to float32 above a float64 scale,
+// say) is clamped to the top level, which the field can hold. With `error`
+// (which may be x itself), also error_i = x_i - the decoded field, which
+// uses the float32 scale as dithering_decompress does.
+template <typename S>
+void dithering_compress(const S* x, size_t n, uint32_t levels, bool natural, bool l2,
+                        Xorshift128p& rng, uint8_t* dst, S* error = nullptr) {
+  const double scale = dithering_scale(x, n, l2);
   const auto scale32 = static_cast<float>(scale);
+  if (!error) {
+    if (natural) {
+      dithering_encode<true, FieldWriter>(x, n, levels, scale, rng, dst, levels);
+    } else {
+      dithering_encode<false, FieldWriter>(x, n, levels, scale, rng, dst, levels);
+    }
+  } else if (natural) {
+    dithering_encode<true, FieldAndErrorWriter<true, S>>(x, n, levels, scale, rng, x, dst, levels, scale32, error);
+  } else {
+    dithering_encode<false, FieldAndErrorWriter<false, S>>(x, n, levels, scale, rng, x, dst, levels, scale32, error);
+  }
   std::memcpy(dst + dithering_stream_bytes(n, levels), &scale32, sizeof(scale32));
 }
 
@@ -172,7 +267,7 @@ size_t dithering_decode(const uint8_t* src, size_t n, uint32_t levels, S* out, u
   const unsigned width = dithering_field_bits(levels);
   float scale;
   std::memcpy(&scale, src + dithering_stream_bytes(n, levels), sizeof(scale));
-  const auto divisor = static_cast<float>(kNatural ? uint32_t{1} << (levels - 1) : levels);
+  const float divisor = dithering_divisor(levels, kNatural);
   BitReader in(src);
   for (size_t i = 0; i < n; ++i) {
     const uint32_t field = in.get(width);
@@ -181,12 +276,7 @@ size_t dithering_decode(const uint8_t* src, size_t n, uint32_t levels, S* out, u
       *bad_code = code;
       return i;
     }
-    const uint32_t q = kNatural ? (uint32_t{1} << code) >> 1 : code;  // natural: 0 or 2^(code-1)
-    const float value = static_cast<float>(1 - 2 * static_cast<int>(field & 1)) *
-                        (static_cast<float>(q) * scale / divisor);
-    // A zero level decodes to +0 even when the scale is Inf or NaN, as
-    // BytePS leaves unsent elements at zero.
-    out[i] = Element<S>::store(half::bits_to_float(half::float_to_bits(value) & (0u - (q != 0))));
+    out[i] = dithering_value<kNatural, S>(field, scale, divisor);
   }
   return n;
 }

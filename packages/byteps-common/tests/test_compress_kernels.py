@@ -4,8 +4,10 @@ Each reference below is written from the encoding's definition (the header
 of csrc/compress_kernels.cpp), not from the C++: xorshift128+ in numpy
 uint64 arithmetic, onebit with np.packbits, top-k with a lexicographic sort,
 dithering's quantisation vectorised over the draws. Results must match
-byte for byte, given the same seed. The BytePS v0.2.5 vectors at the end
-pin the math to BytePS itself.
+byte for byte, given the same seed. The compress kernels' error output
+(error feedback in the compressing pass) is checked against the two passes
+it replaces, decompress and np.subtract, bit for bit. The BytePS v0.2.5
+vectors at the end pin the math to BytePS itself.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 
 from byteps.common import _C
+from byteps.common.compression import CompressionSpec, ServerPartition, WorkerPartition
 from byteps.common.dtypes import DType
 
 DTYPES = [np.float16, np.float32, np.float64]
@@ -602,6 +605,234 @@ def test_overlapping_buffers_raise():
     g = np.zeros(10, np.float32)
     with pytest.raises(ValueError, match="grad and momentum must not overlap"):
         _C.nesterov(g, g, 0, 0.9)
+
+
+# --- error feedback in the compressing pass (error=) -------------------------------------
+# Every compress kernel takes an optional `error` output: error = src - decompress(dst), which
+# the feedback once computed in two more passes (decompress into error, then np.subtract). The
+# fused output must be those bits exactly, NaN payloads included, and change nothing else.
+
+EF_SIZES = [1, 2, 7, 33, 1001, 4099]
+EF_DITHERING = {  # name: (levels, natural, l2)
+    "dithering-linear-max": (4, False, False),
+    "dithering-linear-l2": (3, False, True),
+    "dithering-natural-max": (4, True, False),
+    "dithering-natural-l2": (2, True, True),
+    "dithering-linear-255-max": (255, False, False),
+    "dithering-linear-1000-max": (1000, False, False),  # fields of 11 bits: values computed, not tabulated
+}
+EF_COMPRESSORS = ["onebit", "onebit-scaling", "topk", "topk-all", "randomk", "randomk-many", *EF_DITHERING]
+
+# NaN bit patterns, quiet and signaling, both signs, with payloads: x - y quiets them, keeping the payload.
+NAN_BITS = {
+    np.float16: (np.uint16, [0x7C01, 0xFE00, 0x7E55, 0xFD00]),
+    np.float32: (np.uint32, [0x7F800001, 0xFFC00000, 0x7FC12345, 0xFF812345]),
+    np.float64: (np.uint64, [0x7FF0000000000001, 0xFFF8000000000000, 0x7FF8123456789ABC, 0xFFF0000000000ABC]),
+}
+
+
+def ef_data(kind: str, n: int, dtype) -> np.ndarray:
+    """gaussian(n), with (but for "gaussian") the first element and about one in eight special:
+    "nan": NaNs of NAN_BITS and infinities; "inf": infinities only (an Inf scale, no NaN);
+    "extremes": subnormals, the largest finite values, signed zeros and repeated magnitudes (ties),
+    and in float64 values past float32's range (a finite scale that is Inf as a float32)."""
+    x = gaussian(n, dtype, seed=17)
+    if kind == "gaussian":
+        return x
+    rng = np.random.default_rng(n)
+    where = rng.random(n) < 0.125
+    where[0] = True
+    info = np.finfo(dtype)
+    if kind == "nan":
+        uint, patterns = NAN_BITS[dtype]
+        specials = np.array(patterns, uint).view(dtype).tolist() + [np.inf, -np.inf]
+    elif kind == "inf":
+        specials = [np.inf, -np.inf]
+    else:
+        specials = [info.smallest_subnormal, -3 * info.smallest_subnormal, info.max, -info.max, -0.0, 0.0, 0.5, -0.5]
+        if dtype == np.float64:
+            specials += [1e300, -3e38 * 2]
+    values = np.array(specials, dtype)
+    picks = values[rng.integers(0, values.size, int(where.sum()))]
+    x[where] = picks  # assignment of float arrays copies NaN bits as they are
+    return x
+
+
+def ef_kernels(name: str, n: int, dtype):
+    """(dst's nbytes, compress(src, dst, state, **error), decompress(src, dst)) for a compressor."""
+    c = code(dtype)
+    if name.startswith("onebit"):
+        scaling = name == "onebit-scaling"
+        return (_C.onebit_compressed_nbytes(n, c),
+                lambda x, out, state, **kw: _C.onebit_compress(x, out, c, scaling, **kw),
+                lambda out, dense: _C.onebit_decompress(out, dense, c))
+    if name in ("topk", "topk-all", "randomk", "randomk-many"):
+        k = {"topk": max(1, n // 10), "topk-all": n, "randomk": max(1, n // 10), "randomk-many": 3 * n}[name]
+        if name.startswith("topk"):
+            def compress(x, out, state, **kw):
+                _C.topk_compress(x, out, c, k, **kw)
+        else:  # randomk-many draws many indices twice or more
+            def compress(x, out, state, **kw):
+                _C.randomk_compress(x, out, c, k, state, **kw)
+        return _C.sparse_compressed_nbytes(k, c), compress, lambda out, dense: _C.sparse_decompress(out, dense, c)
+    levels, natural, l2 = EF_DITHERING[name]
+    return (_C.dithering_compressed_nbytes(n, levels),
+            lambda x, out, state, **kw: _C.dithering_compress(x, out, c, levels, natural, l2, state, **kw),
+            lambda out, dense: _C.dithering_decompress(out, dense, c, levels, natural))
+
+
+def two_pass(compress, decompress, x: np.ndarray, nbytes: int, state: np.ndarray):
+    """The compressed bytes and error as the feedback computed them before the fused kernels."""
+    out = empty_bytes(nbytes)
+    compress(x, out, state)
+    error = np.empty_like(x)
+    decompress(out, error)
+    with np.errstate(all="ignore"):
+        np.subtract(x, error, out=error)
+    return out, error
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "nan", "inf", "extremes"])
+@pytest.mark.parametrize("n", EF_SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", EF_COMPRESSORS)
+def test_error_output_is_the_two_pass_error_bit_for_bit(name, dtype, n, kind):
+    x = ef_data(kind, n, dtype)
+    before = x.tobytes()
+    nbytes, compress, decompress = ef_kernels(name, n, dtype)
+    state = seeded(n + 11)
+    out, error = two_pass(compress, decompress, x, nbytes, state)
+
+    fused_state, fused_out, fused_error = seeded(n + 11), empty_bytes(nbytes), np.full_like(x, 7)
+    compress(x, fused_out, fused_state, error=fused_error)
+    assert fused_out.tobytes() == out.tobytes()  # the same encoding, from the same draws
+    np.testing.assert_array_equal(fused_state, state)  # and the same number of them
+    assert fused_error.tobytes() == error.tobytes()
+    assert x.tobytes() == before
+
+    # In place: error is src itself (what the server does with its copy of the sum).
+    inplace, inplace_state, inplace_out = x.copy(), seeded(n + 11), empty_bytes(nbytes)
+    compress(inplace, inplace_out, inplace_state, error=inplace)
+    assert inplace_out.tobytes() == out.tobytes()
+    np.testing.assert_array_equal(inplace_state, state)
+    assert inplace.tobytes() == error.tobytes()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_error_output_quiets_signaling_nans_and_keeps_payloads_as_numpy(dtype):
+    # A NaN makes dithering's scale NaN, so every element decodes to +0 and its error is x - 0:
+    # numpy's subtraction quiets a signaling NaN and keeps its payload (float16's through
+    # float32), where the kernels' float16 store would give every NaN one payload.
+    uint, patterns = NAN_BITS[dtype]
+    x = np.array(patterns, uint).view(dtype)
+    error = np.empty_like(x)
+    _C.dithering_compress(x, empty_bytes(_C.dithering_compressed_nbytes(x.size, 4)), code(dtype), 4, False, False,
+                          seeded(1), error=error)
+    with np.errstate(invalid="ignore"):
+        assert error.tobytes() == (x - np.zeros_like(x)).tobytes()
+    quiet = {np.float16: 0x0200, np.float32: 0x00400000, np.float64: 0x0008000000000000}[dtype]
+    np.testing.assert_array_equal(error.view(uint), x.view(uint) | uint(quiet))
+
+
+def test_error_output_of_randomk_duplicates_and_topk_ties():
+    # randomk draws with replacement: a repeated index decodes to the value it was drawn with, so
+    # its error is x - x (+0, or NaN for an infinity); topk's ties leave the higher indices' values.
+    x = np.array([2.0, -np.inf, 0.5, 3.0], np.float32)
+    out, error = empty_bytes(_C.sparse_compressed_nbytes(40, 0)), np.empty(4, np.float32)
+    _C.randomk_compress(x, out, 0, 40, seeded(5), error=error)
+    drawn = np.frombuffer(out.tobytes(), records_dtype(np.float32))["index"]
+    assert set(drawn) == {0, 1, 2, 3} and len(set(drawn)) < drawn.size
+    np.testing.assert_array_equal(error[[0, 2, 3]], 0)
+    assert not np.signbit(error[[0, 2, 3]]).any() and np.isnan(error[1])
+    x = np.array([1, -2, 2, 2, -2, 1], np.float32)
+    error = np.empty(6, np.float32)
+    _C.topk_compress(x, empty_bytes(_C.sparse_compressed_nbytes(2, 0)), 0, 2, error=error)
+    np.testing.assert_array_equal(error, [1, 0, 0, 2, -2, 1])
+
+
+def test_bad_error_outputs_raise_naming_error():
+    calls = {  # name: (dst nbytes, call(src, dst, state, error))
+        "onebit": (8, lambda x, d, s, e: _C.onebit_compress(x, d, 0, True, error=e)),
+        "topk": (8, lambda x, d, s, e: _C.topk_compress(x, d, 0, 1, error=e)),
+        "randomk": (8, lambda x, d, s, e: _C.randomk_compress(x, d, 0, 1, s, error=e)),
+        "dithering": (9, lambda x, d, s, e: _C.dithering_compress(x, d, 0, 4, False, False, s, error=e)),
+    }
+    for name, (nbytes, call) in calls.items():
+        state = seeded(1)
+        with pytest.raises(ValueError, match="^error has 9 float32 elements but src has 10"):
+            call(X, empty_bytes(nbytes), state, np.zeros(9, np.float32))
+        read_only = np.zeros(10, np.float32)
+        read_only.flags.writeable = False
+        with pytest.raises(ValueError, match="^error is read-only"):
+            call(X, empty_bytes(nbytes), state, read_only)
+        with pytest.raises(TypeError, match="^error must support the buffer protocol"):
+            call(X, empty_bytes(nbytes), state, [0.0] * 10)
+        shared = np.zeros(64, np.uint8)  # dst = bytes 0..nbytes, error = bytes 4..44
+        with pytest.raises(ValueError, match="^error and dst must not overlap"):
+            call(X, shared[:nbytes], state, shared[4:44].view(np.float32))
+        src_and_error = np.zeros(11, np.float32)  # error one element past src: overlapping, not the same
+        with pytest.raises(ValueError, match="^error and src must not overlap"):
+            call(src_and_error[:10], empty_bytes(nbytes), state, src_and_error[1:])
+        if name in ("randomk", "dithering"):
+            block = np.zeros(7, np.uint64)  # state = words 0..1, error = words 1..6
+            with pytest.raises(ValueError, match="^error and state must not overlap"):
+                call(X, empty_bytes(nbytes), block[:2], block[1:6].view(np.float32))
+        np.testing.assert_array_equal(state, seeded(1))  # refused before any draw
+
+
+# --- the feedback around the codec (WorkerPartition, ServerPartition) ---------------------
+
+
+class TwoPassCodec:
+    """A PartitionCodec whose error update is the one before the fused kernels: compress, then
+    decompress and np.subtract (into a temporary, so that the error may be the input itself)."""
+
+    def __init__(self, codec) -> None:
+        self.codec, self.nbytes = codec, codec.nbytes
+
+    def compress(self, dense, out, error=None) -> None:
+        self.codec.compress(dense, out)
+        if error is not None:
+            decoded = np.empty_like(dense)
+            self.codec.decompress(out, decoded)
+            np.subtract(dense, decoded, out=error)
+
+    def decompress(self, compressed, dense) -> None:
+        self.codec.decompress(compressed, dense)
+
+
+FEEDBACK_SPECS = [
+    {"compressor": "onebit", "scaling": True},
+    {"compressor": "topk", "k": 0.1},
+    {"compressor": "randomk", "k": 0.5, "seed": 3},
+    {"compressor": "dithering", "k": 4.0, "seed": 3},
+    {"compressor": "dithering", "k": 3.0, "natural": True, "l2": True, "seed": 5},
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("params", FEEDBACK_SPECS,
+                         ids=["onebit-scaling", "topk", "randomk", "dithering-linear", "dithering-natural-l2"])
+def test_worker_and_server_feedback_match_the_two_pass_update(params, dtype):
+    # Nesterov momentum, a prescale, a changing learning rate (then none), and the server's error
+    # kept in place over its copy of the sum: payloads, answers and errors as before, round by round.
+    spec, n = CompressionSpec(**params, ef=True, momentum=0.9), 1001
+    dt = {np.float16: DType.FLOAT16, np.float32: DType.FLOAT32, np.float64: DType.FLOAT64}[dtype]
+    worker, reference = WorkerPartition(spec, dt, n), WorkerPartition(spec, dt, n)
+    reference.codec = TwoPassCodec(reference.codec)
+    server, server_reference = ServerPartition(spec, dt, n), ServerPartition(spec, dt, n)
+    server_reference.codec = TwoPassCodec(server_reference.codec)
+    for step, lr in enumerate([0.1, 0.05, 0.05, None]):
+        grad = gaussian(n, dtype, seed=step)
+        payload = worker.compress(grad.view(np.uint8), lr, 0.5).tobytes()
+        assert payload == reference.compress(grad.view(np.uint8), lr, 0.5).tobytes()
+        assert worker.error.tobytes() == reference.error.tobytes()
+        dense, sent_lr = server.decompress_push(payload)
+        total = (dense + gaussian(n, dtype, seed=50 + step)).tobytes()  # and another worker's push
+        answer = server.compress_sum(total, sent_lr)
+        assert answer.tobytes() == server_reference.compress_sum(total, sent_lr).tobytes()
+        assert server.error.tobytes() == server_reference.error.tobytes()
+        assert worker.error.any() and server.error.any()
 
 
 # --- BytePS v0.2.5 vectors ----------------------------------------------------------------

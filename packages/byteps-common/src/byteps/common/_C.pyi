@@ -7,7 +7,7 @@ object; destinations must be writable. All functions release the GIL around
 their loop.
 """
 
-from typing import Dict, Union
+from typing import Dict, Optional, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -49,6 +49,9 @@ def _set_isa(name: str) -> str:
 # --- compression (csrc/compress_kernels.cpp; layouts in its header comment) -----------
 # `state` is BytePS's xorshift128+ state: a writable uint64 array [a, b], seeded as
 # [seed, seed], updated in place by every function that draws from it.
+# `error` (every *_compress): error feedback's error = src - decompress(dst), written in the
+# same pass, bit for bit what decompressing into it and np.subtract(src, error, out=error)
+# give; src's element count, writable, overlapping neither dst nor state, but may be src itself.
 
 def xorshift_next(state: npt.NDArray[np.uint64], count: int) -> npt.NDArray[np.uint64]:
     """The next count outputs of xorshift128+ (t=a; s=b; a=s; t^=t<<23; t^=t>>17; t^=s^(s>>26); b=t; t+s)."""
@@ -56,7 +59,8 @@ def xorshift_next(state: npt.NDArray[np.uint64], count: int) -> npt.NDArray[np.u
 def onebit_compressed_nbytes(count: int, dtype: int) -> int:
     """ceil(count / (8*itemsize)) * itemsize + 4."""
 
-def onebit_compress(src: Buffer, dst: Buffer, dtype: int, scaling: bool) -> None:
+def onebit_compress(src: Buffer, dst: Buffer, dtype: int, scaling: bool,
+                    error: Optional[Buffer] = None) -> None:
     """dst = one sign bit per element (1 where x < 0; -0.0 and NaN give 0) in itemsize-wide
     little-endian words, first element in the most significant bit, then a float32 scale:
     1.0, or with scaling the mean |x| (summed in double)."""
@@ -67,11 +71,12 @@ def onebit_decompress(src: Buffer, dst: Buffer, dtype: int) -> None:
 def sparse_compressed_nbytes(k: int, dtype: int) -> int:
     """k * (4 + itemsize): k packed {uint32 index, value} records."""
 
-def topk_compress(src: Buffer, dst: Buffer, dtype: int, k: int) -> None:
+def topk_compress(src: Buffer, dst: Buffer, dtype: int, k: int, error: Optional[Buffer] = None) -> None:
     """dst = records of the k (1 <= k <= n) elements of largest |x|, ties to the lower index,
     NaN above every number, in ascending index order."""
 
-def randomk_compress(src: Buffer, dst: Buffer, dtype: int, k: int, state: npt.NDArray[np.uint64]) -> None:
+def randomk_compress(src: Buffer, dst: Buffer, dtype: int, k: int, state: npt.NDArray[np.uint64],
+                     error: Optional[Buffer] = None) -> None:
     """dst = records of k >= 1 elements at index next() % n, in draw order, duplicates kept."""
 
 def sparse_decompress(src: Buffer, dst: Buffer, dtype: int) -> None:
@@ -82,7 +87,7 @@ def dithering_compressed_nbytes(count: int, levels: int) -> int:
     """ceil(count * (1 + bit_length(levels)) / 8) + 4; levels in 1..2**24."""
 
 def dithering_compress(src: Buffer, dst: Buffer, dtype: int, levels: int, natural: bool, l2: bool,
-                       state: npt.NDArray[np.uint64]) -> None:
+                       state: npt.NDArray[np.uint64], error: Optional[Buffer] = None) -> None:
     """dst = each element stochastically rounded to one of the levels of max |x| (or the l2
     norm if l2), one draw per element: a (1 + bit_length(levels))-bit field per element
     (bit 0 sign, then the level code: q for linear, log2(q) + 1 for natural levels 2^j),

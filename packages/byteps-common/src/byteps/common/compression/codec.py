@@ -12,6 +12,7 @@ from round to round, as in BytePS::
     out = np.empty(codec.nbytes, np.uint8)
     codec.compress(gradient, out)          # consumes random draws for randomk/dithering
     codec.decompress(out, dense)
+    codec.compress(gradient, out, error=e) # and e = gradient - decompressed out, in the same pass
 
 Encodings (docs/compression.md): onebit as BytePS (sign words, most
 significant bit first, then a float32 scale); topk and randomk as records
@@ -23,6 +24,7 @@ BytePS's Elias-delta stream for the same input and draws.
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import numpy as np
 
@@ -65,17 +67,24 @@ class PartitionCodec:
         else:
             raise ValueError(f"no codec for compressor {name!r}")
 
-    def compress(self, dense: np.ndarray, out: np.ndarray) -> None:
-        """``out`` (``nbytes`` bytes) = the compressed ``dense`` (``count`` elements of the dtype)."""
+    def compress(self, dense: np.ndarray, out: np.ndarray, error: Optional[np.ndarray] = None) -> None:
+        """``out`` (``nbytes`` bytes) = the compressed ``dense`` (``count`` elements of the dtype).
+
+        With ``error`` (``count`` elements, not overlapping ``out``; ``dense`` itself allowed), also
+        error feedback's ``error = dense - decompress(out)``, computed by the compressing kernel in
+        the same pass, bit for bit what :meth:`decompress` into ``error`` followed by
+        ``np.subtract(dense, error, out=error)`` gives.
+        """
         name, dtype = self.spec.compressor, int(self.dtype)
         if name == "onebit":
-            _C.onebit_compress(dense, out, dtype, self.spec.scaling)
+            _C.onebit_compress(dense, out, dtype, self.spec.scaling, error=error)
         elif name == "topk":
-            _C.topk_compress(dense, out, dtype, self.k)
+            _C.topk_compress(dense, out, dtype, self.k, error=error)
         elif name == "randomk":
-            _C.randomk_compress(dense, out, dtype, self.k, self.state)
+            _C.randomk_compress(dense, out, dtype, self.k, self.state, error=error)
         else:
-            _C.dithering_compress(dense, out, dtype, self.levels, self.spec.natural, self.spec.l2, self.state)
+            _C.dithering_compress(dense, out, dtype, self.levels, self.spec.natural, self.spec.l2, self.state,
+                                  error=error)
 
     def decompress(self, compressed, dense: np.ndarray) -> None:
         """``dense`` (``count`` elements) = the values ``compressed`` stands for."""

@@ -25,12 +25,12 @@ Example::
 from __future__ import annotations
 
 import struct
-from typing import Optional, Tuple
+from typing import Any, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from byteps.common import _C
-from byteps.common.compression.codec import PartitionCodec
+from byteps.common.compression.segments import codec_for
 from byteps.common.compression.spec import CompressionSpec
 from byteps.common.dtypes import DType
 
@@ -49,11 +49,16 @@ def _lr_ratio(previous: Optional[float], current: float) -> float:
 
 
 class WorkerPartition:
-    """One partition's compression state on the worker that pushes it: codec, momentum, error."""
+    """One partition's compression state on the worker that pushes it: codec, momentum, error.
 
-    def __init__(self, spec: CompressionSpec, dtype: DType, count: int) -> None:
+    ``segments`` (element counts): a fused bucket's partition, each member
+    compressed alone (:class:`~byteps.common.compression.segments.SegmentedCodec`).
+    """
+
+    def __init__(self, spec: CompressionSpec, dtype: DType, count: int,
+                 segments: Optional[Sequence[int]] = None) -> None:
         self.spec, self.dtype = spec, DType(dtype)
-        self.codec = PartitionCodec(spec, dtype, count)
+        self.codec = codec_for(spec, dtype, count, segments)
         storage = self.dtype.storage
         self.work = np.empty(count, storage)  # p: never the caller's tensor, which is not ours to change
         self.error = np.zeros(count, storage) if spec.ef else None
@@ -81,10 +86,7 @@ class WorkerPartition:
             _C.axpy(self.work, self.error, dtype, _lr_ratio(self.lr_prev, lr_value))
             self.lr_prev = lr_value
         compressed = self.out[:self.codec.nbytes]
-        self.codec.compress(self.work, compressed)
-        if self.error is not None:
-            self.codec.decompress(compressed, self.error)
-            np.subtract(self.work, self.error, out=self.error)
+        self.codec.compress(self.work, compressed, error=self.error)  # e = p - D(c) in the same pass
         self.out[self.codec.nbytes:] = np.frombuffer(_LR.pack(lr_value), np.uint8)
         return self.out
 
@@ -96,12 +98,20 @@ class WorkerPartition:
 class ServerPartition:
     """One key's compression on its server: each push decompressed, the sum compressed again."""
 
-    def __init__(self, spec: CompressionSpec, dtype: DType, count: int) -> None:
+    def __init__(self, spec: CompressionSpec, dtype: DType, count: int,
+                 segments: Optional[Sequence[int]] = None) -> None:
         self.spec, self.dtype = spec, DType(dtype)
-        self.codec = PartitionCodec(spec, dtype, count)
+        self.codec = codec_for(spec, dtype, count, segments)
         self.count = count
         self.error = np.zeros(count, self.dtype.storage) if spec.ef else None
         self.lr_prev: Optional[float] = None
+
+    @classmethod
+    def from_wire(cls, fields: Mapping[str, Any], dtype: DType, count: int) -> ServerPartition:
+        """The partition INIT_KEY declares: :meth:`TensorCompressor.wire`'s fields."""
+        fields = dict(fields)
+        segments = fields.pop("segments", None)
+        return cls(CompressionSpec.from_wire(fields), dtype, count, segments)
 
     @property
     def push_nbytes(self) -> int:
@@ -125,10 +135,12 @@ class ServerPartition:
             _C.axpy(work, self.error, dtype, _lr_ratio(self.lr_prev, lr))
             self.lr_prev = lr
         out = np.empty(self.codec.nbytes, np.uint8)
-        self.codec.compress(work, out)
-        if self.error is not None:
-            self.codec.decompress(out, self.error)
-            np.subtract(work, self.error, out=self.error)
+        if self.error is None:
+            self.codec.compress(work, out)
+        else:
+            # e = p - D(c) in place over p, a copy of its own: it becomes the error kept.
+            self.codec.compress(work, out, error=work)
+            self.error = work
         return out
 
 
@@ -157,14 +169,32 @@ class NesterovMomentum:
 
 
 class TensorCompressor:
-    """A compressed tensor's state on one worker, kept from round to round: one WorkerPartition per partition."""
+    """A compressed tensor's state on one worker, kept from round to round: one WorkerPartition per partition.
 
-    def __init__(self, spec: CompressionSpec, dtype: DType) -> None:
+    ``segments``: a fused bucket (one partition) whose members, of these
+    element counts, are compressed each alone.
+    """
+
+    def __init__(self, spec: CompressionSpec, dtype: DType, segments: Optional[Sequence[int]] = None) -> None:
         self.spec, self.dtype = spec, DType(dtype)
+        self.segments = tuple(int(count) for count in segments) if segments is not None else None
         self._partitions: dict = {}
+
+    def matches(self, spec: CompressionSpec, dtype: DType, segments: Optional[Sequence[int]]) -> bool:
+        """Whether this state serves a push_pull with these settings (else it starts afresh)."""
+        wanted = tuple(int(count) for count in segments) if segments is not None else None
+        return self.spec == spec and self.dtype == DType(dtype) and self.segments == wanted
+
+    def wire(self) -> dict:
+        """What INIT_KEY tells the servers: the spec's fields, and a bucket's segments."""
+        fields = self.spec.wire()
+        if self.segments is not None:
+            fields["segments"] = list(self.segments)
+        return fields
 
     def partition(self, index: int, nbytes: int) -> WorkerPartition:
         found = self._partitions.get(index)
         if found is None:
-            found = self._partitions[index] = WorkerPartition(self.spec, self.dtype, nbytes // self.dtype.itemsize)
+            found = self._partitions[index] = WorkerPartition(self.spec, self.dtype, nbytes // self.dtype.itemsize,
+                                                              self.segments)
         return found
