@@ -53,6 +53,21 @@ def test_each_dtype_has_its_own_buckets():
     assert [g.nbytes for g in groups] == [16, 8, 32]
 
 
+def test_compressed_tensors_fuse_apart_in_buckets_of_one_partition():
+    # a, c, e compressed (1000 bytes each: above max_tensor_bytes, under the 2500-byte partition); b, d small
+    items = [("a", 1000, F32), ("b", 8, F32), ("c", 1000, F32), ("d", 8, F32), ("e", 1000, F32), ("f", 3000, F32)]
+    flags = [True, False, True, False, True, True]
+    groups = plan_fusion(items, threshold=4096, max_tensor_bytes=64, compressed=flags, partition_bytes=2500)
+    assert members(groups) == [(0, 2), (1, 3), (4,), (5,)]
+    assert [(g.fused, g.compressed) for g in groups] == [(True, True), (True, False), (False, True), (False, True)]
+    assert groups[0].nbytes == 2000  # a third member would take the bucket past one partition
+    # without a partition size (or with fusion off) compressed tensors go alone
+    assert members(plan_fusion(items, 4096, 64, flags)) == [(0,), (1, 3), (2,), (4,), (5,)]
+    assert members(plan_fusion(items, 0, 64, flags, 2500)) == [(i,) for i in range(6)]
+    with pytest.raises(ValueError, match="6 items but 2 compressed flags"):
+        plan_fusion(items, 4096, 64, [True, False], 2500)
+
+
 def test_dtype_names_and_enums_plan_alike():
     by_name = plan_fusion([("a", 8, "float32"), ("b", 8, "float32")], 100, 100)
     by_enum = plan_fusion([("a", 8, F32), ("b", 8, F32)], 100, 100)

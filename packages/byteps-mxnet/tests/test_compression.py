@@ -44,7 +44,7 @@ def recorded(tmp_path_factory):
     out = tmp_path_factory.mktemp("compression")
     result = launch_mxnet_job(["--workers", "2", "--servers", "1"], os.path.join(SCRIPTS, "compression_checks.py"),
                               [str(out)], env={"BYTEPS_MIN_COMPRESS_BYTES": "64"}, timeout=180)
-    assert_all_ok(result, checks=len(CASES) + 1)  # and: small gradients fuse beside a compressed one
+    assert_all_ok(result, checks=len(CASES) + 1)  # and: compressed and small gradients fuse apart
     return {case: [np.load(out / f"{case}.rank{rank}.npz") for rank in range(2)] for case in CASES}
 
 

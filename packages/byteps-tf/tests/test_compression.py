@@ -48,7 +48,7 @@ def records(tmp_path_factory):
     result = launch_tf_job(["--workers", "2", "--servers", "1"], f"{SCRIPTS}/compression_checks.py",
                            [str(out), str(STEPS), json.dumps(CASES)],
                            env={"BYTEPS_MIN_COMPRESS_BYTES": "64", "MASTER_PORT": str(free_port())}, timeout=300)
-    assert_all_ok(result, checks=len(CASES) + 1)  # and: small gradients fuse beside a compressed one
+    assert_all_ok(result, checks=len(CASES) + 1)  # and: compressed and small gradients fuse apart
     loaded = {case: [np.load(out / f"{case}.rank{rank}.npz") for rank in range(2)] for case in CASES}
     for ranks in loaded.values():
         assert all(len(r["lr"]) == STEPS for r in ranks), report(result)

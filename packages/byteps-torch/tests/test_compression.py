@@ -5,10 +5,10 @@ round left (scripts/compression_training.py); the test replays the local
 gradients through the numpy reference of byteps.testkit.compression_reference
 (worker momentum and error feedback and codec, server sum, server error
 feedback and codec) and requires the same averaged gradients on both ranks,
-every step, to float32 tolerance. The weight (800 bytes) is compressed; the
-bias and a gain (20 bytes each) are below BYTEPS_MIN_COMPRESS_BYTES=64 and
-go uncompressed, fused into one bucket, getting their Nesterov momentum
-after the pull.
+every step, to float32 tolerance. Two weights (800 bytes each) are
+compressed, each alone inside one fused bucket; the bias and a gain (20
+bytes each) are below BYTEPS_MIN_COMPRESS_BYTES=64 and go uncompressed,
+fused into another bucket, getting their Nesterov momentum after the pull.
 """
 
 from __future__ import annotations
@@ -46,23 +46,26 @@ def _run(tmp_path, params, mu, *extra, layout=("--workers", "2", "--servers", "1
     return [np.load(tmp_path / f"rank{rank}.npz") for rank in range(ranks)]
 
 
-def _check_weight(records, reference, case, per_machine=1):
-    for step in range(STEPS):
-        lr = float(records[0]["lr"][step])
-        machines = [records[m:m + per_machine] for m in range(0, len(records), per_machine)]
-        local_sums = []
-        for machine in machines:  # the local root sums its machine's gradients, then compresses that
-            total = machine[0]["local_weight"][step]
-            for other in machine[1:]:
-                total = (total + other["local_weight"][step]).astype(np.float32)
-            local_sums.append(total)
-        expected = reference.round("weight", local_sums, lr)
-        for rank, record in enumerate(records):
-            np.testing.assert_allclose(record["synced_weight"][step], expected, rtol=1e-6, atol=1e-7,
-                                       err_msg=f"{case}: weight, step {step}, rank {rank}")
-    # Compression did something: the weight's averaged gradient is not the plain average.
-    plain = (records[0]["local_weight"][-1] + records[1]["local_weight"][-1]) / 2
-    assert not np.allclose(records[0]["synced_weight"][-1], plain, atol=1e-6)
+def _check_weight(records, reference, case, per_machine=1, names=("weight", "weight2")):
+    """Each compressed weight's averaged gradient, every step and rank, against the reference job's (each
+    weight has its own codec, generator and error there, as it has inside a fused bucket here)."""
+    for name in names:
+        for step in range(STEPS):
+            lr = float(records[0]["lr"][step])
+            machines = [records[m:m + per_machine] for m in range(0, len(records), per_machine)]
+            local_sums = []
+            for machine in machines:  # the local root sums its machine's gradients, then compresses that
+                total = machine[0][f"local_{name}"][step]
+                for other in machine[1:]:
+                    total = (total + other[f"local_{name}"][step]).astype(np.float32)
+                local_sums.append(total)
+            expected = reference.round(name, local_sums, lr)
+            for rank, record in enumerate(records):
+                np.testing.assert_allclose(record[f"synced_{name}"][step], expected, rtol=1e-6, atol=1e-7,
+                                           err_msg=f"{case}: {name}, step {step}, rank {rank}")
+        # Compression did something: the weight's averaged gradient is not the plain average.
+        plain = (records[0][f"local_{name}"][-1] + records[1][f"local_{name}"][-1]) / 2
+        assert not np.allclose(records[0][f"synced_{name}"][-1], plain, atol=1e-6)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -76,8 +79,9 @@ def test_two_workers_match_the_reference_algorithm(case, tmp_path):
             for rank, record in enumerate(records):
                 np.testing.assert_allclose(record[f"synced_{name}"][step], expected[step], rtol=1e-6, atol=1e-7,
                                            err_msg=f"{case}: {name}, step {step}, rank {rank}")
-    for rank, record in enumerate(records):  # the small ones went fused, the compressed weight alone
-        assert record["fused"].tolist() == [["gain", "linear.bias"]], f"rank {rank}: {record['fused']}"
+    for rank, record in enumerate(records):  # two buckets: the compressed weights, the small ones
+        assert record["fused"].tolist() == [["gain", "linear.bias"], ["linear.weight", "linear2.weight"]], \
+            f"rank {rank}: {record['fused']}"
 
 
 def test_two_machines_of_two_processes_compress_their_local_sums(tmp_path):
@@ -89,7 +93,7 @@ def test_two_machines_of_two_processes_compress_their_local_sums(tmp_path):
 def test_native_ddp_with_the_byteps_hook_compresses_its_bucket(tmp_path):
     params = {"compressor": "topk", "k": 0.1, "ef": "vanilla"}
     records = _run(tmp_path, params, 0.0, "hook")
-    _check_weight(records, ReferenceJob(params, workers=2), "ddp hook topk")
+    _check_weight(records, ReferenceJob(params, workers=2), "ddp hook topk", names=("weight",))
 
 
 @pytest.mark.parametrize("params, message", [

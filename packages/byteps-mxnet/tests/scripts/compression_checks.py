@@ -84,13 +84,14 @@ def run_case(case: str, out_dir: str) -> None:
 
 
 def small_gradients_fuse() -> None:
-    """Beside a compressed weight, DistributedTrainer fuses the gradients too small to compress (plain averages)."""
+    """DistributedTrainer with compression_params: the two compressed weights share a bucket, each compressed
+    alone (onebit: one scale per weight); the two biases, too small to compress, share another (plain averages)."""
     from byteps.common import api
     from byteps.common.fusion import BUCKET_PREFIX
 
     net = gluon.nn.HybridSequential(prefix="fusion_")
-    with net.name_scope():
-        net.add(gluon.nn.Dense(3, in_units=40), gluon.nn.Dense(2, in_units=3))  # one weight compressed, 3 small
+    with net.name_scope():  # weights 1920 and 96 bytes (compressed), biases 48 and 8 (not)
+        net.add(gluon.nn.Dense(12, in_units=40), gluon.nn.Dense(2, in_units=12))
     mx.random.seed(1 + bps.rank())
     net.initialize(mx.init.Xavier())
     trainer = bps.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": LR},
@@ -105,11 +106,15 @@ def small_gradients_fuse() -> None:
     trainer.allreduce_grads()
     mx.nd.waitall()
     buckets = {name for name in api.worker()._tensor_ids if name.startswith(BUCKET_PREFIX)} - before
-    assert len(buckets) == 1, buckets
+    assert len(buckets) == 2, buckets
+    scales = []
     for index, p in enumerate(params):
-        if p.grad().size * 4 < 64:  # too small to compress: the plain average
-            expected = bps.allreduce(mx.nd.array(local[p.name]), average=True, name=f"fusion.check.{index}")
-            np.testing.assert_allclose(p.grad().asnumpy(), expected.asnumpy(), rtol=1e-6)
+        if p.grad().size * 4 >= 64:  # compressed alone inside its bucket: one scale of its own
+            scales.append(np.unique(np.abs(p.grad().asnumpy())))
+            continue
+        expected = bps.allreduce(mx.nd.array(local[p.name]), average=True, name=f"fusion.check.{index}")
+        np.testing.assert_allclose(p.grad().asnumpy(), expected.asnumpy(), rtol=1e-6)
+    assert [len(s) for s in scales] == [1, 1] and scales[0][0] != scales[1][0], scales
 
 
 def main() -> None:
@@ -118,7 +123,7 @@ def main() -> None:
     checks = Checks()
     for case in CASES:
         checks.run(f"{case}: recorded", lambda case=case: run_case(case, out_dir))
-    checks.run("small gradients fuse beside a compressed one", small_gradients_fuse)
+    checks.run("compressed and small gradients fuse apart", small_gradients_fuse)
     mx.nd.waitall()
     bps.shutdown()
     checks.done()

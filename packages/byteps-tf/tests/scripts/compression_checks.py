@@ -199,23 +199,26 @@ def tf1_momentum(case: str) -> None:
 
 
 def small_gradients_fuse() -> None:
-    """Beside a compressed kernel, the gradients too small to compress go fused (one bucket), as plain averages."""
+    """Fusion with compression_params: two compressed kernels share a bucket, each compressed alone (onebit: one
+    scale per kernel); the gradients too small to compress share another, as plain averages."""
     from byteps.common import api
     from byteps.common.fusion import BUCKET_PREFIX
 
     rng = np.random.default_rng(bps.rank())
-    kernel, bias, gain = (tf.Variable(rng.normal(size=shape).astype("float32"))
-                          for shape in ((FEATURES, 3), (3,), (3,)))
+    kernel, kernel2, bias, gain = (tf.Variable(rng.normal(size=shape).astype("float32"))
+                                   for shape in ((FEATURES, 3), (FEATURES, 3), (3,), (3,)))
     x = tf.constant(rng.normal(size=(BATCH, FEATURES)).astype("float32"))
     with tf.GradientTape(persistent=True) as tape:
-        loss = tf.reduce_sum((tf.matmul(x, kernel) + bias) * gain)
+        loss = tf.reduce_sum((tf.matmul(x, kernel) + bias) * gain + 3.0 * tf.matmul(x, kernel2))
     local = tape.gradient(loss, [bias, gain])
     before = {name for name in api.worker()._tensor_ids if name.startswith(BUCKET_PREFIX)}
     synced = bps.DistributedGradientTape(tape, compression_params={"compressor": "onebit", "scaling": True}).gradient(
-        loss, [kernel, bias, gain])
+        loss, [kernel, kernel2, bias, gain])
     buckets = {name for name in api.worker()._tensor_ids if name.startswith(BUCKET_PREFIX)} - before
-    assert len(buckets) == 1, buckets
-    for index, (mine, averaged) in enumerate(zip(local, synced[1:])):
+    assert len(buckets) == 2, buckets
+    scales = [np.unique(np.abs(g.numpy())) for g in synced[:2]]
+    assert [len(s) for s in scales] == [1, 1] and scales[0][0] != scales[1][0], scales  # a scale per kernel
+    for index, (mine, averaged) in enumerate(zip(local, synced[2:])):
         expected = bps.allreduce(mine, op=bps.Average, name=f"fusion.check.{index}")
         np.testing.assert_allclose(averaged.numpy(), expected.numpy(), rtol=1e-6)
 
@@ -225,6 +228,6 @@ RUNS = {"keras-fit": keras_fit, "tape-eager": tape_eager, "tape-function": tape_
 for name in CASES:
     run = next(body for prefix, body in RUNS.items() if name.startswith(prefix))
     checks.run(name, partial(run, name))
-checks.run("small gradients fuse beside a compressed one", small_gradients_fuse)
+checks.run("compressed and small gradients fuse apart", small_gradients_fuse)
 checks.done()
 bps.shutdown()

@@ -2,9 +2,11 @@
 
 Usage: compression_training.py PARAMS_JSON OUT_DIR STEPS MOMENTUM [hook]
 
-The model is a linear layer times a per-output gain: its weight (200
-floats) is compressed; its bias and the gain (5 floats each) are too small
-and go fused, as one bucket, getting their Nesterov momentum after the pull.
+The model is a linear layer times a per-output gain, plus a second linear
+layer without bias: the two weights (200 floats each) are compressed, each
+alone inside one fused bucket; the bias and the gain (5 floats each) are
+too small to compress and go fused in another, getting their Nesterov
+momentum after the pull.
 With ``hook``: torch's own DistributedDataParallel with byteps_hook and a
 HookState on the linear layer alone (the bucket is the weight alone: no
 bias, no gain).
@@ -32,17 +34,21 @@ torch.manual_seed(0)
 
 
 class GainedLinear(torch.nn.Module):
-    def __init__(self, bias: bool) -> None:
+    def __init__(self, full: bool) -> None:
         super().__init__()
-        self.linear = torch.nn.Linear(40, 5, bias=bias)
-        self.gain = torch.nn.Parameter(torch.linspace(0.5, 1.5, 5), requires_grad=bias)
+        self.linear = torch.nn.Linear(40, 5, bias=full)
+        self.gain = torch.nn.Parameter(torch.linspace(0.5, 1.5, 5), requires_grad=full)
+        self.linear2 = torch.nn.Linear(40, 5, bias=False) if full else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x) * self.gain
+        out = self.linear(x) * self.gain
+        return out if self.linear2 is None else out + self.linear2(x)
 
 
-model = GainedLinear(bias=not hooked)
-trained = [p for p in (model.linear.weight, model.linear.bias, model.gain) if p is not None and p.requires_grad]
+model = GainedLinear(full=not hooked)
+NAMES = ("weight", "bias", "gain", "weight2")
+trained = [p for p in (model.linear.weight, model.linear.bias, model.gain,
+                       None if hooked else model.linear2.weight) if p is not None and p.requires_grad]
 optimizer = torch.optim.SGD(trained, lr=0.1, momentum=momentum)
 if hooked:
     import torch.distributed as dist
@@ -60,7 +66,7 @@ else:
                                          compression_params=params)
 assert all(group["momentum"] == 0 for group in optimizer.param_groups) or params.get("momentum") != "nesterov"
 data = torch.Generator().manual_seed(100 + bps.rank())
-record = {f"{kind}_{name}": [] for kind in ("local", "synced") for name in ("weight", "bias", "gain")}
+record = {f"{kind}_{name}": [] for kind in ("local", "synced") for name in NAMES}
 record["lr"] = []
 for _ in range(steps):
     x, y = torch.randn(8, 40, generator=data), torch.randn(8, 5, generator=data)
@@ -72,7 +78,7 @@ for _ in range(steps):
     loss.backward()
     if not hooked:
         optimizer.synchronize()
-    for name, p, gradient in zip(("weight", "bias", "gain"), trained, local):
+    for name, p, gradient in zip(NAMES, trained, local):
         record[f"local_{name}"].append(gradient.numpy().copy())
         record[f"synced_{name}"].append(p.grad.numpy().copy())
     if not hooked:
@@ -82,9 +88,9 @@ for _ in range(steps):
         optimizer.step()
     for group in optimizer.param_groups:
         group["lr"] *= 0.8
-if not hooked:  # which gradients went fused: the bias and the gain, in one bucket
-    record["fused"] = [sorted(n for n, p in model.named_parameters() if p in plan and len(plan[p].members) > 1)
-                       for plan in optimizer._plans.values()]
+if not hooked:  # which gradients went fused, bucket by bucket
+    record["fused"] = sorted(sorted(n for n, p in model.named_parameters() if any(p is q for q in bucket.members))
+                             for plan in optimizer._plans.values() for bucket in set(plan.values()))
 np.savez(os.path.join(out_dir, f"rank{bps.rank()}.npz"), **{k: np.array(v) for k, v in record.items() if v})
 print("OK recorded", steps, "steps")
 bps.shutdown()

@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Un
 import numpy as np
 
 from byteps.common.buffers import TensorView, input_and_output_views
+from byteps.common.compression import CompressionSpec
 from byteps.common.dtypes import DType, dtype_of
 from byteps.common.handle import Handle, failure
 
@@ -57,6 +58,7 @@ class FusionGroup:
     nbytes: int
     dtype: DType
     name: Optional[str]
+    compressed: bool = False  # members compressed one by one inside the bucket (BytePS's compression_params)
 
     @property
     def fused(self) -> bool:
@@ -77,7 +79,8 @@ def bucket_name(names: Sequence[str], sizes: Sequence[int], dtypes: Sequence[DTy
 
 
 def plan_fusion(items: Sequence[Tuple[str, int, Union[str, DType]]], threshold: int,
-                max_tensor_bytes: int) -> List[FusionGroup]:
+                max_tensor_bytes: int, compressed: Optional[Sequence[bool]] = None,
+                partition_bytes: int = 0) -> List[FusionGroup]:
     """Decide the buckets of a grouped call; pure, so every worker decides alike.
 
     ``items`` are ``(name, nbytes, dtype)`` in call order. A tensor of at
@@ -89,6 +92,14 @@ def plan_fusion(items: Sequence[Tuple[str, int, Union[str, DType]]], threshold: 
     left with a single member goes alone too (packing it would only copy).
     ``threshold == 0`` disables fusion: every tensor goes alone.
 
+    Items flagged in ``compressed`` (BytePS's compression_params; the worker
+    core compresses them) are packed apart, into buckets of at most one
+    partition (``partition_bytes``, BYTEPS_PARTITION_BYTES): each member is
+    then compressed alone, as its own partition, exactly as if it went
+    alone, and the bucket is one message of the members' compressed bytes.
+    Their size limit is that partition, not ``max_tensor_bytes``: what
+    crosses the network is a few percent of it.
+
     Groups come in the order of their first member.
 
     >>> [g.members for g in plan_fusion([("a", 8, "float32"), ("b", 8, "float32")], 16, 8)]
@@ -96,20 +107,25 @@ def plan_fusion(items: Sequence[Tuple[str, int, Union[str, DType]]], threshold: 
     """
     if threshold < 0 or max_tensor_bytes < 0:
         raise ValueError(f"fusion thresholds must be >= 0, got {threshold} and {max_tensor_bytes}")
+    flags = [bool(flag) for flag in compressed] if compressed is not None else [False] * len(items)
+    if len(flags) != len(items):
+        raise ValueError(f"plan_fusion: {len(items)} items but {len(flags)} compressed flags")
     dtypes = [dtype_of(dtype) for _, _, dtype in items]
     buckets: List[List[int]] = []
-    open_bucket: Dict[DType, Tuple[List[int], int]] = {}  # dtype -> (members, bytes)
+    open_bucket: Dict[Tuple[DType, bool], Tuple[List[int], int]] = {}  # (dtype, compressed) -> (members, bytes)
     for index, (_, nbytes, _) in enumerate(items):
-        dtype = dtypes[index]
-        if threshold == 0 or nbytes > max_tensor_bytes or nbytes > threshold:
+        dtype, squeezed = dtypes[index], flags[index]
+        limit = min(threshold, partition_bytes) if squeezed else threshold
+        largest = limit if squeezed else max_tensor_bytes
+        if limit == 0 or nbytes > largest or nbytes > limit:
             buckets.append([index])
             continue
-        members, used = open_bucket.get(dtype, (None, 0))
-        if members is None or used + nbytes > threshold:
+        members, used = open_bucket.get((dtype, squeezed), (None, 0))
+        if members is None or used + nbytes > limit:
             members, used = [], 0
             buckets.append(members)
         members.append(index)
-        open_bucket[dtype] = (members, used + nbytes)
+        open_bucket[(dtype, squeezed)] = (members, used + nbytes)
     buckets.sort(key=lambda members: members[0])
     groups = []
     for members in buckets:
@@ -118,7 +134,8 @@ def plan_fusion(items: Sequence[Tuple[str, int, Union[str, DType]]], threshold: 
         name = None
         if len(members) > 1:
             name = bucket_name([items[i][0] for i in members], sizes, [dtypes[i] for i in members])
-        groups.append(FusionGroup(tuple(members), offsets, sum(sizes), dtypes[members[0]], name))
+        groups.append(FusionGroup(tuple(members), offsets, sum(sizes), dtypes[members[0]], name,
+                                  flags[members[0]]))
     return groups
 
 
@@ -197,15 +214,16 @@ class _FusionState:
         self.buckets: Dict[str, _Bucket] = {}
         self.in_flight: Set[str] = set()  # push_pull names (buckets and lone tensors) of grouped calls
 
-    def plan(self, key: tuple, threshold: int, max_tensor_bytes: int) -> List[FusionGroup]:
+    def plan(self, key: tuple, threshold: int, max_tensor_bytes: int, compressed: Tuple[bool, ...],
+             partition_bytes: int) -> List[FusionGroup]:
         with self.lock:
-            found = self.plans.get(key)
+            found = self.plans.get((key, compressed))
         if found is None:
-            found = plan_fusion(key, threshold, max_tensor_bytes)
+            found = plan_fusion(key, threshold, max_tensor_bytes, compressed, partition_bytes)
             with self.lock:
                 if len(self.plans) > 1024:  # a caller whose lists never repeat: do not grow forever
                     self.plans.clear()
-                self.plans[key] = found
+                self.plans[(key, compressed)] = found
         return found
 
     def reserve(self, names: List[str]) -> None:
@@ -272,7 +290,9 @@ def _views(tensors: Sequence[Any], names: Sequence[str], outputs: Optional[Seque
 
 def push_pull_group_async(worker: Any, tensors: Sequence[Any], names: Sequence[str], average: bool = True,
                           outputs: Optional[Sequence[Any]] = None,
-                          dtypes: Optional[Sequence[Any]] = None, root: Optional[int] = None) -> List[Handle]:
+                          dtypes: Optional[Sequence[Any]] = None, root: Optional[int] = None,
+                          compression: Optional[CompressionSpec] = None,
+                          lr: Optional[float] = None) -> List[Handle]:
     """Start push_pulls of many tensors at once, small ones fused; one handle per tensor, in order.
 
     Every worker must make the same call: the same names, sizes and dtypes
@@ -283,6 +303,11 @@ def push_pull_group_async(worker: Any, tensors: Sequence[Any], names: Sequence[s
     group of broadcasts from that rank (see :meth:`Worker.push_pull_async`).
     Thresholds come from ``worker.config`` (``fusion_threshold``,
     ``fusion_max_tensor_bytes``).
+
+    ``compression`` (BytePS's compression_params, parsed) and ``lr`` (the
+    optimizer's learning rate): the tensors the worker core compresses
+    (:meth:`Worker.compresses`) are fused apart, each compressed alone in
+    its bucket (see :func:`plan_fusion`); the others as without it.
 
     A fused tensor is copied into its bucket's staging buffer (kept per
     bucket, reused every round) during the call; its output is written when
@@ -300,7 +325,10 @@ def push_pull_group_async(worker: Any, tensors: Sequence[Any], names: Sequence[s
                                        source.dtype, root=root) for name, (source, target) in zip(names, views)]
     state = _state_of(worker)
     key = tuple((name, source.nbytes, source.dtype) for name, (source, _) in zip(names, views))
-    groups = state.plan(key, config.fusion_threshold, config.fusion_max_tensor_bytes)
+    compressed = tuple(compression is not None and worker.compresses(source.nbytes, True, compression)
+                       for source, _ in views)
+    groups = state.plan(key, config.fusion_threshold, config.fusion_max_tensor_bytes, compressed,
+                        config.partition_bytes)
     push_pull_names = [group.name or names[group.members[0]] for group in groups]
     state.reserve(push_pull_names)
     handles: List[Optional[Handle]] = [None] * len(views)
@@ -308,14 +336,16 @@ def push_pull_group_async(worker: Any, tensors: Sequence[Any], names: Sequence[s
         try:
             if group.fused:
                 members = [(names[i], views[i]) for i in group.members]
-                for index, handle in zip(group.members, _submit_bucket(worker, state, group, members, average, root)):
+                submitted = _submit_bucket(worker, state, group, members, average, root,
+                                           compression if group.compressed else None, lr)
+                for index, handle in zip(group.members, submitted):
                     handles[index] = handle
                 continue
             index = group.members[0]
             source, target = views[index]
             handle = worker.push_pull_async(
                 source.array, names[index], average, None if target is source else target.array, source.dtype,
-                root=root)
+                root=root, **({"compression": compression, "lr": lr} if compressed[index] else {}))
         except BaseException:
             for name in push_pull_names[position:]:
                 state.release(name)
@@ -327,11 +357,16 @@ def push_pull_group_async(worker: Any, tensors: Sequence[Any], names: Sequence[s
 
 def _submit_bucket(worker: Any, state: _FusionState, group: FusionGroup,
                    members: List[Tuple[str, Tuple[TensorView, TensorView]]], average: bool,
-                   root: Optional[int] = None) -> List[Handle]:
+                   root: Optional[int] = None, compression: Optional[CompressionSpec] = None,
+                   lr: Optional[float] = None) -> List[Handle]:
     bucket = state.staging(group)
     for offset, (_, (source, _)) in zip(group.offsets, members):
         bucket.data[offset:offset + source.nbytes] = source.data
-    core = worker.push_pull_async(bucket.typed, group.name, average, dtype=group.dtype, root=root)
+    squeezed = {}
+    if compression is not None:  # each member compressed alone: its element count is a segment
+        squeezed = {"compression": compression, "lr": lr,
+                    "segments": [source.nbytes // group.dtype.itemsize for _, (source, _) in members]}
+    core = worker.push_pull_async(bucket.typed, group.name, average, dtype=group.dtype, root=root, **squeezed)
     shared = _BucketDone()
     handles: List[Handle] = [_MemberHandle(name, target.array, shared) for name, (_, target) in members]
 

@@ -48,7 +48,7 @@ def partition_spec(trip: PartitionTrip) -> PartitionSpec:
     return PartitionSpec(name=task.name, partition=part.index, shape=tuple(task.source.shape),
                          tensor_nbytes=task.plan.nbytes, nbytes=part.nbytes, dtype=int(task.source.dtype),
                          contributors=task.machines, asynchronous=task.asynchronous, quorum=task.quorum,
-                         compression=task.compression.spec.wire() if task.compression is not None else None)
+                         compression=task.compression.wire() if task.compression is not None else None)
 
 
 class ServerExchange:

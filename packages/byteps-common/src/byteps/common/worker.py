@@ -180,7 +180,8 @@ class Worker:
                         set_id: int = 0, root: Optional[int] = None, tensor_id: Optional[int] = None,
                         joinable: bool = True, compression: Optional[CompressionSpec] = None,
                         lr: Optional[float] = None, asynchronous: bool = False,
-                        stream: Optional[int] = None, nonzero: Optional[Tuple[int, int]] = None) -> Handle:
+                        stream: Optional[int] = None, nonzero: Optional[Tuple[int, int]] = None,
+                        segments: Optional[Sequence[int]] = None) -> Handle:
         """Start summing (or averaging) ``tensor`` over all workers.
 
         The result goes into ``output`` (default: ``tensor`` itself, in
@@ -208,6 +209,10 @@ class Worker:
         tensor on its way to the servers when it is at least
         BYTEPS_MIN_COMPRESS_BYTES and crosses machines (:meth:`compresses`);
         ``lr``, the optimizer's learning rate, rescales error feedback.
+        ``segments`` (element counts, summing to the tensor's) makes it a
+        fused bucket whose members are compressed each alone
+        (:func:`byteps.common.fusion.plan_fusion`); it must fit one
+        partition.
 
         ``asynchronous`` (BYTEPS_ENABLE_ASYNC's parameter exchange, docs/async.md): the servers keep the
         tensor. Its first push_pull broadcasts the initial value into their store (``root`` given); each
@@ -291,9 +296,11 @@ class Worker:
         count = self.size if ranks is None else len(ranks)
         compressor = None
         if compression is not None and self.compresses(source.nbytes, ranks is None or machines > 1, compression):
+            if segments is not None:
+                self._check_segments(name, segments, source, plan)
             compressor = self._compressors.get(name)
-            if compressor is None or compressor.spec != compression or compressor.dtype != source.dtype:
-                compressor = self._compressors[name] = TensorCompressor(compression, source.dtype)
+            if compressor is None or not compressor.matches(compression, source.dtype, segments):
+                compressor = self._compressors[name] = TensorCompressor(compression, source.dtype, segments)
         tag = int(root) + 1 if root is not None else 0 if joinable else TAG_GATHER
         if root is not None and root != self.rank:
             nonzero = (0, 0)  # a broadcast's other ranks push zeros: none of them need to travel
@@ -311,6 +318,17 @@ class Worker:
             staged.start(plan.partitions, lambda _, indices, error: comm.device_copy_done(task, indices, error))
         self._comm.submit(task)
         return handle
+
+    @staticmethod
+    def _check_segments(name: str, segments: Sequence[int], source: Any, plan: Any) -> None:
+        """A compressed bucket's segments: positive element counts that cover it, in one partition."""
+        elements = source.nbytes // source.dtype.itemsize
+        if any(int(count) < 1 for count in segments) or sum(int(count) for count in segments) != elements:
+            raise ValueError(f"push_pull({name!r}): segments {list(segments)} must be positive element counts "
+                             f"that add up to the tensor's {elements} elements")
+        if plan is not None and len(plan.partitions) > 1:
+            raise ValueError(f"push_pull({name!r}): a bucket of compressed segments must fit one partition; its "
+                             f"{source.nbytes} bytes are {len(plan.partitions)} partitions of BYTEPS_PARTITION_BYTES")
 
     def _closes_early(self, average: bool, members: Optional[Sequence[int]], root: Optional[int],
                       joinable: bool) -> bool:

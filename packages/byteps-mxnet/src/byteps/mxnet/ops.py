@@ -160,13 +160,16 @@ def submit(tensor: mx.nd.NDArray, spec: OpSpec, inplace: bool, contribute: bool 
 
 def allreduce_group_(tensors: Sequence[mx.nd.NDArray], names: Sequence[str], average: bool = True,
                      priority: int = 0, prescale_factor: float = 1.0,
-                     postscale_factor: float = 1.0) -> List[mx.nd.NDArray]:
+                     postscale_factor: float = 1.0, compression_spec: Any = None,
+                     lr: Optional[float] = None) -> List[mx.nd.NDArray]:
     """In-place :func:`allreduce_` of several arrays as one engine op, small ones fused; returns them.
 
     The op waits for every array's pending writes, then hands them all to
     byteps-common's grouped push_pull (:func:`byteps.common.frontend.group.push_pull_group`),
     which packs the small ones into buckets of at most BYTEPS_FUSION_THRESHOLD
     bytes. Every rank must make the same call (names, shapes, dtypes, order).
+    ``compression_spec`` and ``lr``: BytePS's gradient compression of the
+    arrays large enough for it, each compressed alone (fused apart).
     """
     worker = api.worker()
     keys, works = [], []
@@ -184,7 +187,7 @@ def allreduce_group_(tensors: Sequence[mx.nd.NDArray], names: Sequence[str], ave
     group = f"group:{keys[0]}+{len(keys)}"
 
     def start(arrays, dtype):
-        return all_done(push_pull_group(arrays, keys, average), group)
+        return all_done(push_pull_group(arrays, keys, average, compression_spec=compression_spec, lr=lr), group)
 
     _bridge.submit([], works, _token(group), priority, group, f"allreduce_group({group!r})", start)
     for work, tensor in zip(works, tensors):

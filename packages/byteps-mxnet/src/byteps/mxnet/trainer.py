@@ -189,17 +189,17 @@ class DistributedTrainer(mx.gluon.Trainer):
         Which gradients are small depends only on the parameters, so every
         rank builds the same group.
 
-        With compression_params, a gradient the worker core compresses (at
-        least BYTEPS_MIN_COMPRESS_BYTES, through servers) goes alone with
-        the spec and this step's learning rate (the core averages, then
-        compresses it); the others, fused or not, get their Nesterov
-        momentum after the pull.
+        With compression_params, the gradients the worker core compresses
+        (at least BYTEPS_MIN_COMPRESS_BYTES, through servers) go with the
+        spec and this step's learning rate (the core averages, then
+        compresses each alone; up to a partition's size they share
+        buckets); the others get their Nesterov momentum after the pull.
         """
         if self._async is not None:
             return  # each worker updates with its own gradients
         config, compression = api.worker().config, self._gradient_compression
         spec, lr = (compression.spec, float(self.learning_rate)) if compression is not None else (None, None)
-        small: List[Tuple[int, Parameter, mx.nd.NDArray, mx.nd.NDArray, Any]] = []
+        small: List[Tuple[int, Parameter, mx.nd.NDArray, mx.nd.NDArray, Any, bool]] = []
         for index, param in enumerate(self._params):
             if param.grad_req == "null":
                 continue
@@ -207,9 +207,10 @@ class DistributedTrainer(mx.gluon.Trainer):
             sent, ctx = self._compression.compress(grad)
             nbytes = sent.size * np.dtype(sent.dtype).itemsize
             compressed = spec is not None and api.worker().compresses(nbytes, True, spec)
-            if (not compressed and 0 < config.fusion_threshold
-                    and nbytes <= min(config.fusion_threshold, config.fusion_max_tensor_bytes)):
-                small.append((index, param, grad, sent, ctx))
+            # byteps-common's fusion packs compressed gradients apart, in buckets of one partition
+            largest = config.partition_bytes if compressed else config.fusion_max_tensor_bytes
+            if 0 < config.fusion_threshold and nbytes <= min(config.fusion_threshold, largest):
+                small.append((index, param, grad, sent, ctx, compressed))
                 continue
             name = self._gradient_name(param)
             allreduce_(sent, average=True, name=name, priority=-index, prescale_factor=1.0 / self._predivide,
@@ -217,14 +218,15 @@ class DistributedTrainer(mx.gluon.Trainer):
                        lr=lr if compressed else None)
             self._after_pull(name, grad, sent, ctx)
         if len(small) == 1:
-            index, param, grad, sent, ctx = small[0]
+            index, param, grad, sent, ctx, compressed = small[0]
             allreduce_(sent, average=True, name=self._gradient_name(param), priority=-index,
-                       prescale_factor=1.0 / self._predivide, postscale_factor=self._predivide)
+                       prescale_factor=1.0 / self._predivide, postscale_factor=self._predivide,
+                       compression_spec=spec if compressed else None, lr=lr if compressed else None)
         elif small:
-            allreduce_group_([sent for _, _, _, sent, _ in small], [self._gradient_name(p) for _, p, _, _, _ in small],
+            allreduce_group_([member[3] for member in small], [self._gradient_name(member[1]) for member in small],
                              average=True, priority=-small[0][0], prescale_factor=1.0 / self._predivide,
-                             postscale_factor=self._predivide)
-        for _, param, grad, sent, ctx in small:
+                             postscale_factor=self._predivide, compression_spec=spec, lr=lr)
+        for _, param, grad, sent, ctx, _ in small:
             self._after_pull(self._gradient_name(param), grad, sent, ctx)
 
     def _after_pull(self, name: str, grad: mx.nd.NDArray, sent: mx.nd.NDArray, ctx: Any) -> None:

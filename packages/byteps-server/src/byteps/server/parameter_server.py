@@ -58,7 +58,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
-from byteps.common.compression import CompressionSpec, ServerPartition
+from byteps.common.compression import ServerPartition
 from byteps.common.config import Config
 from byteps.common.dtypes import DType
 from byteps.common.job_report import ProcessReport
@@ -294,8 +294,8 @@ class ParameterServer:
         if state is None:
             codec = None
             if spec.compression:
-                codec = ServerPartition(CompressionSpec.from_wire(spec.compression), DType(spec.dtype),
-                                        spec.nbytes // DType(spec.dtype).itemsize)
+                codec = ServerPartition.from_wire(spec.compression, DType(spec.dtype),
+                                                  spec.nbytes // DType(spec.dtype).itemsize)
             if spec.quorum and not 0 < spec.quorum < contributors:
                 raise ValueError(f"{spec.describe()}: a quorum must be below the {contributors} machines")
             self.engine.declare(key, spec.nbytes, spec.dtype, spec.quorum or contributors)

@@ -2,9 +2,9 @@
 
 The tape and both DistributedOptimizers take the dict of
 docs/compression.md and hand the parsed spec to their
-:class:`~byteps.tensorflow.gradients.GradientReducer`, which sends each
-compressed gradient alone (the worker core averages, then compresses it;
-the smaller ones are fused).
+:class:`~byteps.tensorflow.gradients.GradientReducer`, whose gradients the
+worker core averages, then compresses, each alone (fused apart from the
+uncompressed ones).
 What is TensorFlow's here:
 
 * ``"momentum": "nesterov"`` takes its factor from the optimizer (Keras:

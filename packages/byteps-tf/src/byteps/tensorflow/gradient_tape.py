@@ -147,7 +147,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     ``compression_params`` is BytePS's gradient compression (the dict of
     docs/compression.md, as on ``DistributedOptimizer``): gradients of at
     least BYTEPS_MIN_COMPRESS_BYTES are compressed on their way to the
-    servers, each alone (smaller ones fused). ``optimizer`` (Keras 3 or TF1; not in Horovod's
+    servers, each compressed alone. ``optimizer`` (Keras 3 or TF1; not in Horovod's
     signature) is the one that applies the gradients: its learning rate
     goes with each push (error feedback rescales by its change; without
     an optimizer, by 1), and ``"momentum": "nesterov"`` takes its momentum

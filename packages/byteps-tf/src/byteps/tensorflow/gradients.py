@@ -20,8 +20,8 @@ per process).
   divides them by ``size()`` (``scale_local_gradients``) and so do we.
 * ``compression`` with a :class:`~byteps.tensorflow.gradient_compression.GradientCompression`
   (BytePS's ``compression_params``): each dense gradient large enough to be
-  compressed goes alone, with the optimizer's learning rate (the worker
-  core averages it, then compresses it); smaller ones are fused as usual. With ``"nesterov"``,
+  compressed is averaged, then compressed alone by the worker core (fused
+  apart from the others), with the optimizer's learning rate. With ``"nesterov"``,
   ``tf.IndexedSlices`` are densified (the momentum is dense) and the
   gradients that went uncompressed get the momentum after the pull (all of
   them with one worker).

@@ -101,7 +101,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
     docs/compression.md, e.g. ``{"compressor": "onebit", "scaling": True,
     "ef": "vanilla", "momentum": "nesterov"}``: gradients of at least
     BYTEPS_MIN_COMPRESS_BYTES are compressed on their way to the servers
-    (each alone; smaller ones fused) with the optimizer's learning rate;
+    (each compressed alone) with the optimizer's learning rate;
     ``"nesterov"`` takes the optimizer's momentum (a TF1
     ``MomentumOptimizer``'s, or a Keras optimizer's ``momentum``) and sets
     the optimizer's own to 0, as BytePS does.

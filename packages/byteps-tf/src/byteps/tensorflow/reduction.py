@@ -18,11 +18,11 @@ thread) and the group returns when all of it is done. Consecutive Reduce
 specs go as one grouped push_pull (:func:`byteps.common.frontend.group.push_pull_group`),
 which fuses the small tensors into buckets of at most
 BYTEPS_FUSION_THRESHOLD bytes: a model's biases and norms, reduced by
-DistributedGradientTape or DistributedOptimizer, cost a few messages. A
-Reduce with a ``compression`` (BytePS's compression_params, parsed) that
-the worker core compresses goes alone: the core compresses each tensor's
-partitions, with the group's learning rate; one too small to compress
-fuses with the others. Runs eagerly; inside
+DistributedGradientTape or DistributedOptimizer, cost a few messages. Reduces
+with a ``compression`` (BytePS's compression_params, parsed) that the
+worker core compresses are fused apart, each compressed alone inside its
+bucket (as if it went alone), with the group's learning rate; those too
+small to compress fuse with the others. Runs eagerly; inside
 a ``tf.function`` :mod:`byteps.tensorflow.graph_ops` calls it through
 ``tf.py_function``.
 
@@ -39,7 +39,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
-from byteps.common import Handle, JobLost, PushPullError, api
+from byteps.common import Handle, JobLost, PushPullError
 from byteps.common.compression import CompressionSpec
 from byteps.common.dtypes import DType
 from byteps.common.frontend import TensorNames, after_shutdown
@@ -160,30 +160,9 @@ class _Pending:
         return self.result.to_tensor(self.shape, self.device)
 
 
-def _goes_compressed(spec: Reduce, tensor: tf.Tensor) -> bool:
-    """Whether the worker core compresses ``spec``'s tensor (compression_params, at least
-    BYTEPS_MIN_COMPRESS_BYTES, through servers): it then goes alone; smaller ones fuse with the rest."""
-    if spec.compression is None:
-        return False
-    return api.worker().compresses(int(tensor.shape.num_elements()) * tensor.dtype.size, True, spec.compression)
-
-
-def _push_pull_compressed(spec: Reduce, tensor: tf.Tensor, lr: Optional[float]) -> _Pending:
-    """Start one push_pull that the worker core compresses (BytePS compresses tensors one by one)."""
-    view = host_view(tensor, f"push_pull({spec.name!r})")
-    result = ResultBuffer.like(view)
-    pending = _Pending(None, result, view.shape, view.device)
-    if result.array.nbytes == 0:  # nothing to send; every rank has the same empty result
-        return pending
-    # Shaped views: servers compare shapes too, not only sizes, across ranks.
-    pending.core = api.worker().push_pull_async(
-        view.array.reshape(view.shape), key_name(spec.name, view.shape, result.dtype), spec.average,
-        result.array.reshape(view.shape), result.dtype, compression=spec.compression, lr=lr)
-    return pending
-
-
-def _submit_reduces(run: Sequence[Tuple[Reduce, tf.Tensor]]) -> List[_Pending]:
-    """Start consecutive Reduce specs of one averaging flag and root as one grouped push_pull, small tensors fused.
+def _submit_reduces(run: Sequence[Tuple[Reduce, tf.Tensor]], lr: Optional[float] = None) -> List[_Pending]:
+    """Start consecutive Reduce specs of one averaging flag, root and compression as one grouped push_pull, small
+    tensors fused (compressed ones apart, each compressed alone in its bucket; ``lr`` goes with them).
 
     A spec that does not contribute (a broadcast's other ranks) is reduced
     in place in a zeroed buffer: no second buffer.
@@ -206,7 +185,9 @@ def _submit_reduces(run: Sequence[Tuple[Reduce, tf.Tensor]]) -> List[_Pending]:
         sent.append(pending)
     if sources:
         first = run[0][0]
-        for pending, core in zip(sent, push_pull_group(sources, keys, first.average, outputs, dtypes, first.root)):
+        started = push_pull_group(sources, keys, first.average, outputs, dtypes, first.root,
+                                  compression_spec=first.compression, lr=lr if first.compression else None)
+        for pending, core in zip(sent, started):
             pending.core = core
     return pendings
 
@@ -251,22 +232,23 @@ def execute(specs: Sequence[Spec], inputs: Sequence[tf.Tensor], lr: Optional[flo
         for tensor in tensors if isinstance(spec, Reduce) else ():  # a gather moves any dtype
             byteps_dtype(tensor.dtype, f"push_pull({spec.name!r})")
     started: List[Union[_Pending, _GatherInFlight]] = []
-    run: List[Tuple[Reduce, tf.Tensor]] = []  # consecutive uncompressed Reduce specs of one averaging flag and root
+    run: List[Tuple[Reduce, tf.Tensor]] = []  # consecutive Reduce specs of one averaging flag, root, compression
+
+    def kind(spec: Reduce) -> tuple:
+        return spec.average, spec.root, spec.compression
+
     try:
         for spec, tensors in _split(specs, inputs):
-            fusable = isinstance(spec, Reduce) and not _goes_compressed(spec, tensors[0])
-            if fusable and (not run or (run[0][0].average, run[0][0].root) == (spec.average, spec.root)):
+            if isinstance(spec, Reduce) and (not run or kind(run[0][0]) == kind(spec)):
                 run.append((spec, tensors[0]))
                 continue
-            started.extend(_submit_reduces(run))
+            started.extend(_submit_reduces(run, lr))
             run = []
-            if fusable:
+            if isinstance(spec, Reduce):
                 run.append((spec, tensors[0]))
-            elif isinstance(spec, Reduce):
-                started.append(_push_pull_compressed(spec, tensors[0], lr))
             else:
                 started.append(_GatherInFlight(spec, tensors))
-        started.extend(_submit_reduces(run))
+        started.extend(_submit_reduces(run, lr))
     except BaseException:
         _drain(started)
         raise

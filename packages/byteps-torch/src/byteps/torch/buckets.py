@@ -66,12 +66,14 @@ class GradientBuckets:
     """The bucket plans of one wrapper: per set of active parameters, cached."""
 
     def __init__(self, names: Dict[torch.Tensor, str], compression: Any,
-                 alone: Callable[[int], bool] = lambda nbytes: False) -> None:
-        self.names = names          # parameter -> its gradient's push_pull name
+                 compressed: Callable[[int], bool] = lambda nbytes: False,
+                 lr_group: Callable[[torch.Tensor], int] = lambda p: 0) -> None:
+        self.names = names            # parameter -> its gradient's push_pull name
         self.compression = compression
-        self.alone = alone          # whether a gradient of these wire bytes must go alone (e.g. compressed)
+        self.compressed = compressed  # whether a gradient of these wire bytes goes compressed (compression_params)
+        self.lr_group = lr_group      # compressed gradients share a bucket only within one learning rate's group
         config = api.worker().config
-        self._limits = (config.fusion_threshold, config.fusion_max_tensor_bytes)
+        self._limits = (config.fusion_threshold, config.fusion_max_tensor_bytes, config.partition_bytes)
         #: the plans made so far, by the ids of their active parameters
         self.plans: Dict[Tuple[int, ...], Dict[torch.Tensor, Bucket]] = {}
 
@@ -88,19 +90,25 @@ class GradientBuckets:
         return found
 
     def _plan_buckets(self, active: List[torch.Tensor], declare_now: bool) -> Dict[torch.Tensor, Bucket]:
-        threshold, max_tensor_bytes = self._limits
+        threshold, max_tensor_bytes, partition_bytes = self._limits
         if threshold == 0:
             return {}
-        by_device: Dict[torch.device, Tuple[list, list]] = {}  # buckets never mix devices
+        # Buckets never mix devices; compressed gradients (each compressed alone inside a bucket of one
+        # partition; on the host only) share one only with gradients of the same learning rate.
+        classes: Dict[Tuple[torch.device, Optional[int]], Tuple[list, list, list]] = {}
         for p in active:
             layout = self._wire_layout(p)
-            if layout is not None and not self.alone(layout[0]):
-                items, params = by_device.setdefault(p.device, ([], []))
+            if layout is not None:
+                compressed = self.compressed(layout[0])
+                items, params, flags = classes.setdefault((p.device, self.lr_group(p) if compressed else None),
+                                                          ([], [], []))
                 items.append((self.names[p], *layout))
                 params.append(p)
+                flags.append(compressed)
         plan: Dict[torch.Tensor, Bucket] = {}
-        for items, params in by_device.values():
-            for group in plan_fusion(items, threshold, max_tensor_bytes):
+        for (device, _), (items, params, flags) in classes.items():
+            for group in plan_fusion(items, threshold, max_tensor_bytes, flags,
+                                     partition_bytes if device.type == "cpu" else 0):
                 if group.fused:
                     if declare_now:
                         api.declare(group.name, nbytes=group.nbytes, itemsize=group.dtype.itemsize)
@@ -183,15 +191,19 @@ class _PackedGradient:
         self.index = index
 
 
-def push_pull_bucket(bucket: Bucket, buffers: List[torch.Tensor], average: bool, names: List[str]) -> List[Any]:
+def push_pull_bucket(bucket: Bucket, buffers: List[torch.Tensor], average: bool, names: List[str],
+                     compression_spec: Any = None, lr: Optional[float] = None) -> List[Any]:
     """Start ``bucket``'s push_pull of its members' ``buffers``; one handle per member, for :func:`wait_gradient`.
 
-    Host gradients go through the front's fusion (``names`` are theirs);
-    CUDA gradients are packed on the device into one buffer named after the
-    bucket, so the bucket is one staged push_pull, not one per gradient.
+    Host gradients go through the front's fusion (``names`` are theirs; a
+    compressed bucket's members each compressed alone, with
+    ``compression_spec`` and ``lr``); CUDA gradients are packed on the
+    device into one buffer named after the bucket, so the bucket is one
+    staged push_pull, not one per gradient.
     """
     if buffers[0].device.type != "cuda":
-        return push_pull_group_async(buffers, average=average, names=names)
+        return push_pull_group_async(buffers, average=average, names=names, compression_spec=compression_spec,
+                                     lr=lr)
     pack = _DevicePack(buffers)
     pack.handle = push_pull_async_inplace(pack.buffer, average=average, name=bucket.name)
     return [_PackedGradient(pack, index) for index in range(len(buffers))]

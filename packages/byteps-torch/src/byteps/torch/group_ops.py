@@ -31,13 +31,17 @@ __all__ = ["push_pull_group_async"]
 
 def push_pull_group_async(tensors: Sequence[torch.Tensor], average: bool = True,
                           names: Optional[Sequence[str]] = None, compression: Any = Compression.none,
-                          op: Optional[int] = None) -> List[int]:
+                          op: Optional[int] = None, compression_spec: Any = None,
+                          lr: Optional[float] = None) -> List[int]:
     """Start in-place push_pulls of ``tensors``, small ones fused; one handle per tensor, in order.
 
     ``names`` defaults to ``"push_pull_group.noname.<n>.<i>"`` (the same on
     every rank only if all ranks issue their unnamed calls in the same
     order). ``op`` (Average/Sum) supersedes ``average``. Each tensor must
     be left alone until its handle is synchronize()d, which returns it.
+    ``compression_spec`` (BytePS's compression_params, parsed) and ``lr``
+    compress the tensors large enough for it, each alone inside its bucket.
     """
     average = average_of(op, None if op is not None else average)
-    return submit_group(_tracker, TorchStaging, tensors, names, average, compression, truncate_integers=True)
+    return submit_group(_tracker, TorchStaging, tensors, names, average, compression, truncate_integers=True,
+                        compression_spec=compression_spec, lr=lr)

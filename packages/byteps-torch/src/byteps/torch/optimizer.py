@@ -144,10 +144,11 @@ class _DistributedOptimizer:
         self._sparse.clear()
         self._synchronized = False
         self._communicate = included and self._view.size > 1   # one worker: nothing to average (as Horovod)
-        # Compressed gradients go alone (BytePS compresses each tensor's partitions); the small ones that
-        # go uncompressed are fused as usual.
+        # Compressed gradients are fused apart, each compressed alone inside its bucket (as BytePS
+        # compresses each tensor's partitions); the small ones that go uncompressed as usual.
         self._buckets = GradientBuckets({p: GRADIENT_PREFIX + name for p, name in self._parameter_names.items()},
-                                        self._compression, alone=self._goes_compressed)
+                                        self._compression, compressed=self._goes_compressed,
+                                        lr_group=self._lr_group)
         self._plan: Optional[Dict[torch.Tensor, Bucket]] = None   # this step's buckets, once known
         self._rounds_behind = 0  # backup workers: rounds closed without this worker, as of the last step
         if self._communicate:
@@ -273,17 +274,21 @@ class _DistributedOptimizer:
         """The learning rate of ``p``'s param group now (error feedback rescales by its change)."""
         if self._compression_spec is None:
             return None
-        for group in self.param_groups:
-            if any(q is p for q in group["params"]):
-                return float(group["lr"])
-        return None
+        return float(self.param_groups[self._lr_group(p)]["lr"])
+
+    def _lr_group(self, p: torch.Tensor) -> int:
+        """The index of ``p``'s param group."""
+        return next(index for index, group in enumerate(self.param_groups) if any(q is p for q in group["params"]))
 
     def _start_bucket(self, bucket: Bucket) -> None:
         prepared = [self._prepare(p) for p in bucket.members]
+        compressed = bucket.group.compressed
         handles = push_pull_bucket(bucket, [item[0] for item in prepared], prepared[0][2],
-                                   [GRADIENT_PREFIX + self._parameter_names[p] for p in bucket.members])
+                                   [GRADIENT_PREFIX + self._parameter_names[p] for p in bucket.members],
+                                   self._compression_spec if compressed else None,
+                                   self._lr_of(bucket.members[0]) if compressed else None)
         bucket.started = True
-        momentum = self._nesterov is not None  # fused gradients go uncompressed: their momentum comes after
+        momentum = self._nesterov is not None and not compressed  # uncompressed: the momentum comes after
         for p, (_, ctx, _, postscale), handle in zip(bucket.members, prepared, handles):
             self._pending[p] = _PendingGradient(handle, ctx, postscale, momentum)
 

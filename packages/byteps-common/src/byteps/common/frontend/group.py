@@ -26,6 +26,7 @@ from typing import Any, List, NamedTuple, Optional, Sequence
 import numpy as np
 
 from byteps.common import api
+from byteps.common.compression import CompressionSpec
 from byteps.common.dtypes import DType, dtype_of
 from byteps.common.frontend.reductions import divide_towards_zero
 from byteps.common.fusion import push_pull_group_async
@@ -77,14 +78,17 @@ class Staging(Protocol):
 
 def push_pull_group(arrays: Sequence[np.ndarray], names: Sequence[str], average: bool = True,
                     outputs: Optional[Sequence[Optional[np.ndarray]]] = None,
-                    dtypes: Optional[Sequence[DType]] = None, root: Optional[int] = None) -> List[Handle]:
+                    dtypes: Optional[Sequence[DType]] = None, root: Optional[int] = None,
+                    compression_spec: Optional[CompressionSpec] = None, lr: Optional[float] = None) -> List[Handle]:
     """The fused grouped push_pull of host arrays on this process's worker; one core handle per array.
 
     For adapters that stage tensors themselves (TensorFlow's py_function
     body, MXNet's engine op); ``outputs[i]`` None means in place; ``root``
-    marks broadcasts from that rank.
+    marks broadcasts from that rank; ``compression_spec`` and ``lr``:
+    BytePS's compression of the arrays large enough for it.
     """
-    return push_pull_group_async(api.worker(), arrays, names, average, outputs, dtypes, root)
+    return push_pull_group_async(api.worker(), arrays, names, average, outputs, dtypes, root,
+                                 compression=compression_spec, lr=lr)
 
 
 class _Member(NamedTuple):
@@ -97,11 +101,14 @@ class _Member(NamedTuple):
 
 
 def submit_group(tracker: Any, staging: Staging, tensors: Sequence[Any], names: Optional[Sequence[str]],
-                 average: bool, compression: Any, truncate_integers: bool = False) -> List[int]:
+                 average: bool, compression: Any, truncate_integers: bool = False,
+                 compression_spec: Optional[CompressionSpec] = None, lr: Optional[float] = None) -> List[int]:
     """Start in-place push_pulls of ``tensors``, small ones fused; one integer handle per tensor, in order.
 
     ``truncate_integers``: integer tensors of an average are summed, then
     divided rounding towards zero (Horovod's torch), not floored.
+    ``compression_spec`` and ``lr``: BytePS's compression_params (parsed)
+    and the learning rate, for the tensors large enough to be compressed.
 
     ``names`` defaults to ``"push_pull_group.noname.<n>.<i>"``. ``tracker`` is
     the adapter's :class:`~byteps.common.frontend.handle_table.OpTracker`.
@@ -135,7 +142,8 @@ def submit_group(tracker: Any, staging: Staging, tensors: Sequence[Any], names: 
             if chosen:
                 started = push_pull_group_async(api.worker(), [members[i].staged.array for i in chosen],
                                                 [members[i].key for i in chosen], average and not summed,
-                                                dtypes=[members[i].staged.dtype for i in chosen])
+                                                dtypes=[members[i].staged.dtype for i in chosen],
+                                                compression=compression_spec, lr=lr)
                 for i, core in zip(chosen, started):
                     cores[i] = core
     except BaseException:

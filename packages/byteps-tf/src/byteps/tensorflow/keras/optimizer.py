@@ -181,7 +181,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     docs/compression.md, e.g. ``{"compressor": "onebit", "scaling": True,
     "ef": "vanilla", "momentum": "nesterov"}``: gradients of at least
     BYTEPS_MIN_COMPRESS_BYTES are compressed on their way to the servers
-    (each alone; smaller ones fused), with ``learning_rate`` at the current
+    (each compressed alone), with ``learning_rate`` at the current
     iteration (schedules included) for error feedback. ``"nesterov"``
     takes the optimizer's ``momentum`` and sets the copy's ``momentum`` to
     0.0 before it builds its variables (so its config, and a model saved
