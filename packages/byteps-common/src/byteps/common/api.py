@@ -234,7 +234,9 @@ def push_pull_async(tensor: Any, name: str, average: bool = True, output: Any = 
 
 def push_pull_group_async(tensors: Sequence[Any], names: Sequence[str], average: bool = True,
                           outputs: Optional[Sequence[Any]] = None,
-                          dtypes: Optional[Sequence[Union[str, DType, None]]] = None) -> List[int]:
+                          dtypes: Optional[Sequence[Union[str, DType, None]]] = None,
+                          compression_params: Optional[Mapping[str, Any]] = None,
+                          lr: Optional[float] = None) -> List[int]:
     """Start push_pulls of many tensors, small ones fused into shared buffers; one handle per tensor.
 
     Every rank must pass the same names, sizes and dtypes in the same
@@ -243,8 +245,12 @@ def push_pull_group_async(tensors: Sequence[Any], names: Sequence[str], average:
 
         handles = bps.push_pull_group_async(grads, names=[f"g{i}" for i in range(len(grads))])
         results = [bps.synchronize(h) for h in handles]
+
+    ``compression_params`` (BytePS's dict, without Nesterov) and ``lr``:
+    the tensors large enough are compressed, each alone, fused apart.
     """
-    handles = _push_pull_group_async(worker(), tensors, names, average, outputs, dtypes)
+    handles = _push_pull_group_async(worker(), tensors, names, average, outputs, dtypes,
+                                     compression=parse_compression_params(compression_params), lr=lr)
     ids = [next(_handle_ids) for _ in handles]
     _handles.update(zip(ids, handles))
     return ids
