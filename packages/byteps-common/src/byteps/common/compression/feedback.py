@@ -168,6 +168,11 @@ class NesterovMomentum:
         gradient += buffer
 
 
+def _counts(segments: Optional[Sequence[int]]) -> Optional[Tuple[int, ...]]:
+    """A bucket's segments as a tuple of ints (None: not a bucket)."""
+    return tuple(int(count) for count in segments) if segments is not None else None
+
+
 class TensorCompressor:
     """A compressed tensor's state on one worker, kept from round to round: one WorkerPartition per partition.
 
@@ -177,13 +182,12 @@ class TensorCompressor:
 
     def __init__(self, spec: CompressionSpec, dtype: DType, segments: Optional[Sequence[int]] = None) -> None:
         self.spec, self.dtype = spec, DType(dtype)
-        self.segments = tuple(int(count) for count in segments) if segments is not None else None
+        self.segments = _counts(segments)
         self._partitions: dict = {}
 
     def matches(self, spec: CompressionSpec, dtype: DType, segments: Optional[Sequence[int]]) -> bool:
         """Whether this state serves a push_pull with these settings (else it starts afresh)."""
-        wanted = tuple(int(count) for count in segments) if segments is not None else None
-        return self.spec == spec and self.dtype == DType(dtype) and self.segments == wanted
+        return self.spec == spec and self.dtype == DType(dtype) and self.segments == _counts(segments)
 
     def wire(self) -> dict:
         """What INIT_KEY tells the servers: the spec's fields, and a bucket's segments."""
