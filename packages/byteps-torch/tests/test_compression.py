@@ -38,10 +38,11 @@ CASES = {
 }
 
 
-def _run(tmp_path, params, mu, *extra, layout=("--workers", "2", "--servers", "1"), ranks=2):
+def _run(tmp_path, params, mu, *extra, layout=("--workers", "2", "--servers", "1"), ranks=2, env=None):
     result = launch_job(list(layout), os.path.join(SCRIPTS, "compression_training.py"),
                         [json.dumps(params), str(tmp_path), str(STEPS), str(mu), *extra],
-                        env={"BYTEPS_MIN_COMPRESS_BYTES": "64", "MASTER_PORT": str(free_port())}, timeout=120)
+                        env={"BYTEPS_MIN_COMPRESS_BYTES": "64", "MASTER_PORT": str(free_port()), **(env or {})},
+                        timeout=120)
     assert result.returncode == 0, report(result)
     return [np.load(tmp_path / f"rank{rank}.npz") for rank in range(ranks)]
 
@@ -72,6 +73,24 @@ def _check_weight(records, reference, case, per_machine=1, names=("weight", "wei
 def test_two_workers_match_the_reference_algorithm(case, tmp_path):
     params, mu = CASES[case]
     records = _run(tmp_path, params, mu)
+    _check_all(records, params, mu, case)
+    for rank, record in enumerate(records):  # two buckets: the compressed weights, the small ones
+        assert record["fused"].tolist() == [["gain", "linear.bias"], ["linear.weight", "linear2.weight"]], \
+            f"rank {rank}: {record['fused']}"
+
+
+def test_a_compression_thread_pool_gives_the_same_rounds(tmp_path):
+    """BYTEPS_THREADPOOL_SIZE=2, fusion off: both weights' codecs run at once on the pool, same numbers."""
+    case = "dithering-linear-max-ef-nesterov"
+    params, mu = CASES[case]
+    records = _run(tmp_path, params, mu, env={"BYTEPS_THREADPOOL_SIZE": "2", "BYTEPS_FUSION_THRESHOLD": "0"})
+    _check_all(records, params, mu, f"{case}, thread pool")
+    assert all("fused" not in record.files for record in records)  # no bucket: the script saves no list
+    assert all(record["pool_threads"][0] >= 1 for record in records)  # the codecs ran on the pool
+
+
+def _check_all(records, params, mu, case):
+    """The compressed weights against the reference job, the small tensors against plain averages."""
     _check_weight(records, ReferenceJob(params, workers=2, momentum=mu), case)
     for name in ("bias", "gain"):
         expected = uncompressed_rounds([r[f"local_{name}"] for r in records], mu)
@@ -79,9 +98,6 @@ def test_two_workers_match_the_reference_algorithm(case, tmp_path):
             for rank, record in enumerate(records):
                 np.testing.assert_allclose(record[f"synced_{name}"][step], expected[step], rtol=1e-6, atol=1e-7,
                                            err_msg=f"{case}: {name}, step {step}, rank {rank}")
-    for rank, record in enumerate(records):  # two buckets: the compressed weights, the small ones
-        assert record["fused"].tolist() == [["gain", "linear.bias"], ["linear.weight", "linear2.weight"]], \
-            f"rank {rank}: {record['fused']}"
 
 
 def test_two_machines_of_two_processes_compress_their_local_sums(tmp_path):

@@ -21,6 +21,7 @@ local gradients through byteps.testkit.compression_reference and compares.
 import json
 import os
 import sys
+import threading
 
 import numpy as np
 import torch
@@ -91,6 +92,8 @@ for _ in range(steps):
 if not hooked:  # which gradients went fused, bucket by bucket
     record["fused"] = sorted(sorted(n for n, p in model.named_parameters() if any(p is q for q in bucket.members))
                              for plan in optimizer._plans.values() for bucket in set(plan.values()))
+# the compression threads that ran codecs (BYTEPS_THREADPOOL_SIZE; none without)
+record["pool_threads"] = [sum(t.name.startswith("byteps-compress") for t in threading.enumerate())]
 np.savez(os.path.join(out_dir, f"rank{bps.rank()}.npz"), **{k: np.array(v) for k, v in record.items() if v})
 print("OK recorded", steps, "steps")
 bps.shutdown()

@@ -104,6 +104,14 @@ class DeviceCopyDone:
 
 
 @dataclasses.dataclass(frozen=True)
+class CodecDone:
+    """A partition's COMPRESS or DECOMPRESS stage finished on a compression thread (or failed)."""
+
+    trip: PartitionTrip
+    error: Optional[BaseException] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class CommOptions:
     """What the comm thread needs to know about the job (from Config and the address book)."""
 
@@ -119,6 +127,7 @@ class CommOptions:
     handshake_timeout_s: float = 120.0
     partition_bytes: int = 4096000  # BYTEPS_PARTITION_BYTES (a joined local root re-cuts partitions with it)
     tracer: Any = None  # byteps.common.tracing.Tracer while BYTEPS_TRACE_ON=1
+    compress_threads: int = 0  # BYTEPS_THREADPOOL_SIZE: codecs on a pool of threads (0: on this thread)
     #: Asked about once a second: why the job is over, or None. An elastic worker's says when bpslaunch has
     #: ended its membership epoch, which a dead scheduler could not tell it.
     job_over: Optional[Callable[[], Optional[str]]] = None
@@ -145,14 +154,16 @@ class CommLoop(threading.Thread):
         self.dispatcher.register(Stage.DEVICE_TO_HOST, self._device_to_host)
         self.dispatcher.register(Stage.HOST_TO_DEVICE, self._host_to_device)
         self.exchange: Optional[ServerExchange] = None
+        self.compression: Optional[CompressionStages] = None
         if servers:
             self.exchange = ServerExchange(context, servers, options.rank, options.max_payload_bytes,
                                            options.credit_bytes, options.pipeline, proceed, self._fail_key)
             self.dispatcher.register(Stage.PUSH, self.exchange.push)
             self.dispatcher.register(Stage.PULL, self.exchange.pull)
-            compression = CompressionStages(proceed)
-            self.dispatcher.register(Stage.COMPRESS, compression.compress)
-            self.dispatcher.register(Stage.DECOMPRESS, compression.decompress)
+            self.compression = CompressionStages(
+                proceed, options.compress_threads, lambda trip, error: self._enqueue(CodecDone(trip, error)))
+            self.dispatcher.register(Stage.COMPRESS, self.compression.compress)
+            self.dispatcher.register(Stage.DECOMPRESS, self.compression.decompress)
         self.local: Optional[LocalGroup] = None
         if options.local_size > 1:
             self.local = LocalGroup(context, options.job_id, options.machine, options.local_rank,
@@ -164,7 +175,7 @@ class CommLoop(threading.Thread):
         self.scheduler = scheduler
         self._barriers: List[BarrierRequest] = []  # sent, waiting for BARRIER_RELEASE
         self._join: Optional[JoinRequest] = None  # a join in progress
-        self._tasks: queue.SimpleQueue[Union[PushPullTask, BarrierRequest, DeviceCopyDone, None]] = \
+        self._tasks: queue.SimpleQueue[Union[PushPullTask, BarrierRequest, DeviceCopyDone, CodecDone, None]] = \
             queue.SimpleQueue()
         self._wake_read, self._wake_write = os.pipe()
         self._active: Dict[int, PushPullTask] = {}  # id(task) -> task, started and not finished
@@ -215,7 +226,7 @@ class CommLoop(threading.Thread):
             raise request.error
         return request.last
 
-    def _enqueue(self, item: Union[PushPullTask, BarrierRequest, DeviceCopyDone]) -> None:
+    def _enqueue(self, item: Union[PushPullTask, BarrierRequest, DeviceCopyDone, CodecDone]) -> None:
         self._tasks.put(item)
         if not self._wake_pending:
             self._wake_pending = True
@@ -235,6 +246,8 @@ class CommLoop(threading.Thread):
         self._tasks.put(None)
         os.write(self._wake_write, b"s")
         self.join()
+        if self.compression is not None:
+            self.compression.close()
         if self.exchange is not None:
             self.exchange.close(linger_ms)
         if self.local is not None:
@@ -320,6 +333,8 @@ class CommLoop(threading.Thread):
                 return
             if isinstance(task, DeviceCopyDone):
                 self._device_copy_arrived(task)
+            elif isinstance(task, CodecDone):
+                self._codec_done(task)
             elif isinstance(task, JoinRequest):
                 self._join = task
                 self._maybe_start_join()
@@ -401,6 +416,15 @@ class CommLoop(threading.Thread):
             self.dispatcher.proceed(trip)
         else:
             staged.waiting[index] = trip
+
+    def _codec_done(self, done: CodecDone) -> None:
+        task = done.trip.task
+        if task.failed:
+            return
+        if done.error is not None:
+            self._fail_task(task, done.error)
+            return
+        self.dispatcher.proceed(done.trip)
 
     def _device_copy_arrived(self, done: DeviceCopyDone) -> None:
         task = done.task

@@ -43,6 +43,8 @@ DEFAULT_SERVER_ENGINE_THREADS = 4
 DEFAULT_WORKER_RENDEZVOUS_TIMEOUT_S = 120
 # BytePS's BYTEPS_MIN_COMPRESS_BYTES: tensors smaller than this (whole-tensor bytes) go uncompressed.
 DEFAULT_MIN_COMPRESS_BYTES = 65536
+# BytePS's BYTEPS_THREADPOOL_SIZE: threads that compress and decompress partitions (0: the comm thread does).
+DEFAULT_THREADPOOL_SIZE = 0
 DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 10.0
 DEFAULT_STALL_CHECK_S = 60.0
@@ -81,6 +83,7 @@ ENV_DEFAULTS: Mapping[str, object] = MappingProxyType({
     "BYTEPS_SERVER_ASSIGNMENT": "balanced",
     "BYTEPS_KEY_HASH_FN": "djb2",
     "BYTEPS_MIN_COMPRESS_BYTES": DEFAULT_MIN_COMPRESS_BYTES,
+    "BYTEPS_THREADPOOL_SIZE": DEFAULT_THREADPOOL_SIZE,
     "BYTEPS_SERVER_ENABLE_SCHEDULE": False,
     # Training mode (docs/async.md): every process of a job must agree on these
     "BYTEPS_ENABLE_ASYNC": False,
@@ -273,6 +276,7 @@ class Config:
     server_assignment: str = "balanced"
     # Gradient compression (compression_params): smaller tensors are sent as they are
     min_compress_bytes: int = DEFAULT_MIN_COMPRESS_BYTES
+    threadpool_size: int = DEFAULT_THREADPOOL_SIZE  # compression threads; 0: on the communication thread
     # Server-side scheduling: a server sums the waiting pushes of the earliest-declared tensors first
     server_enable_schedule: bool = False
     # Asynchronous training (BytePS's BYTEPS_ENABLE_ASYNC): parameter deltas added at the servers as they come
@@ -433,6 +437,7 @@ class Config:
             report_dir=env.get("BYTEPS_REPORT_DIR", _text),
             restart_count=env.get("BYTEPS_RESTART_COUNT", _int(0)),
             min_compress_bytes=env.get("BYTEPS_MIN_COMPRESS_BYTES", _int(0)),
+            threadpool_size=env.get("BYTEPS_THREADPOOL_SIZE", _int(0, 256)),
             trace_on=trace_on,
             trace_start_step=trace_start,
             trace_end_step=trace_end,

@@ -130,7 +130,7 @@ class Worker:
             credit_bytes=cfg.scheduling_credit * cfg.partition_bytes, pipeline=cfg.pipeline,
             job_id=self.job_id, machine=cfg.worker_id, local_rank=cfg.local_rank, local_size=cfg.local_size,
             secret=cfg.secret, handshake_timeout_s=cfg.rendezvous_timeout, partition_bytes=cfg.partition_bytes,
-            tracer=self._tracer, job_over=self._job_over)
+            tracer=self._tracer, job_over=self._job_over, compress_threads=cfg.threadpool_size)
         # From here on the comm thread owns the scheduler connection (heartbeats, barriers).
         self._comm = CommLoop(self._context, list(book.servers), options, self._scheduler)
         if cfg.secret is not None:
