@@ -86,7 +86,7 @@ def test_scheduling_fusion_assignment_and_placement_knobs():
         "BYTEPS_FUSION_MAX_TENSOR_BYTES": "1024", "BYTEPS_KEY_HASH_FN": "SDBM", "BYTEPS_SERVER_ASSIGNMENT": "hash",
         "BYTEPS_NUMA_ON": "0", "BYTEPS_VISIBLE_CPU_CORES": "1,4-5,7-11,12:20-25", "BYTEPS_CPU_BLACKLIST": "0, 3-4",
         "BYTEPS_MULTITHREADED_CPU": "0", "BYTEPS_NUMA_DEFAULT_QUOTA": "6", "BYTEPS_PCIE_SWITCH_SIZE": "4",
-        "BYTEPS_JOB_ID": "job.7_a",
+        "BYTEPS_JOB_ID": "job.7_a", "BYTEPS_THREADPOOL_SIZE": "3",
     })
     assert (cfg.scheduling_credit, cfg.pipeline) == (0, False)
     assert (cfg.fusion_threshold, cfg.fusion_max_tensor_bytes) == (8192, 1024)
@@ -94,9 +94,11 @@ def test_scheduling_fusion_assignment_and_placement_knobs():
     assert cfg.visible_cpu_cores == ((1, 4, 5, 7, 8, 9, 10, 11, 12), (20, 21, 22, 23, 24, 25))
     assert cfg.cpu_blacklist == (0, 3, 4) and not cfg.numa_on and not cfg.multithreaded_cpu
     assert (cfg.numa_default_quota, cfg.pcie_switch_size, cfg.job_id) == (6, 4, "job.7_a")
+    assert cfg.threadpool_size == 3
     defaults = Config.from_env({})
     assert (defaults.scheduling_credit, defaults.pipeline, defaults.key_hash_fn) == (8, True, "djb2")
     assert defaults.visible_cpu_cores is None and defaults.cpu_blacklist == () and defaults.job_id is None
+    assert defaults.threadpool_size == 0
 
 
 @pytest.mark.parametrize("env,variable,fragment", [
@@ -108,6 +110,8 @@ def test_scheduling_fusion_assignment_and_placement_knobs():
     ({"BYTEPS_CPU_BLACKLIST": "5-2"}, "BYTEPS_CPU_BLACKLIST", "bad CPU range"),
     ({"BYTEPS_NUMA_DEFAULT_QUOTA": "0"}, "BYTEPS_NUMA_DEFAULT_QUOTA", "must be >= 1"),
     ({"BYTEPS_JOB_ID": "a/b"}, "BYTEPS_JOB_ID", "letters, digits"),
+    ({"BYTEPS_THREADPOOL_SIZE": "-2"}, "BYTEPS_THREADPOOL_SIZE", "must be >= 0"),
+    ({"BYTEPS_THREADPOOL_SIZE": "two"}, "BYTEPS_THREADPOOL_SIZE", "BYTEPS_THREADPOOL_SIZE"),
 ])
 def test_bad_knobs_name_the_variable(env, variable, fragment):
     with pytest.raises(ConfigError) as info:
