@@ -7,7 +7,12 @@ PUSH/PULL stream of the same number of bytes in messages of the same size
 single TCP connection pair moves here with no byteps in the way. Goal: a
 ratio of at least 0.7.
 
-    python benchmarks/bench_push_pull.py [--mb 100] [--repeats 5] [--json out.json]
+Small partitions (``--partition-bytes 4096``) take the bytes out of the
+picture and show what the per-partition path costs: the line then also
+gives partitions per second in each direction (a round pushes and pulls
+each partition once).
+
+    python benchmarks/bench_push_pull.py [--mb 100] [--repeats 5] [--partition-bytes N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -68,9 +73,9 @@ def raw_zmq_stream(total_bytes: int, message_bytes: int, repeats: int) -> list:
     return times[1:]
 
 
-def byteps_push_pull(nbytes: int, repeats: int) -> list:
+def byteps_push_pull(nbytes: int, repeats: int, partition_bytes: int) -> list:
     """Seconds per push_pull of one float32 tensor of ``nbytes`` through a real server."""
-    with one_worker_job(PARTITION_BYTES):
+    with one_worker_job(partition_bytes):
         import byteps.common as bps
 
         bps.init()
@@ -89,15 +94,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--partition-bytes", type=int, default=PARTITION_BYTES,
+                        help=f"BYTEPS_PARTITION_BYTES, also the raw stream's message size (default {PARTITION_BYTES})")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     nbytes = args.mb * 1000 * 1000
     moved = 2 * nbytes  # pushed + pulled
-    raw = statistics.median(raw_zmq_stream(moved, PARTITION_BYTES, args.repeats))
-    bps_times = byteps_push_pull(nbytes, args.repeats)
+    raw = statistics.median(raw_zmq_stream(moved, args.partition_bytes, args.repeats))
+    bps_times = byteps_push_pull(nbytes, args.repeats, args.partition_bytes)
     ours = statistics.median(bps_times)
+    partitions = -(-nbytes // args.partition_bytes)
     figures = {
-        "tensor_mb": args.mb, "partition_bytes": PARTITION_BYTES,
+        "tensor_mb": args.mb, "partition_bytes": args.partition_bytes, "partitions": partitions,
+        "partitions_per_s": partitions / ours, "raw_messages_per_s": 2 * partitions / raw,
         "raw_pyzmq_gbps": moved / raw / 1e9, "byteps_gbps": moved / ours / 1e9,
         "byteps_seconds_median": ours, "byteps_seconds_min": min(bps_times), "byteps_seconds_max": max(bps_times),
         "ratio": raw / ours,
@@ -105,7 +114,9 @@ def main() -> None:
     print(f"| what | GB/s (pushed + pulled) | ratio |\n|---|---|---|\n"
           f"| raw pyzmq PUSH/PULL stream, {moved / 1e6:.0f} MB | {figures['raw_pyzmq_gbps']:.2f} | 1.00 |\n"
           f"| byteps push_pull, {args.mb} MB float32, 1 worker + 1 server | {figures['byteps_gbps']:.2f} | "
-          f"{figures['ratio']:.2f} |")
+          f"{figures['ratio']:.2f} |\n\n{partitions} partitions of {args.partition_bytes} bytes: "
+          f"{figures['partitions_per_s']:.0f} pushed and pulled per second; the raw stream sends "
+          f"{figures['raw_messages_per_s']:.0f} messages per second")
     if args.json:
         with open(args.json, "w") as out:
             json.dump(figures, out, indent=2)

@@ -6,6 +6,10 @@ starts at a barrier, push_pulls every gradient of the workload at once
 (averaged, as training does) and ends when the last one is back. The first
 round is checked against the exact average (also with ``--compression-params``:
 onebit with scaling sends a constant tensor exactly).
+
+``--api`` picks the path: ``common`` (numpy arrays through byteps.common,
+in place), ``torch`` (torch tensors, ``push_pull_async_inplace``) or
+``torch-outofplace`` (``push_pull_async``: each result a new tensor).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ def main() -> None:
     parser.add_argument("--backward-ms", type=float, default=0.0,
                         help="spread the submissions over this long, in backward order, each after a share "
                              "proportional to its size (an emulated backward pass); 0: all at once")
+    parser.add_argument("--api", choices=("common", "torch", "torch-outofplace"), default="common",
+                        help="byteps.common on numpy arrays, or byteps.torch in place or out of place")
     args = parser.parse_args()
     if args.trace:
         import stage_probe
@@ -40,18 +46,32 @@ def main() -> None:
     from byteps.common.api import worker  # byteps.common.worker is also the submodule's name
 
     role = role_env()
-    bps.init()
+    if args.api == "common":
+        bps.init()
+        submit = bps.push_pull_async
+    else:
+        import torch
+
+        import byteps.torch as bps_torch
+
+        bps_torch.init()
+        submit = bps_torch.push_pull_async_inplace if args.api == "torch" else bps_torch.push_pull_async
     assert bps.rank() == role["rank"] and bps.size() == role["size"], (bps.rank(), bps.size(), role)
     grads = [(name, np.full(shape, role["rank"] + 1, dtype=np.float32)) for name, shape in
              gradient_shapes(args.workload)]
-    # Declared in forward order, as DistributedOptimizer declares a model's gradients (their priority: the
-    # first layer's is needed first by the next forward pass); pushed in backward order, as they come.
-    for name, array in reversed(grads):
-        bps.declare(name, nbytes=array.nbytes, itemsize=array.itemsize)
+    if args.api == "common":
+        # Declared in forward order, as DistributedOptimizer declares a model's gradients (their priority: the
+        # first layer's is needed first by the next forward pass); pushed in backward order, as they come.
+        for name, array in reversed(grads):
+            bps.declare(name, nbytes=array.nbytes, itemsize=array.itemsize)
+    else:
+        grads = [(name, torch.from_numpy(array)) for name, array in grads]
     expected = np.float32(sum(range(1, role["size"] + 1))) / np.float32(role["size"])
 
     total = sum(array.nbytes for _, array in grads)
     pauses = [args.backward_ms / 1000 * array.nbytes / total for _, array in grads]
+    options = {"compression_params": args.compression_params} if args.compression_params else {}
+    results = [array for _, array in grads]  # in place: the gradients; out of place: the last round's results
 
     def one_round():
         bps.barrier()
@@ -60,13 +80,13 @@ def main() -> None:
         for (name, array), pause in zip(grads, pauses):
             if pause:
                 time.sleep(pause)
-            handles.append(bps.push_pull_async(array, name=name, average=True,
-                                               compression_params=args.compression_params))
+            handles.append(submit(array, name=name, average=True, **options))
         submitted = now()
-        bps.synchronize(handles[-1])  # the first layer's gradients: when could the next forward pass begin?
+        sync = bps.synchronize if args.api == "common" else bps_torch.synchronize
+        results[-1] = sync(handles[-1])  # the first layer's gradients: when could the next forward pass begin?
         first = now() - submitted  # from the end of the backward pass
-        for handle in handles[:-1]:
-            bps.synchronize(handle)
+        for index, handle in enumerate(handles[:-1]):
+            results[index] = sync(handle)
         return now() - start, wall, first
 
     times, starts, firsts = [], [], []
@@ -77,7 +97,8 @@ def main() -> None:
             starts.append(started)
             firsts.append(first)
         if i == 0:
-            for name, array in grads:  # the average of rank+1 over ranks, exact in float32 here
+            for (name, _), result in zip(grads, results):  # the average of rank+1 over ranks, exact in float32
+                array = result if args.api == "common" else result.numpy()
                 if not np.allclose(array, expected, rtol=1e-6):
                     raise SystemExit(f"push_pull({name!r}) gave {array.ravel()[:4]}, expected {expected}")
     write_result(args.out, {"rank": role["rank"], "times": times, "starts": starts, "first_layer": firsts,

@@ -26,19 +26,28 @@ from typing import Dict, List, Optional
 from cpu_sampler import CpuSampler
 from rig import NIC, ClusterRig
 
-__all__ = ["SYSTEMS", "Role", "JobOutcome", "layout", "run_job", "hosts_needed"]
+__all__ = ["SYSTEMS", "DEFAULT_SYSTEMS", "Role", "JobOutcome", "layout", "run_job", "hosts_needed"]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SYSTEMS = ("byteps", "byteps-1server", "byteps-colocated", "byteps-onebit", "gloo", "mxnet")
+SYSTEMS = ("byteps", "byteps-1server", "byteps-colocated", "byteps-onebit", "byteps-torch",
+           "byteps-torch-outofplace", "gloo", "mxnet")
 DESCRIPTIONS = {
     "byteps": "byteps push_pull, n worker hosts + n CPU server hosts",
     "byteps-1server": "byteps push_pull, n worker hosts + 1 CPU server host",
     "byteps-colocated": "byteps push_pull, a server on each of the n worker hosts",
     "byteps-onebit": "byteps push_pull with onebit compression (scaling, error feedback), n + n CPU server hosts",
+    "byteps-torch": "byteps.torch push_pull_async_inplace on torch tensors, n + n CPU server hosts",
+    "byteps-torch-outofplace": "byteps.torch push_pull_async (a new tensor per result), n + n CPU server hosts",
     "gloo": "torch.distributed gloo all_reduce (ring), n hosts",
     "mxnet": "MXNet KVStore dist_sync (ps-lite), n worker hosts + n CPU server hosts",
 }
 SCHEDULER_PORT = 9000
+#: The byteps systems whose servers are n hosts of their own.
+DEDICATED = ("byteps", "byteps-onebit", "byteps-torch", "byteps-torch-outofplace")
+#: bps_worker's --api of the systems that do not use byteps.common directly.
+WORKER_API = {"byteps-torch": "torch", "byteps-torch-outofplace": "torch-outofplace"}
+#: What a run without --systems compares (the torch-path systems are asked for by name).
+DEFAULT_SYSTEMS = tuple(system for system in SYSTEMS if system not in WORKER_API)
 #: BytePS's compression_params of the byteps-onebit system.
 ONEBIT = '{"compressor": "onebit", "scaling": true, "ef": "vanilla"}'
 
@@ -66,7 +75,7 @@ def hosts_needed(n: int) -> int:
 
 
 def _servers(system: str, n: int) -> List[int]:
-    if system in ("byteps", "byteps-onebit", "mxnet"):
+    if system in DEDICATED or system == "mxnet":
         return list(range(n, 2 * n))
     if system == "byteps-1server":
         return [n]
@@ -115,6 +124,8 @@ def layout(system: str, n: int, worker_args: List[str], workdir: str, port: int,
             argv += ["--master", f"{address(0)}:{port}"]
         if system == "byteps-onebit":
             argv += ["--compression-params", ONEBIT]
+        if system in WORKER_API:
+            argv += ["--api", WORKER_API[system]]
         if trace:
             argv += ["--trace", os.path.join(workdir, f"trace-worker{w}.json")]
         roles.append(Role(f"worker{w}", w, argv, {**common, **per_host(w), "DMLC_ROLE": "worker",

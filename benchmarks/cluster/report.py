@@ -23,6 +23,8 @@ SECTION = "## Cluster benchmark: byteps against allreduce and ps-lite on capped 
 CPU_SATURATED = 0.95  # machine busy share during the timed rounds that marks a figure with †
 LABELS = {"byteps": "byteps, k = n servers", "byteps-1server": "byteps, k = 1 server",
           "byteps-colocated": "byteps, servers co-located", "byteps-onebit": "byteps onebit+EF, k = n",
+          "byteps-torch": "byteps.torch in place, k = n",
+          "byteps-torch-outofplace": "byteps.torch out of place, k = n",
           "gloo": "gloo all_reduce (ring)",
           "mxnet": "MXNet dist_sync, k = n"}
 

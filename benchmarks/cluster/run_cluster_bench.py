@@ -29,7 +29,7 @@ import tempfile
 from typing import Dict, List, Optional
 
 from calibration import calibrate, probe
-from jobs import SYSTEMS, hosts_needed, layout, run_job
+from jobs import DEFAULT_SYSTEMS, SYSTEMS, hosts_needed, layout, run_job
 from rig import ClusterRig, RigError, check_privileges, parse_rate_bits
 from workloads import WORKLOADS, workload_bytes
 
@@ -47,7 +47,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--fixed-rate", action="store_true",
                    help="keep --rate even where the calibration finds the cores, not the cap, limiting")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"subset of {','.join(WORKLOADS)}")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"subset of {','.join(SYSTEMS)}")
+    p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS), help=f"subset of {','.join(SYSTEMS)}")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5, help="timed rounds of the 100MB tensor")
     p.add_argument("--model-repeats", type=int, default=3, help="timed rounds of each model's gradients")

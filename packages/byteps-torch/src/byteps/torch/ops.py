@@ -244,8 +244,9 @@ def push_pull(tensor: torch.Tensor, average: bool = True, name: Optional[str] = 
     """Average (or sum) ``tensor`` over all ranks into a new tensor; differentiable.
 
     ``op`` (Average/Sum), when given, supersedes ``average``. ``version`` and
-    ``priority`` are accepted for BytePS source compatibility and ignored
-    (byteps has no priority scheduling yet).
+    ``priority`` are accepted for BytePS source compatibility and ignored:
+    byteps orders partitions by when their tensors were first declared
+    (docs/architecture.md).
 
     >>> bps.push_pull(torch.ones(3), name="ones", average=False)   # tensor([2., 2., 2.]) with 2 ranks
     """
