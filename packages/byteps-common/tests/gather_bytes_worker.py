@@ -1,8 +1,11 @@
-"""Worker that gathers and broadcasts one tensor and reports the network bytes its process sent for each.
+"""Worker that gathers and broadcasts one tensor and reports the network bytes its process sent and received.
 
 Usage: python gather_bytes_worker.py COUNT
-Prints ``GATHER <worker id> sent <n> buffer <n>`` and ``BROADCAST <worker id> sent <n>`` after checking
-the results: only this rank's bytes of a gather (and none of a broadcast it does not root) should travel.
+Prints ``GATHER <worker id> sent <n> received <n> buffer <n>``, ``BROADCAST <worker id> sent <n>
+received <n>`` and ``SCATTER <worker id> sent <n> received <n>`` after checking the results: only this
+rank's bytes of a gather should go out and only the others' come back; a broadcast's root sends its tensor
+and receives none of it, the others the reverse; an averaging reducescatter of 2 x COUNT float32 sends
+all of it and receives only this rank's rows.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import numpy as np
 
 import byteps.common as bps
 from byteps.common.api import worker
+from byteps.common.dtypes import DType
 from byteps.common.frontend import collectives as front
 
 
@@ -23,22 +27,34 @@ def main() -> None:
     rank, size = bps.rank(), bps.size()
     me = os.environ["DMLC_WORKER_ID"]
     mine = np.arange(count, dtype=np.float32) + 1000 * rank
-    before = worker().bytes_sent
+    before, before_received = worker().bytes_sent, worker().bytes_received
     started = front.allgather("gathered", front.Piece(mine.view(np.uint8), (count,), "float32"))
     started.core.wait()
     gathered = started.finish()
-    sent = worker().bytes_sent - before
+    sent, received = worker().bytes_sent - before, worker().bytes_received - before_received
     got = np.asarray(gathered.data).view(np.float32)
     want = np.concatenate([np.arange(count, dtype=np.float32) + 1000 * r for r in range(size)])
     assert np.array_equal(got, want), (got[:3], want[:3])
     buffer = 1 << (size * count - 1).bit_length()  # the move buffer's int32 words, a power of two
-    print(f"GATHER {me} sent {sent} buffer {buffer * 4}", flush=True)
+    print(f"GATHER {me} sent {sent} received {received} buffer {buffer * 4}", flush=True)
 
-    before = worker().bytes_sent
+    before, before_received = worker().bytes_sent, worker().bytes_received
     x = mine.copy() if rank == 0 else np.zeros(count, np.float32)
     worker().push_pull_async(x, "broadcast", average=False, root=0).wait()
     assert np.array_equal(x, np.arange(count, dtype=np.float32)), x[:3]
-    print(f"BROADCAST {me} sent {worker().bytes_sent - before}", flush=True)
+    print(f"BROADCAST {me} sent {worker().bytes_sent - before} received "
+          f"{worker().bytes_received - before_received}", flush=True)
+
+    before, before_received = worker().bytes_sent, worker().bytes_received
+    rows = np.arange(2 * count, dtype=np.float32)
+    started = front.reducescatter("scattered", rows + rank, DType.FLOAT32, average=True)
+    started.core.wait()
+    first, mine = front.split_rows(2 * count, size, rank)
+    want = rows[first:first + mine] + np.float32((size - 1) / 2)  # the mean of rows + r over the ranks
+    got = started.finish()
+    assert np.array_equal(got, want), (got[:3], want[:3])
+    print(f"SCATTER {me} sent {worker().bytes_sent - before} received "
+          f"{worker().bytes_received - before_received}", flush=True)
     bps.shutdown()
 
 

@@ -79,22 +79,32 @@ def test_network_bytes_per_machine_do_not_grow_with_local_size():
     assert seen[4][0][0] <= seen[1][0][0] * 1.01, seen
 
 
-def test_gathers_and_broadcasts_send_only_their_own_bytes():
+def test_gathers_and_broadcasts_move_only_the_bytes_they_need():
     """A gather's buffer is zeros outside each rank's bytes, a broadcast's on every rank but the root:
-    those partitions cross the wire as headers flagged zeros (FLAG_ZEROS), and the results stay exact."""
+    those partitions go to the servers as headers flagged zeros (FLAG_ZEROS). A rank already holds the sum
+    of its own bytes, of the padding and (the root) of a broadcast: those are pulled bare (FLAG_BARE), a
+    header back once the round is complete. The results stay exact."""
     count = 250_000  # 1 MB per rank; the gather's buffer is 2 MiB, in 200 kB partitions over 2 servers
     result = run_job([sys.executable, os.path.join(HERE, "gather_bytes_worker.py"), str(count)], 2, 2,
                      env={"BYTEPS_PARTITION_BYTES": "200000"})
     assert_ok(result)
     text = "\n".join(result.outputs.values())
-    gathers = {int(w): (int(s), int(b)) for w, s, b in re.findall(r"GATHER (\d) sent (\d+) buffer (\d+)", text)}
-    broadcasts = {int(w): int(s) for w, s in re.findall(r"BROADCAST (\d) sent (\d+)", text)}
+    gathers = {int(w): (int(s), int(r), int(b)) for w, s, r, b in
+               re.findall(r"GATHER (\d) sent (\d+) received (\d+) buffer (\d+)", text)}
+    broadcasts = {int(w): (int(s), int(r)) for w, s, r in re.findall(r"BROADCAST (\d) sent (\d+) received (\d+)", text)}
     assert sorted(gathers) == sorted(broadcasts) == [0, 1], text
-    for sent, buffer in gathers.values():
-        # its own 1 MB, at most two partitions it shares, headers and the describe table: not the whole buffer
+    for sent, received, buffer in gathers.values():
+        # its own 1 MB (out) or the other rank's (back), at most two partitions shared with the other rank,
+        # headers and the describe table: not the whole buffer
         assert count * 4 <= sent <= count * 4 + 2 * 200_000 + 20_000 < buffer, (sent, buffer)
-    assert count * 4 <= broadcasts[0] <= count * 4 * 1.01, broadcasts
-    assert broadcasts[1] < 10_000, broadcasts  # headers only
+        assert count * 4 <= received <= count * 4 + 2 * 200_000 + 20_000 < buffer, (received, buffer)
+    assert count * 4 <= broadcasts[0][0] <= count * 4 * 1.01 and broadcasts[0][1] < 10_000, broadcasts
+    assert broadcasts[1][0] < 10_000 and count * 4 <= broadcasts[1][1] <= count * 4 * 1.01, broadcasts
+    scatters = {int(w): (int(s), int(r)) for w, s, r in re.findall(r"SCATTER (\d) sent (\d+) received (\d+)", text)}
+    assert sorted(scatters) == [0, 1], text
+    for sent, received in scatters.values():  # 2 MB pushed, its 1 MB of rows (and a shared partition) back
+        assert 2 * count * 4 <= sent <= 2 * count * 4 * 1.01, scatters
+        assert count * 4 <= received <= count * 4 + 200_000 + 10_000, scatters
 
 
 def test_two_jobs_on_one_machine_do_not_collide():

@@ -79,7 +79,7 @@ void SummationEngine::declare(uint64_t key, size_t nbytes, int dtype, int contri
 }
 
 bool SummationEngine::push(uint64_t key, int64_t round, const SharedBytes& data,
-                           std::vector<SharedBytes>& released) {
+                           std::vector<SharedBytes>& released, bool zeros) {
   std::lock_guard<std::mutex> lock(mu_);
   KeyState& s = state(key);
   if (data.nbytes != s.nbytes) {
@@ -102,6 +102,7 @@ bool SummationEngine::push(uint64_t key, int64_t round, const SharedBytes& data,
     // whatever the slot holds.
     s.out_round[parity] = -1;
     if (s.result[parity]) released.push_back(std::exchange(s.result[parity], SharedBytes{}));
+    s.summed = false;
     if (s.contributors == 1) {
       // The sum of one push is the push, bit for bit, halves included.
       s.result[parity] = data;
@@ -109,40 +110,67 @@ bool SummationEngine::push(uint64_t key, int64_t round, const SharedBytes& data,
       s.completed = round;
       return true;
     }
-    s.first = data;
-    s.pushes = 1;
-    return false;
   }
 
   char* out = static_cast<char*>(s.out[parity]->data());
   char* acc = s.acc ? static_cast<char*>(s.acc->data()) : out;
-  const auto* src = static_cast<const char*>(data.data);
-  // The round's last push into a wider accumulator finalizes block by block,
-  // while each block is still in L1, instead of re-reading the whole
-  // accumulator from memory afterwards.
-  const bool finalize_now = s.pushes + 1 == s.contributors && out != acc;
-  if (s.pushes == 1) {
-    sum_pair(s, acc, out, static_cast<const char*>(s.first.data), src, finalize_now);
-    released.push_back(std::exchange(s.first, SharedBytes{}));
+  bool finalized = false;
+  if (zeros) {
+    // Adds nothing: only counted. Held as the round's first push when no
+    // other comes, so that a round of zeros alone has zeros as its sum.
+    if (!s.first && !s.summed) {
+      s.first = data;
+      s.first_zeros = true;
+    }
+  } else if (!s.summed && (!s.first || s.first_zeros)) {
+    // The round's first push with bytes in it is held, not copied.
+    if (s.first) released.push_back(std::exchange(s.first, SharedBytes{}));
+    s.first = data;
+    s.first_zeros = false;
   } else {
-    const size_t isz = itemsize(s.dtype);
-    const size_t acc_isz = accumulation_itemsize(s.dtype);
-    const int dtype = s.dtype;
-    parallel_for(s.nbytes / isz, s.nbytes, [&](size_t begin, size_t end) {
-      if (!finalize_now) {
-        accumulate_(acc + begin * acc_isz, src + begin * isz, end - begin, dtype, 0);
-        return;
-      }
-      for (size_t i = begin; i < end; i += kBlockElements) {
-        const size_t n = std::min(kBlockElements, end - i);
-        accumulate_(acc + i * acc_isz, src + i * isz, n, dtype, 0);
-        finalize_(out + i * isz, acc + i * acc_isz, n, dtype);
-      }
-    });
+    const auto* src = static_cast<const char*>(data.data);
+    // The round's last push into a wider accumulator finalizes block by block,
+    // while each block is still in L1, instead of re-reading the whole
+    // accumulator from memory afterwards.
+    finalized = s.pushes + 1 == s.contributors && out != acc;
+    if (!s.summed) {
+      sum_pair(s, acc, out, static_cast<const char*>(s.first.data), src, finalized);
+      released.push_back(std::exchange(s.first, SharedBytes{}));
+      s.summed = true;
+    } else {
+      const size_t isz = itemsize(s.dtype);
+      const size_t acc_isz = accumulation_itemsize(s.dtype);
+      const int dtype = s.dtype;
+      parallel_for(s.nbytes / isz, s.nbytes, [&](size_t begin, size_t end) {
+        if (!finalized) {
+          accumulate_(acc + begin * acc_isz, src + begin * isz, end - begin, dtype, 0);
+          return;
+        }
+        for (size_t i = begin; i < end; i += kBlockElements) {
+          const size_t n = std::min(kBlockElements, end - i);
+          accumulate_(acc + i * acc_isz, src + i * isz, n, dtype, 0);
+          finalize_(out + i * isz, acc + i * acc_isz, n, dtype);
+        }
+      });
+    }
   }
-  if (++s.pushes < s.contributors) return false;
+  ++s.pushes;
+  if (s.pushes < s.contributors) return false;
 
-  s.result[parity] = SharedBytes{s.out[parity], out, s.nbytes};
+  if (s.summed) {
+    if (out != acc && !finalized) {  // the round ended with zeros: narrow the accumulator now
+      const size_t isz = itemsize(s.dtype);
+      const size_t acc_isz = accumulation_itemsize(s.dtype);
+      const int dtype = s.dtype;
+      parallel_for(s.nbytes / isz, s.nbytes, [&](size_t begin, size_t end) {
+        finalize_(out + begin * isz, acc + begin * acc_isz, end - begin, dtype);
+      });
+    }
+    s.result[parity] = SharedBytes{s.out[parity], out, s.nbytes};
+  } else {
+    // One push had bytes (or none did): it is the sum, bit for bit, as with one worker.
+    s.result[parity] = std::exchange(s.first, SharedBytes{});
+  }
   s.out_round[parity] = round;
   s.completed = round;
   s.pushes = 0;
@@ -263,7 +291,7 @@ std::unique_ptr<SummationEngine> make_engine(int num_threads, int num_workers,
                                            accumulate, finalize);
 }
 
-bool py_push(SummationEngine& engine, uint64_t key, int64_t round, py::handle data) {
+bool py_push(SummationEngine& engine, uint64_t key, int64_t round, py::handle data, bool zeros) {
   const std::shared_ptr<const Py_buffer> view = hold_buffer(data, "data");
   const SharedBytes push{view, view->buf, static_cast<size_t>(view->len)};
   // Declared before the GIL is released, so destroyed after it is taken
@@ -272,7 +300,7 @@ bool py_push(SummationEngine& engine, uint64_t key, int64_t round, py::handle da
   std::vector<SharedBytes> released;
   released.reserve(2);
   py::gil_scoped_release release;
-  return engine.push(key, round, push, released);
+  return engine.push(key, round, push, released, zeros);
 }
 
 py::memoryview py_result(SummationEngine& engine, uint64_t key, int64_t round) {
@@ -346,8 +374,10 @@ Per-key summation store and thread pool of a byteps server.
            "Allocate a key's buffers; idempotent for the same (nbytes, dtype, contributors). "
            "`contributors` pushes complete a round (0: num_workers).")
       .def("push", &py_push, py::arg("key"), py::arg("round"), py::arg("data"),
+           py::arg("zeros") = false,
            "Sum one worker's push (the engine may keep a reference to it); True when it "
-           "was the round's last.")
+           "was the round's last. zeros=True: `data` is all zeros and is only counted "
+           "(kept as the sum when no push of the round has other bytes).")
       .def("result", &py_result, py::arg("key"), py::arg("round"),
            "Read-only memoryview of a completed round's sum (last two rounds kept).")
       .def("completed_round",

@@ -11,7 +11,9 @@
 // copied anywhere: the engine keeps the pushed buffer (SharedBytes) and, when
 // the second push arrives, sums both into the output buffer of the round's
 // parity in one pass (a float32 accumulator for halves). With one worker
-// there is nothing to sum: the push itself is the round's result.
+// there is nothing to sum: the push itself is the round's result. Pushes
+// flagged zeros are only counted, so a round with one push of bytes (a
+// gather's partition, a broadcast) also has that push as its result.
 //
 // Errors are std::invalid_argument (ValueError in Python).
 
@@ -134,8 +136,12 @@ class SummationEngine {
   // The engine may keep `data` (a copy of its owner) past the call: a
   // round's first push until the second arrives, and with one worker until
   // round + 2 starts. Pushes it no longer needs are appended to `released`.
+  // `zeros`: `data` is all zeros (a gather's partition a worker has no
+  // bytes in, a broadcast's non-root, a joined worker). It is counted, not
+  // summed; a round whose pushes but one are zeros has that push as its
+  // sum, held like a single worker's, and a round of zeros alone has `data`.
   bool push(uint64_t key, int64_t round, const SharedBytes& data,
-            std::vector<SharedBytes>& released);
+            std::vector<SharedBytes>& released, bool zeros = false);
 
   // Round `round`'s sum; its owner keeps the bytes alive past the engine.
   SharedBytes result(uint64_t key, int64_t round);
@@ -157,6 +163,8 @@ class SummationEngine {
     SharedBytes result[2];            // finished sum of round out_round[i]: out[i] or a push
     int64_t out_round[2] = {-1, -1};  // -1: slot i holds no finished round
     SharedBytes first;                // the round's first push, until the second arrives
+    bool first_zeros = false;         // `first` is a zeros push (replaced by the first with bytes)
+    bool summed = false;              // out (or acc) holds this round's partial sum
     int64_t completed = -1;
     int pushes = 0;        // pushes received for round completed + 1
     int contributors = 1;  // pushes that complete a round

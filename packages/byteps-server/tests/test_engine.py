@@ -100,6 +100,58 @@ def test_rounds_of_pushes_sum_like_numpy(dtype, num_threads, nbytes, workers):
             np.testing.assert_array_equal(as_array(engine.result(key, done_round), dtype), sums[done_round])
 
 
+@pytest.mark.parametrize("workers", [2, 3, 4])
+@pytest.mark.parametrize("nbytes", [56, LARGE], ids=["small", "large"])
+@pytest.mark.parametrize("dtype", list(DType), ids=lambda d: d.name)
+def test_pushes_flagged_zeros_are_counted_not_summed(dtype, nbytes, workers):
+    """Every pattern of zeros among a round's pushes gives numpy's sum of the others (zeros alone: zeros)."""
+    key, count = 5, nbytes // dtype.itemsize
+    engine = create_engine(2, workers)
+    engine.declare(key, count * dtype.itemsize, dtype)
+    zeros = np.zeros(count, dtype.storage)
+    for r in range(2 ** workers):  # round r: worker w pushes zeros where bit w of r is set
+        flagged = [bool(r >> w & 1) for w in range(workers)]
+        pushes = pushes_for(dtype, count, workers, seed=r)
+        done = [engine.push(key, r, zeros if z else push, zeros=z) for push, z in zip(pushes, flagged)]
+        assert done == [False] * (workers - 1) + [True]
+        summed = [push for push, z in zip(pushes, flagged) if not z]
+        if len(summed) == 1:  # the one push with bytes is the sum, bit for bit
+            expected = summed[0]
+        elif summed:
+            expected = reference_sum(summed, dtype)
+        else:
+            expected = zeros
+        np.testing.assert_array_equal(as_array(engine.result(key, r), dtype), expected)
+        if r:  # the round before stays readable
+            previous = [push for push, z in zip(pushes_for(dtype, count, workers, seed=r - 1),
+                                                [bool((r - 1) >> w & 1) for w in range(workers)]) if not z]
+            if len(previous) > 1:
+                np.testing.assert_array_equal(as_array(engine.result(key, r - 1), dtype),
+                                              reference_sum(previous, dtype))
+
+
+def test_a_push_alone_among_zeros_is_held_not_copied():
+    engine = create_engine(1, 3)
+    engine.declare(0, 16, DType.FLOAT32)
+    zeros = np.zeros(4, np.float32)
+    push = np.arange(4, dtype=np.float32)
+    alive = weakref.ref(push)
+    engine.push(0, 0, zeros, zeros=True)
+    engine.push(0, 0, push)
+    assert engine.push(0, 0, zeros, zeros=True)
+    view = engine.result(0, 0)
+    assert np.frombuffer(view, np.float32).ctypes.data == push.ctypes.data  # the push itself
+    del push, view
+    gc.collect()
+    assert alive() is not None  # kept for pulls until round 2 starts
+    for r in (1, 2):
+        for _ in range(3):
+            engine.push(0, r, zeros, zeros=True)
+    gc.collect()
+    assert alive() is None
+    np.testing.assert_array_equal(as_array(engine.result(0, 2), DType.FLOAT32), zeros)
+
+
 def test_several_keys_progress_independently():
     engine = create_engine(2, 2)
     engine.declare(1, 400, DType.FLOAT32)

@@ -12,10 +12,11 @@ framework adapters build on::
 from byteps.common.interface import require_interface
 
 # 2.1: compression, tracing, asynchronous keys and the front's ParameterExchange, backup workers (quorum keys,
-# skipping_round); 2.0: frontend, sealed transport; 1.1: local aggregation, declare sizes, topology
-INTERFACE_VERSION = (2, 2)
+# skipping_round); 2.0: frontend, sealed transport; 1.1: local aggregation, declare sizes, topology;
+# 2.3: push_pull_async(skip_pull=)
+INTERFACE_VERSION = (2, 3)
 
-require_interface("byteps-transport", "byteps.transport", (2, 2), requirer="byteps-common")
+require_interface("byteps-transport", "byteps.transport", (2, 3), requirer="byteps-common")
 
 from byteps.common.api import (  # noqa: E402
     barrier,

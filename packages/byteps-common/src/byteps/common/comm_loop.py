@@ -62,6 +62,8 @@ class PushPullTask:
     closed_after: Optional[int] = None  # backup workers: rounds closed after this one, least over the partitions
     device: Any = None  # a CUDA tensor's byteps.common.device_staging.StagedTensor (None: host memory)
     nonzero: Optional[Tuple[int, int]] = None  # [start, end) of the nonzero bytes: partitions outside push as zeros
+    #: byte ranges whose sum the caller does not need (held already, or not read): pulled bare (FLAG_BARE)
+    skip_pull: Tuple[Tuple[int, int], ...] = ()
     started: float = 0.0  # time.time() when the comm thread started it (for the timeline)
     remaining: int = 0  # partitions not yet in the output
     network_partitions: int = 0  # partitions this process pushes
@@ -401,9 +403,12 @@ class CommLoop(threading.Thread):
 
     # --- the stages owned here ------------------------------------------------------------
     def _copy_out(self, trip: PartitionTrip) -> None:
-        """COPY_OUT: the result into the output, divided when averaging; nothing if it landed there."""
+        """COPY_OUT: the result into the output, divided when averaging; nothing if it landed there (or if
+        the partition was pulled bare: the output stays as it is)."""
         target, task = trip.output, trip.task
-        if task.average_over > 1 and task.compression is None:  # a compressed tensor was averaged before
+        if not trip.pull_nbytes:
+            pass
+        elif task.average_over > 1 and task.compression is None:  # a compressed tensor was averaged before
             kernels.scale_into(target, trip.data, task.output.dtype, task.average_over)
         elif trip.data is not target:
             target[:] = trip.data

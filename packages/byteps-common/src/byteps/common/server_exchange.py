@@ -25,6 +25,7 @@ from byteps.common.scheduling import CreditQueue
 from byteps.common.tensor_description import PartitionSpec, split_quorum_aux
 from byteps.transport import (
     FLAG_AVERAGE,
+    FLAG_BARE,
     FLAG_SKIPPED,
     FLAG_ZEROS,
     Command,
@@ -51,6 +52,22 @@ def partition_spec(trip: PartitionTrip) -> PartitionSpec:
                          compression=task.compression.wire() if task.compression is not None else None)
 
 
+def _all_zeros(task, part) -> bool:
+    """Whether ``part`` of ``task`` lies wholly outside its nonzero bytes (pushed as a header flagged zeros)."""
+    nonzero = task.nonzero
+    return nonzero is not None and not (part.offset < nonzero[1] and nonzero[0] < part.offset + part.nbytes)
+
+
+def _skips_pull(task, part) -> bool:
+    """Whether ``part``'s sum is not needed (it lies wholly inside one of ``task.skip_pull``)."""
+    return any(start <= part.offset and part.offset + part.nbytes <= end for start, end in task.skip_pull)
+
+
+def _credit(task, part) -> int:
+    """Bytes a push of ``part`` takes from the credit until acknowledged: none for a header alone."""
+    return 0 if _all_zeros(task, part) else part.nbytes
+
+
 class ServerExchange:
     """This worker's connections to the servers, and the trips at PUSH or PULL on them."""
 
@@ -71,7 +88,7 @@ class ServerExchange:
 
     # --- the PUSH stage -----------------------------------------------------------------
     def push(self, trip: PartitionTrip) -> None:
-        self.queue.add((trip.task.plan.tensor_id, trip.part.index), trip.part.nbytes, trip)
+        self.queue.add((trip.task.plan.tensor_id, trip.part.index), _credit(trip.task, trip.part), trip)
         self.send_ready()
 
     def send_ready(self) -> None:
@@ -86,9 +103,8 @@ class ServerExchange:
             self._initialized.add(part.key)
         self._in_flight[(part.key, task.round)] = trip
         flags, payload = FLAG_AVERAGE if task.average_over else 0, trip.data
-        nonzero = task.nonzero
-        if nonzero is not None and not (part.offset < nonzero[1] and nonzero[0] < part.offset + part.nbytes):
-            flags, payload = flags | FLAG_ZEROS, None  # all zeros: the server adds zeros, nothing crosses the wire
+        if _all_zeros(task, part):
+            flags, payload = flags | FLAG_ZEROS, None  # the server counts zeros; nothing crosses the wire
         connection.send(Command.PUSH, self.rank, part.key, task.round, payload=payload,
                         dtype=int(task.source.dtype), flags=flags, aux=task.tag)
         if self.pipeline:
@@ -96,6 +112,8 @@ class ServerExchange:
 
     # --- the PULL stage -----------------------------------------------------------------
     def pull(self, trip: PartitionTrip) -> None:
+        if trip.task.skip_pull and _skips_pull(trip.task, trip.part):
+            trip.pull_nbytes = 0  # only the round's completion is asked for: a bare pull
         trip.landing = self._landing(trip)
         if trip.task.skipped:  # a closed round, pulled without a push: no credit, no INIT_KEY to send
             trip.acked = True
@@ -114,11 +132,15 @@ class ServerExchange:
                 self._send_pull(waiting)
 
     def _send_pull(self, trip: PartitionTrip, flags: int = 0) -> None:
+        if not trip.pull_nbytes:
+            flags |= FLAG_BARE
         self.connections[trip.part.server].send(Command.PULL, self.rank, trip.part.key, trip.task.round,
                                                 dtype=int(trip.task.source.dtype), flags=flags)
 
     def _landing(self, trip: PartitionTrip):
         """Where a sum is received: None keeps the message for COPY_OUT to divide (or DECOMPRESS to decode)."""
+        if not trip.pull_nbytes:
+            return None  # a bare pull: nothing to receive
         if trip.next_stage is Stage.DECOMPRESS:
             return None
         if trip.next_stage is Stage.COPY_OUT:
@@ -152,14 +174,18 @@ class ServerExchange:
         trip = self._in_flight.get(entry)
         if header.command == Command.PUSH_ACK and trip is not None and not trip.acked:
             trip.acked = True
-            self.queue.release(trip.part.nbytes)
+            self.queue.release(_credit(trip.task, trip.part))
             if not self.pipeline:
                 self._proceed(trip)
             self.send_ready()
             return
         landing = None if trip is None else trip.landing
-        if (header.command != Command.PULL_RESPONSE or trip is None or header.payload_bytes != trip.pull_nbytes
-                or (message.payload is None) != (landing is not None)):
+        # A bare pull's answer is a header; a server before FLAG_BARE sends the sum anyway, which is dropped.
+        bare = (header.command == Command.PULL_RESPONSE and trip is not None and not trip.pull_nbytes
+                and header.payload_bytes in (0, trip.part.nbytes))
+        if not bare and (header.command != Command.PULL_RESPONSE or trip is None
+                         or header.payload_bytes != trip.pull_nbytes
+                         or (message.payload is None) != (landing is not None)):
             raise TransportError(
                 f"unexpected {command_name(header.command)} for key {header.key} round {header.round} "
                 f"({header.payload_bytes} bytes) from server {connection.address}")
@@ -173,8 +199,11 @@ class ServerExchange:
             task.closed_after = closed_after if task.closed_after is None else min(task.closed_after, closed_after)
         del self._in_flight[entry]
         if not trip.acked:  # the ack is sent before the answer; tolerate it anyway
-            self.queue.release(trip.part.nbytes)
-        trip.data = message.payload if landing is None else landing
+            self.queue.release(_credit(trip.task, trip.part))
+        if bare:
+            trip.data = trip.output  # the output keeps what it holds: COPY_OUT leaves it
+        else:
+            trip.data = message.payload if landing is None else landing
         self._proceed(trip)
 
     def send_join(self) -> None:
@@ -197,7 +226,7 @@ class ServerExchange:
             if trip is not None:
                 self._abandoned.add((part.key, task.round))
                 if not trip.acked:
-                    self.queue.release(part.nbytes)
+                    self.queue.release(_credit(task, part))
         self._held_pulls.pop(id(task), None)
         self.queue.discard(lambda trip: trip.task is task)
 

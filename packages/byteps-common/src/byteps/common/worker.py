@@ -181,7 +181,8 @@ class Worker:
                         joinable: bool = True, compression: Optional[CompressionSpec] = None,
                         lr: Optional[float] = None, asynchronous: bool = False,
                         stream: Optional[int] = None, nonzero: Optional[Tuple[int, int]] = None,
-                        segments: Optional[Sequence[int]] = None) -> Handle:
+                        segments: Optional[Sequence[int]] = None,
+                        skip_pull: Sequence[Tuple[int, int]] = ()) -> Handle:
         """Start summing (or averaging) ``tensor`` over all workers.
 
         The result goes into ``output`` (default: ``tensor`` itself, in
@@ -223,6 +224,14 @@ class Worker:
         gather's buffer is outside this rank's bytes (and a broadcast's everywhere but on its root): where
         this process pushes its tensor alone (one local rank), partitions outside it go to the servers as
         a header flagged zeros, with no payload.
+
+        ``skip_pull`` (byte ranges ``(start, end)``) says the caller does not need the servers' sum
+        there: the output holds it already (a gather's buffer at this rank's own bytes, which the others
+        push as zeros, and in its padding), or the caller does not read it (a reducescatter's other rows).
+        Where this process pushes alone (one local rank), uncompressed, partitions wholly inside those
+        ranges are pulled bare: the servers answer with a header once the round is complete, and the
+        output there is left as it is (not divided when averaging). A broadcast's root, in place, needs
+        none of its result: it is pulled bare everywhere.
 
         A CUDA tensor (DLPack, e.g. torch's) goes through pinned host memory partition by partition
         (:mod:`byteps.common.device_staging`, docs/gpu.md); ``stream``, the caller's CUDA stream, waits
@@ -304,6 +313,8 @@ class Worker:
         tag = int(root) + 1 if root is not None else 0 if joinable else TAG_GATHER
         if root is not None and root != self.rank:
             nonzero = (0, 0)  # a broadcast's other ranks push zeros: none of them need to travel
+        elif root is not None and not asynchronous and target.data is source.data:
+            skip_pull = ((0, source.nbytes),)  # the others push zeros: the root's tensor is the sum
         quorum = 0
         if closes_early:  # averaged over the machines that closed the round
             quorum = self.config.num_worker - self.config.backup_workers
@@ -312,12 +323,21 @@ class Worker:
                             average_over=count if average else 0, handle=handle, members=ranks, machines=machines,
                             tag=tag, compression=compressor, lr=lr, asynchronous=asynchronous, quorum=quorum,
                             skipped=skipped, device=staged,
-                            nonzero=nonzero if self.local_size == 1 and compressor is None else None)
+                            nonzero=nonzero if self.local_size == 1 and compressor is None else None,
+                            skip_pull=self._bare_ranges(skip_pull, compressor, staged, quorum))
         if staged is not None:
             comm = self._comm
             staged.start(plan.partitions, lambda _, indices, error: comm.device_copy_done(task, indices, error))
         self._comm.submit(task)
         return handle
+
+    def _bare_ranges(self, ranges: Sequence[Tuple[int, int]], compressor: Any, staged: Any,
+                     quorum: int) -> Tuple[Tuple[int, int], ...]:
+        """The ranges of ``skip_pull`` that can be pulled bare: where this process pushes alone (no local
+        peers, whose slots the sum fills), uncompressed, from host memory, every machine's push awaited."""
+        if not ranges or self.local_size > 1 or compressor is not None or staged is not None or quorum:
+            return ()
+        return tuple((int(start), int(end)) for start, end in ranges)
 
     @staticmethod
     def _check_segments(name: str, segments: Sequence[int], source: Any, plan: Any) -> None:

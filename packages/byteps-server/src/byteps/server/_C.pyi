@@ -34,10 +34,13 @@ class ServerEngine:
         """Allocate the key's buffers; idempotent for the same (nbytes, dtype, contributors).
 
         ``contributors`` pushes complete a round (0: num_workers; fewer for a process set's keys)."""
-    def push(self, key: int, round: int, data: Buffer) -> bool:
+    def push(self, key: int, round: int, data: Buffer, zeros: bool = False) -> bool:
         """Sum one worker's push into `round` (the round the key is accumulating);
         True when it was the num_workers-th push and the round is finalized.
-        The engine may keep a reference to data (see the class docstring)."""
+        The engine may keep a reference to data (see the class docstring).
+        zeros=True: data is all zeros and is only counted; a round whose pushes
+        but one are zeros has that push as its sum (held, not copied), and a
+        round of zeros alone has data."""
     def result(self, key: int, round: int) -> memoryview:
         """Read-only memoryview ('B', nbytes) of a completed round's sum (with one
         worker, of the pushed buffer itself); it keeps the bytes alive, even

@@ -79,7 +79,14 @@ from byteps.transport import (
     tcp_address,
 )
 from byteps.transport.addressing import resolve_host
-from byteps.transport.frames import FLAG_AVERAGE, FLAG_SKIPPED, FLAG_ZEROS, command_name, parse_json_payload
+from byteps.transport.frames import (
+    FLAG_AVERAGE,
+    FLAG_BARE,
+    FLAG_SKIPPED,
+    FLAG_ZEROS,
+    command_name,
+    parse_json_payload,
+)
 
 __all__ = ["ParameterServer"]
 
@@ -102,6 +109,7 @@ class KeyState:
     spec: PartitionSpec
     declared_by: Dict[bytes, int] = dataclasses.field(default_factory=dict)  # identity -> worker rank
     pending_pulls: List[Tuple[bytes, int]] = dataclasses.field(default_factory=list)  # (identity, round)
+    bare_pulls: Set[Tuple[bytes, int]] = dataclasses.field(default_factory=set)  # pending pulls flagged FLAG_BARE
     pushed: Set[bytes] = dataclasses.field(default_factory=set)  # who pushed in the round being summed
     round_started: float = 0.0  # time.monotonic() of the first push of the round being summed
     round_flags: int = 0  # flags of that first push (FLAG_AVERAGE): every push of a round must agree
@@ -327,6 +335,7 @@ class ParameterServer:
             if identity != message.identity:
                 self._send_error(identity, header.key, text, header.round)
         state.pending_pulls = [(i, r) for i, r in state.pending_pulls if r != header.round]
+        state.bare_pulls = {(i, r) for i, r in state.bare_pulls if r != header.round}
 
     def _push(self, message: Message) -> None:
         header = message.header
@@ -358,12 +367,13 @@ class ParameterServer:
                 raise ValueError(f"a push flagged zeros must carry no payload and an uncompressed key "
                                  f"({state.spec.describe()})")
             payload = self._zeros_of(state.spec.nbytes)
+        zeros = bool(header.flags & FLAG_ZEROS)
         received = time.time() if self.tracer is not None and self.tracer.traces(header.round) else 0.0
         if state.codec is not None:  # summed dense; the engine holds the decompressed array until the round ends
             payload, lr = state.codec.decompress_push(payload)
             if not state.pushed:
                 state.round_lr = lr
-        complete = self.engine.push(header.key, header.round, payload)
+        complete = self.engine.push(header.key, header.round, payload, zeros=zeros)
         if received:
             self.tracer.span("receive", state.spec.name, received, time.time(), key=header.key,
                              partition=state.spec.partition, worker=header.sender, step=header.round + 1)
@@ -427,14 +437,15 @@ class ParameterServer:
                     f"{state.spec.describe()} {describe_op(False, state.round_tag)}, but worker "
                     f"{self.joined[identity]} has joined (hvd.join()): only allreduces count a joined rank as "
                     "zeros; allgather, broadcast and the other collectives need every rank")
-            complete = self.engine.push(key, round_, zeros)
+            complete = self.engine.push(key, round_, zeros, zeros=True)
             state.pushed.add(identity)
             if complete:
                 self._round_complete(key, state)
                 return
 
     def _zeros_of(self, nbytes: int) -> memoryview:
-        """A read-only block of zeros (the engine only reads pushes), one per size."""
+        """A read-only block of zeros, one per size: what a push flagged zeros stands for (the engine only
+        counts it, and keeps it as the sum of a round of zeros alone)."""
         zeros = self._zeros.get(nbytes)
         if zeros is None:
             zeros = self._zeros[nbytes] = memoryview(bytes(nbytes))
@@ -527,6 +538,8 @@ class ParameterServer:
         if any(identity == message.identity for identity, _ in state.pending_pulls):
             raise ValueError(f"second pending pull for {state.spec.describe()}")
         state.pending_pulls.append((message.identity, header.round))
+        if header.flags & FLAG_BARE:  # the worker holds the sum already: the answer is a header
+            state.bare_pulls.add((message.identity, header.round))
         if self.engine.completed_round(header.key) >= header.round:
             self._answer_pulls(header.key, state)
 
@@ -540,11 +553,15 @@ class ParameterServer:
             if round_ > completed or (state.spec.quorum and round_ - slowest > BACKUP_MAX_LAG):
                 still_waiting.append((identity, round_))
                 continue
+            bare = (identity, round_) in state.bare_pulls
+            state.bare_pulls.discard((identity, round_))
             failed = self.join_failed.get((key, round_))
             if failed is not None:
                 self._send_error(identity, key, failed, round_)
                 continue
-            if state.spec.quorum:
+            if bare:
+                result = None
+            elif state.spec.quorum:
                 result = state.history[round_]
             else:
                 result = self.engine.result(key, round_) if state.codec is None else state.compressed[round_]

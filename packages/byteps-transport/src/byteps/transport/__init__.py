@@ -16,6 +16,7 @@ from byteps.transport.endpoint import ByteCounters, Endpoint, Message
 from byteps.transport.errors import NodeFailure, RemoteError, RendezvousTimeout, TransportError
 from byteps.transport.frames import (
     FLAG_AVERAGE,
+    FLAG_BARE,
     FLAG_SKIPPED,
     FLAG_ZEROS,
     HEADER_BYTES,
@@ -37,7 +38,7 @@ from byteps.transport.zmq_endpoints import Connection, Listener, tcp_address
 # Context.listen/connect by address scheme, Poller), payloads as memoryviews,
 # ClientHandshake; 1.1: PUSH_ACK, LOCAL_READY/LOCAL_DONE, AddressBook.job_id
 # 2.1: NodeInfo.settings (job-wide settings checked at rendezvous), FLAG_SKIPPED
-INTERFACE_VERSION = (2, 2)  # 2.2: FLAG_ZEROS
+INTERFACE_VERSION = (2, 3)  # 2.2: FLAG_ZEROS; 2.3: FLAG_BARE
 
 __all__ = [
     "INTERFACE_VERSION",
@@ -46,6 +47,7 @@ __all__ = [
     "FLAG_AVERAGE",
     "FLAG_SKIPPED",
     "FLAG_ZEROS",
+    "FLAG_BARE",
     "AddressBook",
     "AuthenticationError",
     "ByteCounters",

@@ -24,6 +24,7 @@ __all__ = [
     "FLAG_AVERAGE",
     "FLAG_SKIPPED",
     "FLAG_ZEROS",
+    "FLAG_BARE",
     "MAX_CONTROL_PAYLOAD",
     "command_name",
     "encode_header",
@@ -80,6 +81,9 @@ FLAG_AVERAGE = 1
 FLAG_SKIPPED = 2
 #: Header flag of a PUSH: the partition is all zeros and no payload travels (a gather's other ranks' bytes).
 FLAG_ZEROS = 4
+#: Header flag of a PULL: the worker already holds the round's sum (a gather's own bytes or its padding, a
+#: broadcast's root): the server answers with a header alone once the round is complete.
+FLAG_BARE = 8
 
 
 class Header(NamedTuple):

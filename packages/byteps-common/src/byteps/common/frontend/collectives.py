@@ -14,9 +14,11 @@ byteps servers sum. Every other collective here is built from two sums:
    up to a power of two, so a name used with varying sizes maps to a
    bounded number of byteps tensors (one per size class).
 
-Each worker pushes and pulls the whole gathered buffer, where a ring
-allgather sends (n-1)/n of it: the cost and the plan to serve slices from
-the servers are in docs/decisions.md. Reducescatter is the average or sum
+Each worker pushes its own bytes (the rest of the buffer goes as headers
+flagged zeros, which the servers count without summing) and pulls the
+other ranks' bytes (its own and the padding are pulled bare: a header
+says the round is complete), as a ring allgather moves (n-1)/n of the
+result; docs/decisions.md. Reducescatter is the average or sum
 of the whole tensor, of which each rank keeps its rows.
 
 Nothing waits at the call: the describe push_pull is started on the
@@ -91,15 +93,17 @@ class RankView:
 
     def push_pull_async(self, name: str, array: np.ndarray, average: bool = False, output: Any = None,
                         dtype: Any = None, root: Optional[int] = None, tensor_id: Optional[int] = None,
-                        nonzero: Optional[Tuple[int, int]] = None) -> Handle:
+                        nonzero: Optional[Tuple[int, int]] = None,
+                        skip_pull: Sequence[Tuple[int, int]] = ()) -> Handle:
         """Start summing (or averaging) ``array`` over these ranks (in place unless ``output``;
         ``root``: a broadcast's; ``tensor_id``: see :meth:`byteps.common.worker.Worker.derived_id`;
-        ``nonzero``: the byte range outside which ``array`` is zeros, which then need not travel).
+        ``nonzero``: the byte range outside which ``array`` is zeros, which then need not travel;
+        ``skip_pull``: byte ranges whose sum need not come back: held already, or not read).
         These sums gather: while a rank has joined they fail (see Worker.push_pull_async's ``joinable``)."""
         members = None if self.set_id == 0 else self.ranks
         return api.worker().push_pull_async(array, name, average=average, output=output, dtype=dtype,
                                             members=members, set_id=self.set_id, root=root, tensor_id=tensor_id,
-                                            joinable=False, nonzero=nonzero)
+                                            joinable=False, nonzero=nonzero, skip_pull=skip_pull)
 
     def push_pull(self, name: str, array: np.ndarray, average: bool = False, output: Any = None,
                   dtype: Any = None, root: Optional[int] = None) -> np.ndarray:
@@ -198,9 +202,12 @@ def move(name: str, mine: np.ndarray, sizes: Sequence[int], view: RankView,
     # Started from a callback, on whatever thread: its id derives from the describe tensor's, not from order.
     size_class = buffer.size.bit_length() - 1
     tensor_id = api.worker().derived_id(f"{name}.describe", size_class, view.set_id)
-    # Only this rank's bytes leave the machine; the server adds zeros for the rest (FLAG_ZEROS).
+    # Only this rank's bytes leave the machine; the server counts zeros for the rest (FLAG_ZEROS). Only the
+    # other ranks' bytes come back: this rank's own words and the padding are already the sum (FLAG_BARE).
+    own = (start, int(offsets[view.position + 1]) * 4)
     core = view.push_pull_async(f"{name}.move.{buffer.size}", buffer, tensor_id=tensor_id,
-                                nonzero=(start, start + mine.nbytes))
+                                nonzero=(start, start + mine.nbytes),
+                                skip_pull=(own, (int(offsets[-1]) * 4, buffer.nbytes)))
 
     def finish() -> Any:
         raw = buffer.view(np.uint8)
@@ -295,15 +302,20 @@ def reducescatter(name: str, array: np.ndarray, dtype: Any, average: bool,
     """Start reducing ``array`` over the ranks; the result is this rank's rows (:func:`split_rows`), a new array.
 
     The whole tensor is reduced and each rank keeps its rows: every rank's
-    tensor must have the same shape, which the servers check.
+    tensor must have the same shape, which the servers check. Only this
+    rank's rows of the sum come back from the servers.
     """
     view = view or RankView.everyone()
     if array.ndim == 0:
         raise ValueError(f"reducescatter({name!r}): a scalar (0-d) tensor cannot be scattered; "
                          "give it a first dimension")
     reduced = np.empty_like(array)
-    core = view.push_pull_async(name, array, average=average, output=reduced, dtype=dtype)
     first, count = split_rows(array.shape[0], view.size, view.position)
+    # Only this rank's rows of the sum come back; the others' are pulled bare.
+    row = array.nbytes // max(1, array.shape[0])
+    mine = (first * row, (first + count) * row)
+    core = view.push_pull_async(name, array, average=average, output=reduced, dtype=dtype,
+                                skip_pull=((0, mine[0]), (mine[1], array.nbytes)))
     return Started(core, lambda: reduced[first:first + count].copy())
 
 
