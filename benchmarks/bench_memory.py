@@ -28,21 +28,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
+from loopback_job import free_port
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MB = 1 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def status_kb(pid: object, field: str) -> int:
