@@ -58,5 +58,5 @@ def test_the_digits_example_survives_a_lost_worker_and_takes_in_a_new_one(tmp_pa
     assert counted == sorted(set(counted)), counted
     # Every epoch ran to its end, the last with 3 workers again.
     assert re.search(rf"^\[worker 0\] epoch  {EPOCHS}: .* with 3 worker\(s\)", output, re.M), output[-6000:]
-    assert abs(accuracy(output) - accuracy(undisturbed.stdout)) <= 0.02, (accuracy(output),
-                                                                          accuracy(undisturbed.stdout))
+    # Reaching it is what counts: the replayed steps after the rollback may well end a little higher.
+    assert accuracy(output) >= accuracy(undisturbed.stdout) - 0.02, (accuracy(output), accuracy(undisturbed.stdout))

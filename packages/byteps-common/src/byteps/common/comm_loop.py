@@ -305,7 +305,7 @@ class CommLoop(threading.Thread):
                         self.exchange.receive(ready)
         except NodeFailure as exc:
             log.error("%s", exc)
-            self._fail_all(exc)
+            self._fail_all(exc, tell_servers=False)
         except BaseException as exc:  # the thread must never die silently
             log.exception("communication thread failed")
             self._fail_all(exc)
@@ -494,7 +494,10 @@ class CommLoop(threading.Thread):
         task.handle.set_error(error)
         self._maybe_start_join()
 
-    def _fail_all(self, error: BaseException) -> None:
+    def _fail_all(self, error: BaseException, tell_servers: bool = True) -> None:
+        """Fail every task in flight with JobLost. ``tell_servers=False`` for a lost node: every other worker
+        learns of it from its own scheduler, as JobLost, where the servers' relay would reach it as a plain
+        refusal (PushPullError) and end an elastic worker that should roll back."""
         if not isinstance(error, JobLost):  # whatever ended the thread broke the job for every push_pull
             lost = JobLost(str(error))
             lost.__cause__ = error
@@ -502,7 +505,7 @@ class CommLoop(threading.Thread):
         if self._fatal is None:
             self._fatal = error
         for task in list(self._active.values()):
-            self._fail_task(task, error, False)
+            self._fail_task(task, error, tell_peers=False, tell_servers=tell_servers)
         for barrier in self._barriers:
             barrier.fail(error)
         self._barriers.clear()
