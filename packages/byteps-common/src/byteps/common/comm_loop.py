@@ -406,9 +406,8 @@ class CommLoop(threading.Thread):
         """COPY_OUT: the result into the output, divided when averaging; nothing if it landed there (or if
         the partition was pulled bare: the output stays as it is)."""
         target, task = trip.output, trip.task
-        if not trip.pull_nbytes:
-            pass
-        elif task.average_over > 1 and task.compression is None:  # a compressed tensor was averaged before
+        # A bare pull's data is the output itself; a compressed tensor was averaged before it was pushed.
+        if task.average_over > 1 and task.compression is None and trip.pull_nbytes:
             kernels.scale_into(target, trip.data, task.output.dtype, task.average_over)
         elif trip.data is not target:
             target[:] = trip.data

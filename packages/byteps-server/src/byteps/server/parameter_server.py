@@ -362,12 +362,12 @@ class ParameterServer:
         if state.pushed and (flags, header.aux) != (state.round_flags, state.round_tag):
             self._refuse_round(header.key, state, message)
         payload = message.payload if message.payload is not None else b""
-        if header.flags & FLAG_ZEROS:  # a gather's partition this worker has no bytes in: zeros, not sent
+        zeros = bool(header.flags & FLAG_ZEROS)
+        if zeros:  # a gather's partition this worker has no bytes in: zeros, not sent
             if payload or state.codec is not None:
                 raise ValueError(f"a push flagged zeros must carry no payload and an uncompressed key "
                                  f"({state.spec.describe()})")
             payload = self._zeros_of(state.spec.nbytes)
-        zeros = bool(header.flags & FLAG_ZEROS)
         received = time.time() if self.tracer is not None and self.tracer.traces(header.round) else 0.0
         if state.codec is not None:  # summed dense; the engine holds the decompressed array until the round ends
             payload, lr = state.codec.decompress_push(payload)
