@@ -285,7 +285,7 @@ def tests_mxnet(session: nox.Session) -> None:
 
 
 #: The tests that start cluster engines for real (sshd, SLURM, Ray), run by tests-engines only.
-ENGINE_TESTS = ("test_ssh_hosts.py", "test_slurm.py", "test_ray.py")
+ENGINE_TESTS = ("test_ssh_hosts.py", "test_elastic_hosts.py", "test_slurm.py", "test_ray.py")
 #: Ray, from PyPI, for byteps-launcher[ray] (pinned: its API moves between releases).
 RAY = "ray[train]==2.60.0"
 #: Debian's packages tests-engines installs: the program that shows each is there, and the package.

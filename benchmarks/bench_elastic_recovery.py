@@ -7,6 +7,10 @@ job's output arrives here, from the kill to the first step completed
 after it:
 
 * elastic, worker lost: ``-np 3 --min-np 2``, worker w2 killed;
+* elastic over ssh hosts (``--ssh``): the same with each worker on a host
+  of its own (127.0.0.2-4, an sshd each, found by a discovery script),
+  reading the membership from bpslaunch's rendezvous service; the killed
+  worker's host is dropped from discovery just before the kill;
 * elastic, server lost: ``-np 2 --min-np 2 --servers 2``, one server killed;
 * elastic, scheduler lost: the same, the scheduler killed (a dead
   scheduler tells no one: the workers see bpslaunch publish the next epoch);
@@ -15,7 +19,7 @@ after it:
 
 Run (about a minute on 2 cores, nothing else running)::
 
-    python benchmarks/bench_elastic_recovery.py --repeats 3
+    python benchmarks/bench_elastic_recovery.py --repeats 3 [--ssh]
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ import os
 import re
 import signal
 import statistics
+import tempfile
 import time
+from typing import Optional
 
-from byteps.testkit import WatchedJob, children_with_variable
+from byteps.testkit import DiscoveryScript, SshHosts, WatchedJob, children_with_variable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "packages", "byteps-launcher", "tests", "elastic_worker.py")
@@ -39,14 +45,36 @@ def first_step_after(job: WatchedJob, mark: int, timeout: float = 60) -> float:
     return time.monotonic()
 
 
-def one_run(case: str) -> float:
+SSH_HOSTS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+
+
+def process_with(name: str, value: str) -> int:
+    """The one process on this machine whose environment has name=value (a worker started over ssh)."""
+    wanted = f"{name}={value}".encode()
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if entry.isdigit() and wanted in f.read().split(b"\0"):
+                    return int(entry)
+        except OSError:
+            continue
+    raise LookupError(f"no process with {name}={value}")
+
+
+def one_run(case: str, hosts: Optional[SshHosts] = None, folder: str = "") -> float:
+    discovery = DiscoveryScript(folder, "\n".join(f"{h}:1" for h in SSH_HOSTS)) if case == "ssh" else None
     flags = {"worker": ["-np", "3", "--min-np", "2"],
+             "ssh": ["-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script",
+                     discovery.path if discovery else "", *(hosts.launcher_args() if hosts else [])],
              "server": ["-np", "2", "--min-np", "2", "--servers", "2"],
              "scheduler": ["-np", "2", "--min-np", "2", "--servers", "2"],
              "restart": ["-np", "3", "--max-restarts", "1"]}[case]
     with WatchedJob(flags, WORKER, ["12", "0.1"]) as job:
         job.wait_for(r"^\[worker 0\] step 4 ")
-        if case == "worker":
+        if case == "ssh":
+            discovery.report("\n".join(f"{h}:1" for h in SSH_HOSTS[:2]))
+            victim = process_with("BYTEPS_ELASTIC_WORKER", "w2")
+        elif case == "worker":
             victim = job.child_pid("BYTEPS_ELASTIC_WORKER", "w2")
         elif case == "restart":
             victim = [p for p in children_with_variable(job.process.pid, "DMLC_ROLE", "worker")
@@ -70,14 +98,18 @@ def one_run(case: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ssh", action="store_true", help="also the worker case over ssh hosts (needs sshd)")
     args = parser.parse_args()
     results = {}
     for case in ("restart", "worker", "server", "scheduler"):
         results[case] = [one_run(case) for _ in range(args.repeats)]
+    if args.ssh:
+        with tempfile.TemporaryDirectory() as folder, SshHosts(os.path.join(folder, "ssh"), SSH_HOSTS) as hosts:
+            results["ssh"] = [one_run("ssh", hosts, folder) for _ in range(args.repeats)]
     baseline = statistics.median(results["restart"])
     print(f"{'lost':<22}{'median s':>10}{'min s':>8}{'max s':>8}{'vs restart':>12}")
     labels = {"restart": "worker (restart job)", "worker": "worker (elastic)", "server": "server (elastic)",
-              "scheduler": "scheduler (elastic)"}
+              "scheduler": "scheduler (elastic)", "ssh": "worker (elastic, ssh)"}
     for case, times in results.items():
         median = statistics.median(times)
         print(f"{labels[case]:<22}{median:>10.2f}{min(times):>8.2f}{max(times):>8.2f}{median / baseline:>11.2f}x")

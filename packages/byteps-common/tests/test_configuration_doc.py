@@ -34,6 +34,8 @@ READ_ELSEWHERE = {
     # Elastic jobs: bpslaunch's epoch folder and the worker's lasting name, read before any Config exists.
     "BYTEPS_ELASTIC_DIR": "packages/byteps-common/src/byteps/common/elastic/membership.py",
     "BYTEPS_ELASTIC_WORKER": "packages/byteps-common/src/byteps/common/elastic/membership.py",
+    "BYTEPS_ELASTIC_RENDEZVOUS": "packages/byteps-common/src/byteps/common/elastic/membership.py",
+    "BYTEPS_ELASTIC_KEY": "packages/byteps-common/src/byteps/common/elastic/membership.py",
 }
 
 # A read of one of our variables from an environment mapping: environ.get("X"), env["X"], getenv("X").

@@ -211,12 +211,14 @@ def _script(tmp_path, body):
     (["-np", "2", "--min-np", "1", "--host-discovery-script", "/nonexistent/discover.sh"], "cannot be run"),
     (["-np", "2", "--min-np", "1", "--host-discovery-script", "{fails}"], "exited with code 3: no inventory"),
     (["-np", "2", "--min-np", "1", "--host-discovery-script", "{garbage}"], "is not a host"),
-    (["-np", "2", "--min-np", "1", "--host-discovery-script", "{remote}"], "names node7: elastic jobs run on this"),
-    (["-np", "2", "--min-np", "2", "--host-discovery-script", "{one}"], "reports 1 slot(s), fewer than --min-np 2"),
+    (["-np", "2", "--min-np", "2", "--host-discovery-script", "{remote}"],
+     "reports 1 usable slot(s), fewer than --min-np 2 (node7.invalid: cannot run"),
+    (["-np", "2", "--min-np", "2", "--host-discovery-script", "{one}"],
+     "reports 1 usable slot(s), fewer than --min-np 2"),
 ])
 def test_bad_elastic_command_lines_are_refused_naming_the_fix(tmp_path, flags, message):
     scripts = {"{fails}": "echo no inventory >&2; exit 3", "{garbage}": "echo 'not a host!'",
-               "{remote}": "echo localhost:1; echo node7:2", "{one}": "echo localhost:1"}
+               "{remote}": "echo localhost:1; echo node7.invalid:2", "{one}": "echo localhost:1"}
     flags = [_script(tmp_path, scripts[f]) if f in scripts else f for f in flags]
     started = time.monotonic()
     result = subprocess.run([*LAUNCHER, *flags, "--", "python", "-c", "pass"], env=clean_env({}),

@@ -13,8 +13,9 @@ from byteps.common.interface import require_interface
 
 # 2.1: compression, tracing, asynchronous keys and the front's ParameterExchange, backup workers (quorum keys,
 # skipping_round); 2.0: frontend, sealed transport; 1.1: local aggregation, declare sizes, topology;
-# 2.3: push_pull_async(skip_pull=)
-INTERFACE_VERSION = (2, 3)
+# 2.3: push_pull_async(skip_pull=); 2.4: elastic membership boards (a worker on another host reads its epoch
+# from bpslaunch's rendezvous service; epoch secrets derived from the elastic key)
+INTERFACE_VERSION = (2, 4)
 
 require_interface("byteps-transport", "byteps.transport", (2, 3), requirer="byteps-common")
 

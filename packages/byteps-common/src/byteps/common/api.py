@@ -59,14 +59,11 @@ def _config_from_env() -> Config:
     read horovodrun's.
     """
     global _epoch
-    folder = os.environ.get(membership.ELASTIC_DIR, "").strip()
-    if folder:
-        worker_name = os.environ.get(membership.ELASTIC_WORKER, "").strip()
-        if not worker_name:
-            raise ValueError(f"{membership.ELASTIC_DIR} is set but {membership.ELASTIC_WORKER} is not: "
-                             "elastic workers are started by bpslaunch --min-np/--max-np")
+    board = membership.board_from_env()
+    if board is not None:
+        worker_name = os.environ[membership.ELASTIC_WORKER].strip()
         after = _epoch.number if _epoch is not None else -1
-        epoch = membership.wait_for_epoch(folder, worker_name, after)
+        epoch = membership.wait_for_epoch(board, worker_name, after)
         os.environ.update(epoch.environment(worker_name))
         # A scheduler that was ended before this worker reached it never answers: give up on it in
         # time to join the next epoch.
@@ -82,7 +79,7 @@ def _new_worker(config: Config) -> Worker:
             if _epoch is None:
                 return Worker(config)
             # A dead scheduler cannot say that its epoch is over; the epoch file can.
-            watch = functools.partial(membership.epoch_ended, os.environ[membership.ELASTIC_DIR], _epoch.number)
+            watch = functools.partial(membership.epoch_ended, membership.board_from_env(), _epoch.number)
             return Worker(config, job_over=watch)
         except TransportError as exc:
             if _epoch is None:

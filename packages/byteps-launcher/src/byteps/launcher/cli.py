@@ -139,15 +139,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "= 1, 2, ... in every process (embedded mode and -H hosts; default 0). A job "
                              "stopped by Ctrl-C or SIGTERM is not restarted")
     elastic = parser.add_argument_group(
-        "elastic training", "Horovod's elastic mode on this machine: each worker process stands for a host of one "
-        "slot; the job goes on when workers, servers or the scheduler are lost (docs/elastic.md)")
+        "elastic training", "Horovod's elastic mode: the job goes on when workers, servers or the scheduler are "
+        "lost. Without a discovery script every worker process runs here as a host of one slot; hosts the script "
+        "names are reached over ssh (the --ssh-* options, -x) (docs/elastic.md)")
     elastic.add_argument("--min-np", type=int, default=None, metavar="N",
                          help="the fewest workers the job goes on with (default: -np)")
     elastic.add_argument("--max-np", type=int, default=None, metavar="N",
                          help="the most workers the job grows to (default: -np, or no limit with a discovery script)")
     elastic.add_argument("--host-discovery-script", default=None, metavar="SCRIPT",
-                         help="prints 'localhost:SLOTS' (Horovod's host:slots lines); run every second, more slots "
-                              "start more workers, who join at the next state.commit()")
+                         help="prints Horovod's host:slots lines (localhost:SLOTS for this machine); run every "
+                              "second, more slots start more workers, who join at the next state.commit()")
     elastic.add_argument("--reset-limit", type=_non_negative_int, default=None, metavar="N",
                          help="fail the job after N changes of membership (default: no limit)")
     parser.add_argument("--grace-period", type=_non_negative_float, default=DEFAULT_GRACE_PERIOD,
@@ -216,6 +217,11 @@ def _plan(args: argparse.Namespace, command: List[str], environ: Dict[str, str],
     return embedded_plan(options, command, environ)
 
 
+def _ssh_options(args: argparse.Namespace) -> SshOptions:
+    return SshOptions(port=args.ssh_port, identity_file=args.ssh_identity_file, options=tuple(args.ssh_option),
+                      **({"python": args.remote_python} if args.remote_python else {}))
+
+
 def _ssh_plan(args: argparse.Namespace, command: List[str], environ: Dict[str, str]) -> JobPlan:
     if environ.get("DMLC_ROLE", "").strip():
         raise UsageError("-H/--hostfile start every role themselves: unset DMLC_ROLE")
@@ -227,8 +233,7 @@ def _ssh_plan(args: argparse.Namespace, command: List[str], environ: Dict[str, s
                          "processes")
     hosts = parse_hosts(args.hosts) if args.hosts is not None else read_hostfile(args.hostfile)
     server_hosts = parse_host_names(args.server_hosts, "--server-hosts") if args.server_hosts else []
-    options = SshOptions(port=args.ssh_port, identity_file=args.ssh_identity_file, options=tuple(args.ssh_option),
-                         **({"python": args.remote_python} if args.remote_python else {}))
+    options = _ssh_options(args)
     plan = ssh_plan(hosts, command, environ, num_server=args.num_server, server_hosts=server_hosts, ssh=options,
                     forward=args.forward)
     remote = sorted({p.host for p in plan.processes if p.host is not None})
@@ -280,8 +285,9 @@ def _elastic_supervisor(args: argparse.Namespace, command: List[str], environ: D
         ("--max-restarts", bool(args.max_restarts)), ("DMLC_ROLE", bool(environ.get("DMLC_ROLE", "").strip())),
         ("srun", in_slurm_step(environ))) if given]
     if refused:
-        raise UsageError(f"elastic mode (--min-np/--max-np/--host-discovery-script/--reset-limit) runs every worker "
-                         f"on this machine as a host of its own; drop {', '.join(refused)}")
+        raise UsageError(f"elastic mode (--min-np/--max-np/--host-discovery-script/--reset-limit) finds its hosts "
+                         f"with --host-discovery-script (or runs -np workers on this machine); drop "
+                         f"{', '.join(refused)}")
     np = args.local_size if args.local_size is not None else args.min_np if args.min_np is not None else None
     if np is None:
         raise UsageError("elastic mode needs -np (how many workers to start with) or --min-np")
@@ -292,7 +298,8 @@ def _elastic_supervisor(args: argparse.Namespace, command: List[str], environ: D
                              reset_limit=args.reset_limit)
     for name in stale_variables(environ):
         console.note(f"elastic mode sets {name} itself; ignoring {name}={environ[name]!r}")
-    return ElasticSupervisor(options, command, environ, console, grace_period=args.grace_period)
+    return ElasticSupervisor(options, command, environ, console, grace_period=args.grace_period,
+                             ssh=_ssh_options(args), forward=args.forward)
 
 
 def _run_elastic(args: argparse.Namespace, command: List[str], report_dir: str, console: Console) -> int:

@@ -1,9 +1,17 @@
 """Elastic mode: ``bpslaunch -np 3 --min-np 2 --max-np 4 [--host-discovery-script S] COMMAND``.
 
-Horovod's elastic launcher in its local form: each worker process on this
-machine stands for one host of one slot. The job runs as a series of
-membership epochs (:mod:`byteps.common.elastic.membership`); each epoch has
-a fresh scheduler and servers with a new port, job id and secret, so
+Horovod's elastic launcher. Without a discovery script, or with one that
+names only this machine, every worker process runs here and stands for a
+host of one slot (the local form). A discovery script that names other
+hosts (``node1:2``) gets workers started there over ssh, ``slots`` each,
+as in ``-H`` jobs (:mod:`byteps.launcher.ssh`); they read the membership
+from bpslaunch's rendezvous service (:mod:`byteps.launcher.rendezvous`)
+instead of the epoch folder. Every elastic worker is one process of local
+size 1: there is no local aggregation in elastic jobs.
+
+The job runs as a series of membership epochs
+(:mod:`byteps.common.elastic.membership`); each epoch has a fresh scheduler
+and servers, on bpslaunch's machine, with a new port, job id and secret, so
 nothing an older epoch's process sends is ever summed.
 
 * A worker (or a server, or the scheduler) dies: the epoch ends at once.
@@ -13,13 +21,17 @@ nothing an older epoch's process sends is ever summed.
   old order. The survivors roll back to their last commit and go on, as
   long as at least ``--min-np`` are left; else the job fails with the dead
   worker's exit status.
-* The discovery script reports more slots (``localhost:3``): bpslaunch
-  starts new workers, up to ``--max-np``, and marks the epoch ``pending``.
+* The discovery script reports more slots (``localhost:3``, or a new host):
+  bpslaunch starts new workers, up to ``--max-np``, and marks the epoch
+  ``pending``. A host that fails the ssh check (unreachable, no byteps, another
+  version) is left out with one line saying why; a host whose new worker
+  fails before it was let in rests for REST_AFTER_FAILURE_S.
   At their next ``state.commit()`` the members leave it together
   (``HostsUpdatedInterrupt``); once all have said so, the next epoch
   includes the newcomers, who get the state by ``sync()``.
-* The discovery script reports fewer slots: the newest members (never
-  fewer than ``--min-np``) leave at the members' next commit, the same way,
+* The discovery script reports fewer slots on a host, or no longer names
+  it: that host's newest members (never fewer than ``--min-np`` in all)
+  leave at the members' next commit, the same way,
   and bpslaunch stops them (SIGTERM) once all have left the epoch.
 * The job succeeds when every member has exited 0; workers still waiting
   to join then are stopped. Once a member has finished, the job is ending:
@@ -33,7 +45,9 @@ Example::
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import secrets
 import shutil
 import signal
 import subprocess
@@ -42,23 +56,40 @@ import time
 from typing import Dict, List, Mapping, Optional, Sequence, Set
 
 from byteps.common.config import Config
-from byteps.common.elastic.membership import ELASTIC_DIR, ELASTIC_WORKER, Epoch, leaving_members, write_epoch
+from byteps.common.elastic.membership import (
+    ELASTIC_DIR,
+    ELASTIC_KEY,
+    ELASTIC_RENDEZVOUS,
+    ELASTIC_WORKER,
+    Epoch,
+    epoch_secret,
+    leaving_members,
+    write_epoch,
+)
+from byteps.common.interface import distribution_version
 from byteps.common.shared_segment import sweep
 from byteps.launcher.child_process import ChildProcess, describe_exit, exit_status
 from byteps.launcher.embedded_mode import LOCALHOST, OWNED_VARIABLES
-from byteps.launcher.hosts import is_local, parse_host_lines
+from byteps.launcher.hosts import Host, is_local, parse_host_lines
 from byteps.launcher.job_plan import SERVER_ARGV, JobPlan, ProcessSpec, UsageError, child_environment, job_identity
 from byteps.launcher.output import Console
 from byteps.launcher.ports import free_port
+from byteps.launcher.rendezvous import RendezvousService
+from byteps.launcher.ssh import SshOptions, forwarded_environment, host_problems
 from byteps.launcher.supervisor import DEFAULT_GRACE_PERIOD, TEARDOWN, Supervisor
+from byteps.transport.addressing import resolve_host
 
-__all__ = ["ElasticOptions", "ElasticSupervisor", "discover_slots", "DISCOVERY_INTERVAL_S", "NO_LIMIT"]
+__all__ = ["ElasticOptions", "ElasticSupervisor", "discover_hosts", "DISCOVERY_INTERVAL_S", "NO_LIMIT",
+           "REST_AFTER_FAILURE_S"]
 
 #: How often the discovery script runs (Horovod polls its script about once a second too).
 DISCOVERY_INTERVAL_S = 1.0
 DISCOVERY_TIMEOUT_S = 10.0
 #: ``max_np`` of a job with a discovery script and no --max-np: the script alone bounds it.
 NO_LIMIT = 1 << 30
+#: A host whose new worker failed before it was let in gets no new worker for this long (Horovod's
+#: blacklist cooldown), however many slots discovery reports there.
+REST_AFTER_FAILURE_S = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,12 +117,12 @@ class ElasticOptions:
             raise UsageError(f"--reset-limit must be >= 0, got {self.reset_limit}")
 
 
-def discover_slots(script: str, timeout_s: float = DISCOVERY_TIMEOUT_S) -> int:
-    """Run the discovery script; the slots it reports on this machine. UsageError naming what is wrong.
+def discover_hosts(script: str, timeout_s: float = DISCOVERY_TIMEOUT_S) -> List[Host]:
+    """Run the discovery script; the hosts it reports, in its order. UsageError naming what is wrong.
 
     The script prints one host per line, ``host:slots`` or ``host`` (one
-    slot), as Horovod's does. In the local form every host must be this
-    machine (``localhost``, ``127.0.0.1`` or its name).
+    slot), as Horovod's does; this machine may be named ``localhost``,
+    ``127.0.0.1`` or by its name, and its workers start without ssh.
     """
     try:
         result = subprocess.run([script], capture_output=True, text=True, timeout=timeout_s)
@@ -104,14 +135,8 @@ def discover_slots(script: str, timeout_s: float = DISCOVERY_TIMEOUT_S) -> int:
         tail = result.stderr.strip().splitlines()[-1:] or ["(no output on stderr)"]
         raise UsageError(f"--host-discovery-script {script} {describe_exit(result.returncode)}: {tail[0]}")
     if not result.stdout.strip():
-        return 0
-    where = f"--host-discovery-script {script} output"
-    hosts = parse_host_lines(result.stdout.splitlines(), where)
-    remote = [h.name for h in hosts if not is_local(h.name)]
-    if remote:
-        raise UsageError(f"{where} names {', '.join(remote)}: elastic jobs run on this machine only for now "
-                         "(report localhost:SLOTS); elastic training over ssh hosts is not built yet")
-    return sum(h.slots for h in hosts)
+        return []
+    return parse_host_lines(result.stdout.splitlines(), f"--host-discovery-script {script} output")
 
 
 class ElasticSupervisor(Supervisor):
@@ -119,17 +144,21 @@ class ElasticSupervisor(Supervisor):
 
     def __init__(self, options: ElasticOptions, command: Sequence[str], environ: Mapping[str, str],
                  console: Optional[Console] = None, grace_period: float = DEFAULT_GRACE_PERIOD,
-                 **supervisor_options) -> None:
+                 ssh: Optional[SshOptions] = None, forward: Sequence[str] = (), **supervisor_options) -> None:
         options.check()
         if not command:
             raise UsageError("missing COMMAND: what should each worker process run?")
-        super().__init__(JobPlan(mode="elastic", distributed=True, processes=()), grace_period=grace_period,
-                         console=console, **supervisor_options)
+        super().__init__(JobPlan(mode="elastic", distributed=True, processes=(), ssh=ssh or SshOptions()),
+                         grace_period=grace_period, console=console, **supervisor_options)
         self.options = options
         self.command = tuple(command)
         self.base_env = {k: v for k, v in environ.items() if k not in OWNED_VARIABLES}
+        self.remote_env = forwarded_environment(self.base_env, forward)  # UsageError for an unknown -x NAME
         self.folder = tempfile.mkdtemp(prefix="bpslaunch-elastic-")  # 0700: the epoch file holds the secret
+        self.key = secrets.token_hex(32)  # derives every epoch's secret; signs the rendezvous service's answers
+        self.rendezvous: Optional[RendezvousService] = None  # started with the first worker on another host
         self.workers: Dict[str, ChildProcess] = {}  # live workers by their lasting name
+        self.host_of: Dict[str, str] = {}  # every worker's host, as discovery names it
         self.waiting: List[str] = []  # started, not yet members of an epoch
         self.removing: List[str] = []  # members discovery no longer has slots for: they leave at the next commit
         self.finished: Set[str] = set()
@@ -138,11 +167,16 @@ class ElasticSupervisor(Supervisor):
         self.retired: Dict[int, float] = {}  # pid of an older epoch's service -> when to SIGKILL it
         self.job_ids: Set[str] = set()
         self.resets = 0
+        self.checked_hosts: Set[str] = set()  # other hosts that passed the ssh check
+        self.host_problems: Dict[str, str] = {}  # other hosts that failed it last: what is wrong
+        self._checks: Dict[str, concurrent.futures.Future] = {}  # hosts being checked now
+        self._checker = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="bpslaunch-check")
+        self.resting: Dict[str, float] = {}  # host -> until when it gets no new worker
         self._next_worker = 0
         self._next_discovery = 0.0
         self._last_discovery_error = ""
         self._check_environment()
-        self._initial = self._initial_workers()
+        self._initial = self._initial_hosts()
 
     # ------------------------------------------------------------ starting
 
@@ -151,19 +185,66 @@ class ElasticSupervisor(Supervisor):
         stand_in = Epoch(0, ("w",), 1, self.options.num_server, "0" * 12, "x")
         Config.from_env({**self.base_env, "DMLC_ROLE": "worker", **stand_in.environment("w")})
 
-    def _initial_workers(self) -> int:
-        """-np, or fewer if the discovery script reports fewer slots (but at least --min-np: UsageError)."""
+    def _initial_hosts(self) -> List[str]:
+        """Where the first workers run: -np on this machine, or -np slots of the hosts discovery reports
+        (fewer if it reports fewer, but at least --min-np: UsageError, naming the hosts left out)."""
         if not self.options.discovery_script:
-            return self.options.np
-        slots = discover_slots(self.options.discovery_script)
+            return ["localhost"] * self.options.np
+        hosts = discover_hosts(self.options.discovery_script)
+        usable = self._usable(hosts, wait=True)
+        slots = sum(h.slots for h in usable)
         if slots < self.options.min_np:
-            raise UsageError(f"--host-discovery-script {self.options.discovery_script} reports {slots} slot(s), "
-                             f"fewer than --min-np {self.options.min_np}")
-        return min(self.options.np, slots)
+            problems = "; ".join(f"{name}: {why}" for name, why in self.host_problems.items())
+            raise UsageError(f"--host-discovery-script {self.options.discovery_script} reports {slots} usable "
+                             f"slot(s), fewer than --min-np {self.options.min_np}" + (f" ({problems})" if problems
+                                                                                     else ""))
+        return [name for name, count in self._wanted(usable, self.options.np).items() for _ in range(count)]
+
+    def _usable(self, hosts: Sequence[Host], wait: bool = False) -> List[Host]:
+        """``hosts`` that are this machine or passed the ssh check, and are not resting.
+
+        A host that passes is not checked again; one that fails rests for
+        REST_AFTER_FAILURE_S and is checked again after that, if discovery
+        still names it. The check runs on a thread: while the job runs
+        (``wait=False``), a host being checked is not usable yet, and the
+        launcher goes on reaping and re-forming meanwhile (an unreachable
+        host can take ssh's 10 s).
+        """
+        now = time.monotonic()
+        unchecked = [h.name for h in hosts if not is_local(h.name) and h.name not in self.checked_hosts
+                     and h.name not in self._checks and self.resting.get(h.name, 0.0) <= now]
+        if unchecked:
+            check = self._checker.submit(host_problems, unchecked, self.plan.ssh,
+                                         distribution_version("byteps-launcher"))
+            self._checks.update({name: check for name in unchecked})
+        for name, check in list(self._checks.items()):
+            if wait or check.done():
+                problems = check.result()
+                del self._checks[name]
+                if name in problems:
+                    self.host_problems[name] = problems[name]
+                    self.resting[name] = time.monotonic() + REST_AFTER_FAILURE_S
+                    self.console.note(f"host {name}: {problems[name]}; starting no worker there for "
+                                      f"{REST_AFTER_FAILURE_S:g} s")
+                else:
+                    self.host_problems.pop(name, None)
+                    self.checked_hosts.add(name)
+        now = time.monotonic()
+        return [h for h in hosts if (is_local(h.name) or h.name in self.checked_hosts)
+                and self.resting.get(h.name, 0.0) <= now]
+
+    def _wanted(self, hosts: Sequence[Host], most: int) -> Dict[str, int]:
+        """Workers per host: each host's slots in the order given, ``most`` in all."""
+        wanted: Dict[str, int] = {}
+        for host in hosts:
+            count = min(host.slots, most - sum(wanted.values()))
+            if count > 0:
+                wanted[host.name] = count
+        return wanted
 
     def _start_all(self) -> None:
-        for _ in range(self._initial):
-            if self._start_worker() is None:
+        for host in self._initial:
+            if self._start_worker(host) is None:
                 return
         self._start_epoch(list(self.waiting), "start")
 
@@ -171,31 +252,56 @@ class ElasticSupervisor(Supervisor):
         try:
             return super().run()
         finally:
+            self._checker.shutdown(wait=False)
+            if self.rendezvous is not None:
+                self.rendezvous.close()
             shutil.rmtree(self.folder, ignore_errors=True)
 
-    def _start_worker(self) -> Optional[str]:
+    def _start_worker(self, host: str) -> Optional[str]:
         name = f"w{self._next_worker}"
-        env = child_environment(self.base_env, {"DMLC_ROLE": "worker", ELASTIC_DIR: self.folder,
-                                                ELASTIC_WORKER: name})
-        spec = ProcessSpec("worker", self.command, env, rank=self._next_worker)
+        if is_local(host):
+            env = child_environment(self.base_env, {"DMLC_ROLE": "worker", ELASTIC_DIR: self.folder,
+                                                    ELASTIC_WORKER: name})
+            spec = ProcessSpec("worker", self.command, env, rank=self._next_worker)
+        else:
+            if self.rendezvous is None:
+                self.rendezvous = RendezvousService(self.folder, self.key, self._address_toward(host))
+                self.rendezvous.start()
+                self.console.note(f"rendezvous service for workers on other hosts on {self.rendezvous.address}")
+            env = child_environment(self.remote_env, {"DMLC_ROLE": "worker", "DMLC_NODE_HOST": host,
+                                                      ELASTIC_RENDEZVOUS: self.rendezvous.address,
+                                                      ELASTIC_KEY: self.key, ELASTIC_WORKER: name})
+            spec = ProcessSpec("worker", self.command, env, rank=self._next_worker, host=host)
         self._next_worker += 1
         child = self._spawn(spec)
         if child is None:
             return None
         self.workers[name] = child
+        self.host_of[name] = host
         self.waiting.append(name)
         return name
+
+    def _address_toward(self, host: str) -> str:
+        """The address of this machine that ``host`` reaches (UsageError when there is no route)."""
+        try:
+            return resolve_host(None, None, host)
+        except Exception as exc:  # TransportError: no route
+            raise UsageError(f"no route from this machine to {host}: {exc}") from None
 
     def _start_epoch(self, members: List[str], why: str) -> None:
         number = 0 if self.epoch is None else self.epoch.number + 1
         identity = job_identity({})
-        epoch = Epoch(number=number, members=tuple(members), root_port=free_port(LOCALHOST),
+        remote = [self.host_of[m] for m in members if not is_local(self.host_of[m])]
+        address = self._address_toward(remote[0]) if remote else LOCALHOST
+        epoch = Epoch(number=number, members=tuple(members), root_port=free_port(address),
                       num_server=self.options.num_server, job_id=identity["BYTEPS_JOB_ID"],
-                      secret=identity["BYTEPS_JOB_SECRET"], root_uri=LOCALHOST)
+                      secret=epoch_secret(self.key, identity["BYTEPS_JOB_ID"]), root_uri=address)
         self.job_ids.add(epoch.job_id)
-        shared = {"DMLC_PS_ROOT_URI": LOCALHOST, "DMLC_PS_ROOT_PORT": str(epoch.root_port),
+        shared = {"DMLC_PS_ROOT_URI": address, "DMLC_PS_ROOT_PORT": str(epoch.root_port),
                   "DMLC_NUM_WORKER": str(len(members)), "DMLC_NUM_SERVER": str(epoch.num_server),
-                  "DMLC_INTERFACE": "lo", "DMLC_NODE_HOST": LOCALHOST, **identity}
+                  "DMLC_NODE_HOST": address, "BYTEPS_JOB_ID": epoch.job_id, "BYTEPS_JOB_SECRET": epoch.secret}
+        if address == LOCALHOST:
+            shared["DMLC_INTERFACE"] = "lo"
         self.services = []
         roles = [("scheduler", None)] + [("server", i) for i in range(epoch.num_server)]
         for role, index in roles:
@@ -207,8 +313,10 @@ class ElasticSupervisor(Supervisor):
         self.epoch = epoch
         self.waiting = [w for w in self.waiting if w not in members]
         write_epoch(self.folder, epoch)
+        hosts = sorted({self.host_of[m] for m in members})
+        on = f" on {len(hosts)} host(s) {', '.join(hosts)}" if remote else ""
         self.console.note(f"membership epoch {number} ({why}): {len(members)} worker(s) "
-                          f"{', '.join(members)}, scheduler on {LOCALHOST}:{epoch.root_port}")
+                          f"{', '.join(members)}{on}, scheduler on {address}:{epoch.root_port}")
 
     # -------------------------------------------------------------- events
 
@@ -229,10 +337,13 @@ class ElasticSupervisor(Supervisor):
         if returncode == 0:
             self.finished.add(name)
             return
-        reason = f"worker {name} {describe_exit(returncode)}"
+        host = self.host_of[name]
+        reason = f"worker {name}" + ("" if is_local(host) else f" on {host}") + f" {describe_exit(returncode)}"
         if name in self.waiting:
             self.waiting.remove(name)
-            self.console.note(f"{reason} before it was let into the job")
+            self.resting[host] = time.monotonic() + REST_AFTER_FAILURE_S
+            self.console.note(f"{reason} before it was let into the job; no new worker on {host} for "
+                              f"{REST_AFTER_FAILURE_S:g} s")
             return
         self._membership_lost(reason, exit_status(returncode) or 1)
 
@@ -336,7 +447,7 @@ class ElasticSupervisor(Supervisor):
 
     def _discover(self) -> None:
         try:
-            slots = discover_slots(self.options.discovery_script)
+            hosts = discover_hosts(self.options.discovery_script)
         except UsageError as exc:
             if str(exc) != self._last_discovery_error:
                 self.console.note(f"{exc}; keeping the current workers")
@@ -345,26 +456,47 @@ class ElasticSupervisor(Supervisor):
         self._last_discovery_error = ""
         if self.epoch is None or self.epoch.pending:
             return  # one change at a time
-        target = max(self.options.min_np, min(slots, self.options.max_np))
-        change = target - len(self.workers)
-        if change > 0:
-            started = [name for name in (self._start_worker() for _ in range(change)) if name]
-            if not started:
-                return
-            self.console.note(f"discovery reports {slots} slot(s): started worker(s) {', '.join(started)}; "
-                              "they join at the members' next commit")
-        elif change < 0:
-            # The newest workers go first, so the oldest (and rank 0) stay.
-            self.removing = sorted(self._members_alive(), key=lambda name: int(name[1:]))[change:]
-            self.console.note(f"discovery reports {slots} slot(s): worker(s) {', '.join(self.removing)} leave at "
-                              "the members' next commit")
-        else:
+        slots = sum(h.slots for h in hosts)
+        wanted = self._wanted(self._usable(hosts), self.options.max_np)
+        resting = {name for name, until in self.resting.items() if until > time.monotonic()}
+        started, removing = [], []
+        for host, count in wanted.items():
+            for _ in range(count - self._workers_on(host)):
+                name = self._start_worker(host)
+                if name is None:
+                    return
+                started.append(name)
+        # The newest members of each host that has more than discovery reports go first (never below
+        # --min-np), so the oldest, and rank 0, stay. A resting host keeps what it has.
+        members = sorted(self._members_alive(), key=lambda name: int(name[1:]))
+        spare = len(members) - self.options.min_np
+        for host in sorted({self.host_of[m] for m in members} - resting):
+            extra = self._workers_on(host) - wanted.get(host, 0)
+            on_host = [m for m in members if self.host_of[m] == host]
+            for name in on_host[::-1][:max(0, min(extra, spare))]:
+                removing.append(name)
+                spare -= 1
+        if started:
+            self.console.note(f"discovery reports {slots} slot(s): started worker(s) {', '.join(started)}"
+                              + self._on_hosts(started) + "; they join at the members' next commit")
+        if removing:
+            self.removing = sorted(removing, key=lambda name: int(name[1:]))
+            self.console.note(f"discovery reports {slots} slot(s): worker(s) {', '.join(self.removing)}"
+                              + self._on_hosts(self.removing) + " leave at the members' next commit")
+        if not started and not removing:
             return
         self.epoch = dataclasses.replace(self.epoch, pending=True)
         write_epoch(self.folder, self.epoch)
+
+    def _workers_on(self, host: str) -> int:
+        """Live workers on ``host``, members and waiting, less those already leaving."""
+        return sum(1 for name in self.workers if self.host_of[name] == host and name not in self.removing)
+
+    def _on_hosts(self, names: Sequence[str]) -> str:
+        hosts = sorted({self.host_of[n] for n in names if not is_local(self.host_of[n])})
+        return f" on {', '.join(hosts)}" if hosts else ""
 
     def _remove_shared_memory(self) -> None:
         for job_id in self.job_ids:
             for name in sweep(job_id):
                 self.console.note(f"removed leftover shared memory /dev/shm/{name}")
-

@@ -30,7 +30,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from byteps.launcher.job_plan import UsageError
 
-__all__ = ["SshOptions", "remote_argv", "remote_request", "preflight", "forwarded_environment",
+__all__ = ["SshOptions", "remote_argv", "remote_request", "preflight", "host_problems", "forwarded_environment",
            "FORWARDED_PREFIXES"]
 
 #: Variables of bpslaunch's own environment that remote children get (the rest of a host's environment is
@@ -96,26 +96,35 @@ def _ask(host: str, options: SshOptions, timeout_s: float) -> Tuple[str, Optiona
                               text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return host, None, f"no answer within {timeout_s:.0f} s"
+    except OSError as exc:  # no ssh client on this machine
+        return host, None, f"ssh cannot be run here: {exc.strerror} (install an OpenSSH client)"
     for line in done.stdout.splitlines():
         if line.startswith("BYTEPS "):
             return host, line.split(" ", 1)[1].strip(), ""
     return host, None, (done.stderr.strip().splitlines() or [f"ssh exited with code {done.returncode}"])[-1]
 
 
-def preflight(hosts: Sequence[str], options: SshOptions, expected_version: str, timeout_s: float = 20.0) -> None:
-    """Check every host answers over ssh and has this byteps-launcher; UsageError naming each that does not."""
+def host_problems(hosts: Sequence[str], options: SshOptions, expected_version: str,
+                  timeout_s: float = 20.0) -> Dict[str, str]:
+    """Ask every host, in parallel, for its byteps-launcher; ``{host: what is wrong}`` for each that fails."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
         answers = list(pool.map(lambda host: _ask(host, options, timeout_s), hosts))
-    problems = []
+    problems = {}
     for host, version, error in answers:
         if version is None and ("No module named" in error or "ModuleNotFoundError" in error):
-            problems.append(f"{host}: byteps-launcher is not installed for {options.python} there "
-                            f"(pip install byteps-launcher=={expected_version} on every host)")
+            problems[host] = (f"byteps-launcher is not installed for {options.python} there "
+                              f"(pip install byteps-launcher=={expected_version} on every host)")
         elif version is None:
-            problems.append(f"{host}: cannot run {options.python} over ssh: {error} (check that `ssh {host}` "
-                            "works without a password: --ssh-port, --ssh-identity-file, --ssh-option)")
+            problems[host] = (f"cannot run {options.python} over ssh: {error} (check that `ssh {host}` works "
+                              "without a password: --ssh-port, --ssh-identity-file, --ssh-option)")
         elif version != expected_version:
-            problems.append(f"{host} has byteps-launcher {version}, this host {expected_version}: install the "
-                            "same version everywhere")
+            problems[host] = (f"has byteps-launcher {version}, this host {expected_version}: install the same "
+                              "version everywhere")
+    return problems
+
+
+def preflight(hosts: Sequence[str], options: SshOptions, expected_version: str, timeout_s: float = 20.0) -> None:
+    """Check every host answers over ssh and has this byteps-launcher; UsageError naming each that does not."""
+    problems = host_problems(hosts, options, expected_version, timeout_s)
     if problems:
-        raise UsageError("; ".join(problems))
+        raise UsageError("; ".join(f"{host}: {why}" for host, why in problems.items()))

@@ -24,7 +24,7 @@ import os
 import time
 from typing import Any, Callable
 
-from byteps.common.elastic.membership import ELASTIC_DIR, ELASTIC_WORKER, announce_leaving, epoch_ended
+from byteps.common.elastic.membership import ELASTIC_WORKER, board_from_env, epoch_ended
 from byteps.common.elastic.state import HostsUpdatedInterrupt, State
 from byteps.common.handle import JobLost
 
@@ -43,16 +43,16 @@ def rejoin(lost: bool) -> None:
     from byteps.common.frontend import process
 
     epoch = api.membership_epoch()
-    folder = os.environ.get(ELASTIC_DIR, "")
+    board = board_from_env() if epoch is not None else None
     # An epoch bpslaunch already ended (its scheduler may be dead) gets no goodbyes either.
-    ended = epoch is not None and epoch_ended(folder, epoch.number) is not None
+    ended = epoch is not None and epoch_ended(board, epoch.number) is not None
     process.shutdown()
     if lost or ended:
         api.abandon()
     else:
         api.shutdown()
         if epoch is not None:  # tells bpslaunch this worker goes on (a finished one exits instead)
-            announce_leaving(folder, os.environ[ELASTIC_WORKER], epoch.number)
+            board.announce_leaving(os.environ[ELASTIC_WORKER], epoch.number)
     process.init()
 
 

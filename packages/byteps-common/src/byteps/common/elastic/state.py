@@ -19,10 +19,12 @@ Example::
 from __future__ import annotations
 
 import copy
-import os
+import logging
 from typing import Any, Callable, Dict, Iterable, List
 
 __all__ = ["State", "ObjectState", "HostsUpdatedInterrupt"]
+
+log = logging.getLogger("byteps.common.elastic")
 
 
 class HostsUpdatedInterrupt(RuntimeError):
@@ -65,12 +67,17 @@ class State:
         Outside an elastic job (no membership epoch) there is nothing to ask and nothing is sent.
         """
         from byteps.common import api
-        from byteps.common.elastic.membership import ELASTIC_DIR, update_pending
+        from byteps.common.elastic.membership import RendezvousError, board_from_env, update_pending
 
         epoch = api.membership_epoch()
         if epoch is None:
             return
-        pending = self._rank() == 0 and update_pending(os.environ[ELASTIC_DIR], epoch.number)
+        pending = False
+        if self._rank() == 0:
+            try:
+                pending = update_pending(board_from_env(), epoch.number)
+            except RendezvousError as exc:  # asked again at the next commit; the other ranks wait on this one
+                log.warning("elastic: cannot ask whether workers wait to join: %s", exc)
         if self._bcast_object(bool(pending)):
             raise HostsUpdatedInterrupt(skip_sync=False)
 
