@@ -33,7 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
-OPS = ("allgather", "reducescatter")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster"))
+from collectives import OPS, byteps_call, check, gloo_call, inputs  # noqa: E402
+
 LAYOUTS = {"byteps -np n": lambda n: ["-np", str(n)],
            "byteps --workers n --servers 1": lambda n: ["--workers", str(n), "--servers", "1"]}
 
@@ -42,23 +44,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def inputs(op: str, elements: int, rank: int, size: int):
-    import torch
-    if op == "allgather":
-        return torch.full((elements // size,), float(rank + 1))
-    return torch.full((elements - elements % size,), float(rank + 1))
-
-
-def check(op: str, out, elements: int, size: int) -> None:
-    import torch
-    if op == "allgather":
-        want = torch.arange(1, size + 1, dtype=torch.float32).repeat_interleave(elements // size)
-    else:
-        want = torch.full(((elements - elements % size) // size,), float(size * (size + 1) // 2))
-    if out.shape != want.shape or not torch.equal(out, want):
-        raise SystemExit(f"{op}: wrong result {out.shape} {out[:4].tolist()}")
 
 
 def byteps_worker(args: argparse.Namespace) -> None:
@@ -72,10 +57,7 @@ def byteps_worker(args: argparse.Namespace) -> None:
     for i in range(1 + args.rounds):
         hvd.barrier()
         start = time.perf_counter()
-        if args.op == "allgather":
-            out = hvd.allgather(tensor, name="bench.allgather")
-        else:
-            out = hvd.reducescatter(tensor, op=hvd.Sum, name="bench.reducescatter")
+        out = byteps_call(hvd, args.op, tensor)
         end = time.perf_counter()
         check(args.op, out, args.elements, size)
         if i:
@@ -91,24 +73,11 @@ def gloo_worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
                             world_size=args.world)
     tensor = inputs(args.op, args.elements, args.rank, args.world)
-    how = "reduce_scatter_tensor"
     times = []
     for i in range(1 + args.rounds):
         dist.barrier()
         start = time.perf_counter()
-        if args.op == "allgather":
-            out = torch.empty(tensor.numel() * args.world)
-            dist.all_gather_into_tensor(out, tensor)
-            how = "all_gather_into_tensor"
-        else:
-            out = torch.empty(tensor.numel() // args.world)
-            try:
-                dist.reduce_scatter_tensor(out, tensor)
-            except (RuntimeError, NotImplementedError, ValueError):
-                how = "all_reduce + slice (no gloo reduce_scatter)"
-                summed = tensor.clone()
-                dist.all_reduce(summed)
-                out = summed[args.rank * out.numel():(args.rank + 1) * out.numel()].clone()
+        out, how = gloo_call(args.op, tensor, args.rank, args.world)
         end = time.perf_counter()
         check(args.op, out, args.elements, args.world)
         if i:

@@ -10,6 +10,11 @@ onebit with scaling sends a constant tensor exactly).
 ``--api`` picks the path: ``common`` (numpy arrays through byteps.common,
 in place), ``torch`` (torch tensors, ``push_pull_async_inplace``) or
 ``torch-outofplace`` (``push_pull_async``: each result a new tensor).
+
+``--op allgather|reducescatter`` times that collective of byteps.torch
+instead (Horovod's ``hvd.allgather`` / ``hvd.reducescatter(op=Sum)``) on
+the workload's single tensor (``100MB``), checking every round
+(:mod:`collectives`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import time
 
 import numpy as np
 from timing import now, role_env, write_result
-from workloads import gradient_shapes
+from workloads import TENSOR_100MB, gradient_shapes
 
 
 def main() -> None:
@@ -37,7 +42,11 @@ def main() -> None:
                              "proportional to its size (an emulated backward pass); 0: all at once")
     parser.add_argument("--api", choices=("common", "torch", "torch-outofplace"), default="common",
                         help="byteps.common on numpy arrays, or byteps.torch in place or out of place")
+    parser.add_argument("--op", choices=("allreduce", "allgather", "reducescatter"), default="allreduce",
+                        help="allreduce: push_pull every gradient; else that byteps.torch collective (100MB only)")
     args = parser.parse_args()
+    if args.op != "allreduce":
+        return collective_rounds(args)
     if args.trace:
         import stage_probe
 
@@ -105,6 +114,34 @@ def main() -> None:
                             "bytes_sent": worker().bytes_sent, "bytes_received": worker().bytes_received})
     print(f"rank {role['rank']}: {args.workload} rounds " + " ".join(f"{t:.3f}" for t in times), flush=True)
     bps.shutdown()
+
+
+def collective_rounds(args: argparse.Namespace) -> None:
+    """--op allgather|reducescatter: each round one byteps.torch collective of the 100 MB tensor, checked."""
+    from collectives import byteps_call, check, inputs
+
+    import byteps.torch as hvd
+    from byteps.common.api import worker
+
+    if args.workload != "100MB":
+        raise SystemExit(f"--op {args.op} times the 100MB workload only, not {args.workload}")
+    hvd.init()
+    role = role_env()
+    tensor = inputs(args.op, TENSOR_100MB, role["rank"], role["size"])
+    times, starts = [], []
+    for i in range(args.warmup + args.repeats):
+        hvd.barrier()
+        wall, start = time.time(), now()
+        out = byteps_call(hvd, args.op, tensor)
+        elapsed = now() - start
+        check(args.op, out, TENSOR_100MB, role["size"])
+        if i >= args.warmup:
+            times.append(elapsed)
+            starts.append(wall)
+    write_result(args.out, {"rank": role["rank"], "times": times, "starts": starts,
+                            "bytes_sent": worker().bytes_sent, "bytes_received": worker().bytes_received})
+    print(f"rank {role['rank']}: {args.op} 100MB rounds " + " ".join(f"{t:.3f}" for t in times), flush=True)
+    hvd.shutdown()
 
 
 if __name__ == "__main__":

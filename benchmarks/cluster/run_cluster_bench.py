@@ -70,6 +70,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                    help="extra environment for byteps processes, e.g. BYTEPS_SCHEDULING_CREDIT=8 (repeatable)")
     p.add_argument("--backward-ms", type=float, default=0.0,
                    help="byteps workers submit a model's gradients over this long, in backward order (bps_worker.py)")
+    p.add_argument("--op", choices=("allreduce", "allgather", "reducescatter"), default="allreduce",
+                   help="the collective the workers time (allgather/reducescatter: 100MB only, byteps systems "
+                        "through byteps.torch, gloo through torch.distributed; no mxnet)")
     p.add_argument("--smoke", action="store_true", help="2 hosts, tiny tensor: the test suite's quick check")
     return p.parse_args(argv)
 
@@ -101,7 +104,7 @@ class Bench:
                        f"{platform.python_version()}",
             "settings": {"workloads": args.workloads.split(","), "systems": args.systems.split(","),
                          "warmup": args.warmup, "repeats": args.repeats, "model_repeats": args.model_repeats,
-                         "rate": args.rate},
+                         "rate": args.rate, "op": args.op},
             "calibration": {}, "measurements": [], "stages": None, "e2e": []}
         self.mxnet_python: Optional[str] = None
 
@@ -169,12 +172,16 @@ class Bench:
         workdir = os.path.join(self.workdir, f"n{n}", workload, system)
         extra = ["--backward-ms", str(self.args.backward_ms)] if self.args.backward_ms and system.startswith(
             "byteps") else []
+        if self.args.op != "allreduce":
+            if system == "mxnet":
+                raise SystemExit(f"--op {self.args.op}: not measured for mxnet (KVStore has no such collective)")
+            extra += ["--op", self.args.op]
         roles = layout(system, n, ["--workload", workload, "--warmup", str(self.args.warmup), "--repeats",
                                    str(repeats), *extra], workdir, self.next_port(), len(rig.hosts) - 1, rig.address,
                        mxnet_python=self.mxnet_python, extra_env=self.byteps_env(system))
         outcome = run_job(rig, roles, workdir, timeout=120 + (self.args.warmup + repeats) * unit * 4)
         record = {"n": n, "rate": rig.rate, "rate_bits": rig.rate_bits, "workload": workload, "bytes": nbytes,
-                  "system": system, "seconds_total": outcome.seconds}
+                  "system": system, "op": self.args.op, "seconds_total": outcome.seconds}
         if outcome.ok:
             rounds = [max(r["times"][i] for r in outcome.results) for i in range(repeats)]
             record.update(times=rounds, **_summary(rounds), **outcome.cpu)

@@ -88,6 +88,12 @@ class ServerExchange:
 
     # --- the PUSH stage -----------------------------------------------------------------
     def push(self, trip: PartitionTrip) -> None:
+        if _all_zeros(trip.task, trip.part):
+            # A header alone goes at once, never behind this worker's credit-bound pushes: it is what
+            # completes the other ranks' rounds of a gather (their bytes, this rank's zeros), so held back
+            # it would make every other rank wait until this one had pushed all of its own bytes.
+            self._send_push(trip)
+            return
         self.queue.add((trip.task.plan.tensor_id, trip.part.index), _credit(trip.task, trip.part), trip)
         self.send_ready()
 
