@@ -15,21 +15,10 @@ import os
 import re
 import signal
 
-import pytest
+from conftest import SSH_HOSTS as HOSTS  # noqa: E402
 from test_elastic import STEPS, WORKER, assert_each_step_once, final_x, replay, sizes_by_step, steps_of
 
-from byteps.testkit import DiscoveryScript, SshHosts, WatchedJob, sshd_available, wait_until_dead
-
-HOSTS = ["127.0.0.2", "127.0.0.3"]
-
-pytestmark = pytest.mark.skipif(not sshd_available() and os.environ.get("BYTEPS_REQUIRE_ENGINES") != "1",
-                                reason="openssh-server is not installed (nox -s tests-engines installs it)")
-
-
-@pytest.fixture
-def hosts(tmp_path):
-    with SshHosts(tmp_path / "ssh", HOSTS) as running:
-        yield running
+from byteps.testkit import DiscoveryScript, WatchedJob, wait_until_dead
 
 
 def processes_with(name, value):

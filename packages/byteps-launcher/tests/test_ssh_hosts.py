@@ -15,21 +15,11 @@ import time
 
 import pytest
 
-from byteps.testkit import SshHosts, clean_env, rank_lines, sshd_available
+from byteps.testkit import clean_env, rank_lines
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "..", "..", "examples", "torch")
-HOSTS = ["127.0.0.2", "127.0.0.3"]
-
-# tests-engines installs openssh-server and sets BYTEPS_REQUIRE_ENGINES=1: there a missing sshd fails, never skips.
-pytestmark = pytest.mark.skipif(not sshd_available() and os.environ.get("BYTEPS_REQUIRE_ENGINES") != "1",
-                                reason="openssh-server is not installed (nox -s tests-engines installs it)")
-
-
-@pytest.fixture
-def hosts(tmp_path):
-    with SshHosts(tmp_path / "ssh", HOSTS) as running:
-        yield running
+from conftest import SSH_HOSTS as HOSTS  # noqa: E402
 
 
 def bpslaunch(hosts, layout, script, args=(), env=None):
