@@ -36,6 +36,7 @@ READ_ELSEWHERE = {
     "BYTEPS_ELASTIC_WORKER": "packages/byteps-common/src/byteps/common/elastic/membership.py",
     "BYTEPS_ELASTIC_RENDEZVOUS": "packages/byteps-common/src/byteps/common/elastic/membership.py",
     "BYTEPS_ELASTIC_KEY": "packages/byteps-common/src/byteps/common/elastic/membership.py",
+    "BYTEPS_LOST_NODE_FILE": "packages/byteps-server/src/byteps/server/cli.py",
 }
 
 # A read of one of our variables from an environment mapping: environ.get("X"), env["X"], getenv("X").

@@ -108,6 +108,30 @@ def test_a_killed_worker_leaves_the_others_going_from_their_last_commit():
     assert wait_until_dead(pids, timeout=10) == []
 
 
+def test_a_hung_worker_is_stopped_and_the_others_go_on_without_it():
+    # SIGSTOP: the process lives on but says nothing, as a hung worker or a host cut off from the network.
+    # Only the scheduler can tell (no heartbeat); it names the worker to bpslaunch, which stops it.
+    with WatchedJob(["-np", "3", "--min-np", "2"], WORKER, [str(STEPS), "0.3"],
+                    env={"PS_HEARTBEAT_TIMEOUT": "3"}) as job:
+        job.wait_for(r"^\[worker 2\] step 4 ")
+        pids = job_pids(job)
+        hung = job.child_pid("BYTEPS_ELASTIC_WORKER", "w2")
+        os.kill(hung, signal.SIGSTOP)
+        resumed_at = int(job.wait_for(r"^\[worker 0\] joined 1 rank 0 of 2 at step (\d+)", timeout=60).group(1))
+        result = job.finish(timeout=120)
+    output = result.stdout
+    assert result.returncode == 0, output[-6000:]
+    assert re.search(r"worker w2: worker 2 local rank 0 .* sent no heartbeat for [\d.]+ s \(PS_HEARTBEAT_TIMEOUT=3\): "
+                     r"presumed dead; stopping it \(SIGKILL\) and going on without it", output), output[-6000:]
+    assert "membership epoch 1 (a process was lost): 2 worker(s) w0, w1" in output, output[-6000:]
+    records = steps_of(output, 0)
+    assert_each_step_once(records, resumed_at)
+    sizes = [3] * resumed_at + [2] * (STEPS - resumed_at)
+    assert sizes_by_step(records, 3) == sizes
+    assert final_x(output, 0) == final_x(output, 1) == replay(sizes)
+    assert wait_until_dead(pids + [hung], timeout=10) == []
+
+
 @pytest.mark.parametrize("role", ["server", "scheduler"])
 def test_a_killed_server_or_scheduler_is_replaced_and_nothing_is_lost_or_counted_twice(role):
     # A dead scheduler tells no one: the workers see bpslaunch publish the next epoch, well before

@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import json
+import os
 import secrets
 import shutil
 import signal
@@ -306,6 +308,8 @@ class ElasticSupervisor(Supervisor):
         roles = [("scheduler", None)] + [("server", i) for i in range(epoch.num_server)]
         for role, index in roles:
             env = child_environment(self.base_env, {**shared, "DMLC_ROLE": role})
+            if role == "scheduler":  # a hung worker never exits: the scheduler says which one it presumed dead
+                env["BYTEPS_LOST_NODE_FILE"] = self._lost_node_file(number)
             child = self._spawn(ProcessSpec(role, SERVER_ARGV, env, rank=index))
             if child is None:
                 return
@@ -376,10 +380,32 @@ class ElasticSupervisor(Supervisor):
     def _members_alive(self) -> List[str]:
         return [m for m in self.epoch.members if m in self.workers]
 
+    def _lost_node_file(self, number: int) -> str:
+        return os.path.join(self.folder, f"lost.{number}.json")
+
+    def _stop_presumed_dead(self) -> None:
+        """The worker this epoch's scheduler presumed dead (no heartbeat), if its process still runs: SIGKILL it
+        and count it lost. A hung process (or a host cut off while its ssh session lingers) never exits by
+        itself, and a next epoch that waited for it would never assemble."""
+        try:
+            with open(self._lost_node_file(self.epoch.number)) as f:
+                lost = json.load(f)
+        except (OSError, ValueError):
+            return
+        if lost.get("role") != "worker" or not 0 <= int(lost.get("worker_id", -1)) < len(self.epoch.members):
+            return
+        name = self.epoch.members[int(lost["worker_id"])]
+        child = self.workers.pop(name, None)
+        if child is not None:
+            self.console.note(f"worker {name}: {lost.get('why', 'presumed dead by the scheduler')}; stopping it "
+                              "(SIGKILL) and going on without it")
+            self._tree.signal(child, signal.SIGKILL)
+
     def _membership_lost(self, reason: str, code: int) -> None:
         if self.finished:  # the job was ending: no new epoch for it
             self._fail(f"{reason} after worker(s) {', '.join(sorted(self.finished))} had finished", code)
             return
+        self._stop_presumed_dead()
         survivors = self._members_alive()
         if len(survivors) < self.options.min_np:
             self._fail(f"{reason}; {len(survivors)} worker(s) left, fewer than --min-np {self.options.min_np}",

@@ -18,6 +18,7 @@ waits for. Every variable: docs/configuration.md.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import sys
@@ -40,7 +41,9 @@ def _run_scheduler(config: Config) -> None:
     watch = config.heartbeat_timeout_s if config.heartbeat_interval_s > 0 else 0.0
     options = SchedulerOptions(host=host, port=config.root_port, num_worker_machines=config.num_worker,
                                num_servers=config.num_server, heartbeat_timeout_s=watch, secret=config.secret,
-                               job_id=config.job_id or "")
+                               job_id=config.job_id or "",
+                               # bpslaunch's elastic mode: which process to leave out of the next epoch
+                               lost_node_file=os.environ.get("BYTEPS_LOST_NODE_FILE") or None)
     Scheduler(options).run()
 
 

@@ -15,7 +15,9 @@ never stops the scheduler.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
 import secrets
 import threading
 import time
@@ -52,6 +54,9 @@ class SchedulerOptions:
     heartbeat_timeout_s: float = 10.0  # 0: do not watch the nodes' heartbeats
     secret: Optional[bytes] = dataclasses.field(default=None, repr=False)  # the job secret, if any
     job_id: str = ""  # names the job's shared memory and local sockets; "" picks a random one
+    #: Where to write, as JSON, the node presumed dead when one ends the job (a launcher that re-forms the
+    #: job reads it: a hung process never exits, so only the scheduler can say which one it was).
+    lost_node_file: Optional[str] = None
 
 
 @dataclasses.dataclass
@@ -143,8 +148,22 @@ class Scheduler:
             text = (f"{entry.info.describe()} sent no heartbeat for {silent:.1f} s "
                     f"(PS_HEARTBEAT_TIMEOUT={self.options.heartbeat_timeout_s:g}): presumed dead")
             log.error("%s; telling every other node and ending the job", text)
+            self._write_lost_node(entry.info, text)  # before any node hears it and exits
             self._tell_nodes(text, spare=entry)
             raise NodeFailure(text)
+
+    def _write_lost_node(self, info: NodeInfo, text: str) -> None:
+        if not self.options.lost_node_file:
+            return
+        record = {"role": info.role, "worker_id": info.worker_id, "local_rank": info.local_rank, "host": info.host,
+                  "pid": info.pid, "why": text}
+        temporary = f"{self.options.lost_node_file}.{os.getpid()}"
+        try:
+            with open(temporary, "w") as out:
+                json.dump(record, out)
+            os.replace(temporary, self.options.lost_node_file)
+        except OSError as exc:
+            log.error("could not write the lost node to %s: %s", self.options.lost_node_file, exc)
 
     def _heard_from(self, identity: bytes) -> None:
         for entry in self._nodes():
