@@ -33,7 +33,7 @@ import tempfile
 import time
 from typing import Optional
 
-from byteps.testkit import DiscoveryScript, SshHosts, WatchedJob, children_with_variable
+from byteps.testkit import DiscoveryScript, SshHosts, WatchedJob, children_with_variable, processes_with_variable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "packages", "byteps-launcher", "tests", "elastic_worker.py")
@@ -48,19 +48,6 @@ def first_step_after(job: WatchedJob, mark: int, timeout: float = 60) -> float:
 SSH_HOSTS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 
 
-def process_with(name: str, value: str) -> int:
-    """The one process on this machine whose environment has name=value (a worker started over ssh)."""
-    wanted = f"{name}={value}".encode()
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if entry.isdigit() and wanted in f.read().split(b"\0"):
-                    return int(entry)
-        except OSError:
-            continue
-    raise LookupError(f"no process with {name}={value}")
-
-
 def one_run(case: str, hosts: Optional[SshHosts] = None, folder: str = "") -> float:
     discovery = DiscoveryScript(folder, "\n".join(f"{h}:1" for h in SSH_HOSTS)) if case == "ssh" else None
     flags = {"worker": ["-np", "3", "--min-np", "2"],
@@ -73,7 +60,7 @@ def one_run(case: str, hosts: Optional[SshHosts] = None, folder: str = "") -> fl
         job.wait_for(r"^\[worker 0\] step 4 ")
         if case == "ssh":
             discovery.report("\n".join(f"{h}:1" for h in SSH_HOSTS[:2]))
-            victim = process_with("BYTEPS_ELASTIC_WORKER", "w2")
+            [victim] = processes_with_variable("BYTEPS_ELASTIC_WORKER", "w2")
         elif case == "worker":
             victim = job.child_pid("BYTEPS_ELASTIC_WORKER", "w2")
         elif case == "restart":

@@ -18,27 +18,12 @@ import signal
 from conftest import SSH_HOSTS as HOSTS  # noqa: E402
 from test_elastic import STEPS, WORKER, assert_each_step_once, final_x, replay, sizes_by_step, steps_of
 
-from byteps.testkit import DiscoveryScript, WatchedJob, wait_until_dead
-
-
-def processes_with(name, value):
-    """Every process on this machine (all "hosts" are this machine) whose environment has name=value."""
-    wanted = f"{name}={value}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if wanted in f.read().split(b"\0"):
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
+from byteps.testkit import DiscoveryScript, WatchedJob, processes_with_variable, wait_until_dead
 
 
 def elastic_key(job):
     """The job's elastic key, read from a remote worker's environment (it never appears on a command line)."""
-    pid = processes_with("BYTEPS_ELASTIC_WORKER", "w0")[0]
+    pid = processes_with_variable("BYTEPS_ELASTIC_WORKER", "w0")[0]
     with open(f"/proc/{pid}/environ", "rb") as f:
         variables = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
     return variables[b"BYTEPS_ELASTIC_KEY"].decode()
@@ -51,9 +36,9 @@ def test_a_worker_lost_on_one_host_is_replaced_there_and_the_job_loses_nothing(h
     with WatchedJob(flags, WORKER, [str(STEPS), "0.4"]) as job:
         job.wait_for(r"^\[worker 1\] step 3 ", timeout=120)
         key = elastic_key(job)
-        ours = processes_with("BYTEPS_ELASTIC_KEY", key)
+        ours = processes_with_variable("BYTEPS_ELASTIC_KEY", key)
         assert len(ours) == 2, ours  # one worker on each host, both started over ssh
-        [victim] = processes_with("BYTEPS_ELASTIC_WORKER", "w1")
+        [victim] = processes_with_variable("BYTEPS_ELASTIC_WORKER", "w1")
         os.kill(victim, signal.SIGKILL)
         result = job.finish(timeout=180)
     output = result.stdout
@@ -77,7 +62,7 @@ def test_a_worker_lost_on_one_host_is_replaced_there_and_the_job_loses_nothing(h
     assert sizes_by_step(records, 1) == sizes, records
     assert lost_at < joined_at < STEPS
     assert final_x(output, 0) == final_x(output, 2) == replay(sizes)
-    assert wait_until_dead(processes_with("BYTEPS_ELASTIC_KEY", key), timeout=10) == []
+    assert wait_until_dead(processes_with_variable("BYTEPS_ELASTIC_KEY", key), timeout=10) == []
 
 
 def test_a_host_without_sshd_is_left_out_and_a_host_that_appears_later_joins(hosts, tmp_path):

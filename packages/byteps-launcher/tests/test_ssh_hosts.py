@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from byteps.testkit import clean_env, rank_lines
+from byteps.testkit import clean_env, processes_with_variable, rank_lines
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "..", "..", "examples", "torch")
@@ -29,17 +29,7 @@ def bpslaunch(hosts, layout, script, args=(), env=None):
 
 def processes_of(job_id):
     """Pids of the processes whose environment names this job (on every "host": they all live here)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if f"BYTEPS_JOB_ID={job_id}".encode() in f.read():
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
+    return processes_with_variable("BYTEPS_JOB_ID", job_id)
 
 
 def test_two_hosts_of_two_slots_train_the_digits_example(hosts):

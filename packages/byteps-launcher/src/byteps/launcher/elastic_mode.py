@@ -79,6 +79,7 @@ from byteps.launcher.ports import free_port
 from byteps.launcher.rendezvous import RendezvousService
 from byteps.launcher.ssh import SshOptions, forwarded_environment, host_problems
 from byteps.launcher.supervisor import DEFAULT_GRACE_PERIOD, TEARDOWN, Supervisor
+from byteps.transport import TransportError
 from byteps.transport.addressing import resolve_host
 
 __all__ = ["ElasticOptions", "ElasticSupervisor", "discover_hosts", "DISCOVERY_INTERVAL_S", "NO_LIMIT",
@@ -170,7 +171,7 @@ class ElasticSupervisor(Supervisor):
         self.job_ids: Set[str] = set()
         self.resets = 0
         self.checked_hosts: Set[str] = set()  # other hosts that passed the ssh check
-        self.host_problems: Dict[str, str] = {}  # other hosts that failed it last: what is wrong
+        self.failed_checks: Dict[str, str] = {}  # other hosts that failed it last: what is wrong
         self._checks: Dict[str, concurrent.futures.Future] = {}  # hosts being checked now
         self._checker = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="bpslaunch-check")
         self.resting: Dict[str, float] = {}  # host -> until when it gets no new worker
@@ -196,7 +197,7 @@ class ElasticSupervisor(Supervisor):
         usable = self._usable(hosts, wait=True)
         slots = sum(h.slots for h in usable)
         if slots < self.options.min_np:
-            problems = "; ".join(f"{name}: {why}" for name, why in self.host_problems.items())
+            problems = "; ".join(f"{name}: {why}" for name, why in self.failed_checks.items())
             raise UsageError(f"--host-discovery-script {self.options.discovery_script} reports {slots} usable "
                              f"slot(s), fewer than --min-np {self.options.min_np}" + (f" ({problems})" if problems
                                                                                      else ""))
@@ -224,12 +225,12 @@ class ElasticSupervisor(Supervisor):
                 problems = check.result()
                 del self._checks[name]
                 if name in problems:
-                    self.host_problems[name] = problems[name]
+                    self.failed_checks[name] = problems[name]
                     self.resting[name] = time.monotonic() + REST_AFTER_FAILURE_S
                     self.console.note(f"host {name}: {problems[name]}; starting no worker there for "
                                       f"{REST_AFTER_FAILURE_S:g} s")
                 else:
-                    self.host_problems.pop(name, None)
+                    self.failed_checks.pop(name, None)
                     self.checked_hosts.add(name)
         now = time.monotonic()
         return [h for h in hosts if (is_local(h.name) or h.name in self.checked_hosts)
@@ -287,7 +288,7 @@ class ElasticSupervisor(Supervisor):
         """The address of this machine that ``host`` reaches (UsageError when there is no route)."""
         try:
             return resolve_host(None, None, host)
-        except Exception as exc:  # TransportError: no route
+        except TransportError as exc:
             raise UsageError(f"no route from this machine to {host}: {exc}") from None
 
     def _start_epoch(self, members: List[str], why: str) -> None:

@@ -41,7 +41,7 @@ from byteps.testkit.processes import is_alive, kill_group, process_state, wait_u
 from byteps.testkit.role_job import JobResult, RunningJob, run_job, start_job
 from byteps.testkit.slurm_cluster import SlurmCluster, slurm_available
 from byteps.testkit.ssh_hosts import SshHosts, sshd_available
-from byteps.testkit.watched_job import DiscoveryScript, WatchedJob, children_with_variable
+from byteps.testkit.watched_job import DiscoveryScript, WatchedJob, children_with_variable, processes_with_variable
 
 __all__ = [
     "JOB_LAYOUTS",
@@ -70,4 +70,5 @@ __all__ = [
     "WatchedJob",
     "DiscoveryScript",
     "children_with_variable",
+    "processes_with_variable",
 ]

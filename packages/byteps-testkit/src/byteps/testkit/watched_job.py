@@ -28,20 +28,22 @@ from byteps.testkit.environment import clean_env
 from byteps.testkit.launched_job import LAUNCHER
 from byteps.testkit.processes import kill_group
 
-__all__ = ["WatchedJob", "DiscoveryScript", "children_with_variable"]
+__all__ = ["WatchedJob", "DiscoveryScript", "children_with_variable", "processes_with_variable"]
 
 
-def children_with_variable(parent: int, name: str, value: str) -> List[int]:
-    """The pids of ``parent``'s children whose environment has ``name=value``."""
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[1])
+
+
+def _with_variable(name: str, value: str, parent: Optional[int] = None) -> List[int]:
     wanted = f"{name}={value}".encode()
     found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-            if ppid != parent:
+            if parent is not None and _parent_of(int(entry)) != parent:
                 continue
             with open(f"/proc/{entry}/environ", "rb") as f:
                 if wanted in f.read().split(b"\0"):
@@ -49,6 +51,17 @@ def children_with_variable(parent: int, name: str, value: str) -> List[int]:
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile, or not ours to read
     return found
+
+
+def children_with_variable(parent: int, name: str, value: str) -> List[int]:
+    """The pids of ``parent``'s children whose environment has ``name=value``."""
+    return _with_variable(name, value, parent)
+
+
+def processes_with_variable(name: str, value: str) -> List[int]:
+    """The pids of every process here (but this one) whose environment has ``name=value``: e.g. a job's
+    processes started over ssh on loopback "hosts", which are nobody's children here."""
+    return _with_variable(name, value)
 
 
 class WatchedJob:

@@ -53,7 +53,8 @@ from typing import Dict, Mapping, Optional, Protocol, Set, Tuple
 
 __all__ = ["Epoch", "write_epoch", "read_epoch", "wait_for_epoch", "update_pending", "epoch_ended", "announce_leaving",
            "leaving_members", "EPOCH_FILE", "Board", "FolderBoard", "ServiceBoard", "board_from_env",
-           "RendezvousError", "epoch_secret", "signature", "public_epoch", "leaving_message", "SIGNATURE_HEADER",
+           "RendezvousError", "RendezvousUnreachable", "epoch_secret", "signature", "public_epoch", "leaving_message",
+           "SIGNATURE_HEADER",
            "ELASTIC_DIR", "ELASTIC_WORKER", "ELASTIC_RENDEZVOUS", "ELASTIC_KEY"]
 
 log = logging.getLogger("byteps.common.elastic")
@@ -143,9 +144,7 @@ def wait_for_epoch(board: Board, worker: str, after: int) -> Epoch:
         try:
             epoch = board.read()
             unreachable = ""
-        except RendezvousError as exc:
-            if "signature" in str(exc):
-                raise
+        except RendezvousUnreachable as exc:
             epoch, unreachable = None, f"; {exc}"
         if epoch is not None and epoch.number > after and epoch.rank_of(worker) is not None:
             return epoch
@@ -220,7 +219,11 @@ def leaving_message(worker: str, number: int) -> bytes:
 
 
 class RendezvousError(RuntimeError):
-    """The rendezvous service cannot be trusted (a wrong signature) or does not answer."""
+    """The rendezvous service cannot be trusted (a wrong signature), refuses, or does not answer."""
+
+
+class RendezvousUnreachable(RendezvousError):
+    """The rendezvous service does not answer (worth asking again)."""
 
 
 class Board(Protocol):
@@ -272,7 +275,7 @@ class ServiceBoard:
             return exc.code, exc.read(), ""
         except (OSError, urllib.error.URLError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise RendezvousError(f"{self.where} does not answer: {reason}") from None
+            raise RendezvousUnreachable(f"{self.where} does not answer: {reason}") from None
 
     def read(self, timeout_s: float = 5.0) -> Optional[Epoch]:
         status, body, signed = self._request("GET", "/epoch", b"", timeout_s)
