@@ -265,6 +265,10 @@ class CommLoop(threading.Thread):
     def bytes_received(self) -> int:
         return self.exchange.bytes_received if self.exchange else 0
 
+    @property
+    def shared_payloads(self) -> int:
+        return self.exchange.shared_payloads if self.exchange else 0
+
     # --- the thread ---------------------------------------------------------------
     def run(self) -> None:
         poller = Poller()

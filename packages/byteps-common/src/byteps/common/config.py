@@ -85,6 +85,7 @@ ENV_DEFAULTS: Mapping[str, object] = MappingProxyType({
     "BYTEPS_MIN_COMPRESS_BYTES": DEFAULT_MIN_COMPRESS_BYTES,
     "BYTEPS_THREADPOOL_SIZE": DEFAULT_THREADPOOL_SIZE,
     "BYTEPS_SERVER_ENABLE_SCHEDULE": False,
+    "BYTEPS_ENABLE_IPC": True,
     # Training mode (docs/async.md): every process of a job must agree on these
     "BYTEPS_ENABLE_ASYNC": False,
     "BYTEPS_ASYNC_MAX_STALENESS": None,
@@ -279,6 +280,8 @@ class Config:
     threadpool_size: int = DEFAULT_THREADPOOL_SIZE  # compression threads; 0: on the communication thread
     # Server-side scheduling: a server sums the waiting pushes of the earliest-declared tensors first
     server_enable_schedule: bool = False
+    # Co-located fast path: large payloads to a server on this host go through shared memory, not TCP
+    enable_ipc: bool = True
     # Asynchronous training (BytePS's BYTEPS_ENABLE_ASYNC): parameter deltas added at the servers as they come
     enable_async: bool = False
     async_max_staleness: Optional[int] = None  # a worker at most this many steps ahead of the slowest; None: no bound
@@ -443,6 +446,7 @@ class Config:
             trace_end_step=trace_end,
             trace_dir=env.get("BYTEPS_TRACE_DIR", _text),
             server_enable_schedule=env.get("BYTEPS_SERVER_ENABLE_SCHEDULE", _parse_bool),
+            enable_ipc=env.get("BYTEPS_ENABLE_IPC", _parse_bool),
             enable_async=enable_async,
             async_max_staleness=max_staleness,
             backup_workers=backup_workers,

@@ -43,6 +43,7 @@ class ProcessReport:
     bytes_received: int = 0
     async_pushes: int = 0  # a server's deltas added to asynchronous keys (BYTEPS_ENABLE_ASYNC)
     late_pushes: int = 0  # a server's pushes dropped for rounds closed without them (BYTEPS_BACKUP_WORKERS)
+    shared_payloads: int = 0  # payloads sent or received through shared memory (a server on the same host)
 
     @property
     def file_name(self) -> str:
@@ -104,6 +105,9 @@ def summarize(reports: List[ProcessReport], wall_s: float) -> str:
         parts.append(f"servers applied {applied} asynchronous pushes")
     if late:
         parts.append(f"{late} late pushes dropped (backup workers)")
+    shared = sum(r.shared_payloads for r in workers)
+    if shared:
+        parts.append(f"{shared} payloads through shared memory (co-located servers)")
     total = sum(r.bytes_received for r in servers)
     if len(servers) > 1 and total:
         parts.append("servers' share of the bytes " + " / ".join(

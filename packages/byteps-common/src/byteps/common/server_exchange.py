@@ -244,6 +244,11 @@ class ServerExchange:
     def bytes_received(self) -> int:
         return sum(c.counters.bytes_received for c in self.connections)
 
+    @property
+    def shared_payloads(self) -> int:
+        """Payloads that went to or came from a server on this host through shared memory."""
+        return sum(c.counters.shared_sent + c.counters.shared_received for c in self.connections)
+
     def close(self, linger_ms: Optional[int] = None) -> None:
         for connection in self.connections:
             connection.close(linger_ms)

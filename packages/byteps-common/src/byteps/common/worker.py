@@ -109,7 +109,7 @@ class Worker:
 
     def _connect(self) -> None:
         cfg = self.config
-        self._context = Context()
+        self._context = Context(shared_memory=cfg.enable_ipc)
         if cfg.trace_on:  # before rendezvous: a bad BYTEPS_TRACE_DIR fails at once, on its own
             self._tracer = Tracer(worker_trace_path(cfg.trace_dir, cfg.worker_id, cfg.num_worker, cfg.local_rank),
                                   f"worker {cfg.rank}", cfg.rank, WORKER_TRACKS, cfg.trace_start_step,
@@ -542,6 +542,11 @@ class Worker:
     def bytes_received(self) -> int:
         return self._comm.bytes_received if self._comm else 0
 
+    @property
+    def shared_payloads(self) -> int:
+        """Payloads that moved through shared memory to or from a server on this host (BYTEPS_ENABLE_IPC)."""
+        return self._comm.shared_payloads if self._comm else 0
+
     def shutdown(self) -> None:
         """Leave the job: waits for the other workers, then closes every socket."""
         self._leave(goodbye=True)
@@ -583,7 +588,7 @@ class Worker:
             busy = self._last_done - self._first_push_pull if self._first_push_pull is not None else 0.0
         write_report(self.config.report_dir, ProcessReport(
             "worker", self.rank, time.monotonic() - self._started, rounds, max(0.0, busy),
-            self.bytes_sent, self.bytes_received))
+            self.bytes_sent, self.bytes_received, shared_payloads=self.shared_payloads))
 
 
 class _TrackedHandle(Handle):

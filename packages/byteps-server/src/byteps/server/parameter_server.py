@@ -130,7 +130,7 @@ class ParameterServer:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.context = Context()
+        self.context = Context(shared_memory=config.enable_ipc)
         host = resolve_host(config.node_host, config.interface, config.root_uri)
         # A push is at most one partition; leave room for any partition size workers use.
         self.max_partition_bytes = max(config.partition_bytes, 1 << 20)
@@ -214,7 +214,8 @@ class ParameterServer:
         counters = self.listener.counters
         return ProcessReport("server", self.rank, time.monotonic() - self.registered_at,
                              bytes_sent=counters.bytes_sent, bytes_received=counters.bytes_received,
-                             async_pushes=self.async_pushes, late_pushes=self.late_pushes)
+                             async_pushes=self.async_pushes, late_pushes=self.late_pushes,
+                             shared_payloads=counters.shared_sent + counters.shared_received)
 
     def close(self) -> None:
         self.listener.close()

@@ -38,7 +38,8 @@ from byteps.transport.zmq_endpoints import Connection, Listener, tcp_address
 # Context.listen/connect by address scheme, Poller), payloads as memoryviews,
 # ClientHandshake; 1.1: PUSH_ACK, LOCAL_READY/LOCAL_DONE, AddressBook.job_id
 # 2.1: NodeInfo.settings (job-wide settings checked at rendezvous), FLAG_SKIPPED
-INTERFACE_VERSION = (2, 4)  # 2.2: FLAG_ZEROS; 2.3: FLAG_BARE; 2.4: SchedulerOptions.lost_node_file
+# 2.2: FLAG_ZEROS; 2.3: FLAG_BARE; 2.4: SchedulerOptions.lost_node_file
+INTERFACE_VERSION = (2, 5)  # 2.5: Context(shared_memory=...), payloads through shared memory on one host
 
 __all__ = [
     "INTERFACE_VERSION",

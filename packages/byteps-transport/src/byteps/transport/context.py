@@ -8,7 +8,10 @@ Code above the transport layer names addresses, never sockets::
     ...
     context.close()
 
-ZeroMQ serves ``tcp://`` and ``ipc://``. A new transport (shared memory,
+ZeroMQ serves ``tcp://`` and ``ipc://``. Between processes of one host, a
+``tcp://`` endpoint moves large payloads through shared memory instead
+(:mod:`byteps.transport.co_located`) when its context allows it
+(``Context(shared_memory=True)``). A new transport (shared memory,
 RDMA through pyverbs) registers its scheme with :func:`register_transport`
 and is then used by every layer above without a change there.
 """
@@ -20,6 +23,7 @@ from typing import Any, Callable, Dict, Tuple
 
 import zmq
 
+from byteps.transport.co_located import SharedConnection, SharedListener
 from byteps.transport.endpoint import Endpoint
 from byteps.transport.errors import TransportError
 from byteps.transport.zmq_endpoints import ZmqConnection, ZmqListener
@@ -29,7 +33,7 @@ __all__ = ["Context", "register_transport", "transport_schemes"]
 # scheme -> (make a listener, make a connection); each takes (context, address, max_payload_bytes)
 Factory = Callable[["Context", str, int], Endpoint]
 _TRANSPORTS: Dict[str, Tuple[Factory, Factory]] = {
-    "tcp": (ZmqListener, ZmqConnection),
+    "tcp": (SharedListener, SharedConnection),
     "ipc": (ZmqListener, ZmqConnection),
 }
 _lock = threading.Lock()
@@ -59,8 +63,10 @@ class Context:
 
     _shared: Context | None = None
 
-    def __init__(self, zmq_context: Any = None) -> None:
+    def __init__(self, zmq_context: Any = None, shared_memory: bool = False) -> None:
         self.zmq: Any = zmq_context if zmq_context is not None else zmq.Context()
+        #: send large payloads to listeners on this host through shared memory (co_located.py)
+        self.shared_memory = shared_memory
 
     @classmethod
     def shared(cls) -> Context:

@@ -50,6 +50,8 @@ class ByteCounters:
     bytes_received: int = 0
     messages_sent: int = 0
     messages_received: int = 0
+    shared_sent: int = 0  # payloads that went through shared memory (co_located.py), counted above too
+    shared_received: int = 0
 
 
 class Message(NamedTuple):
