@@ -45,6 +45,9 @@ def test_a_healthy_job_prints_its_plan_the_rendezvous_and_a_summary(job):
     summary = _summary(err)
     found = re.fullmatch(r"bpslaunch: job done in [\d.]+ s, 2 workers, 5 rounds \(mean [\d.]+ ms\), "
                          r"each pushed ([\d.]+) MB and pulled ([\d.]+) MB, "
+                         # every partition both ways, 2 workers x 5 rounds x 4 (a multiple of the 2 servers): the
+                         # servers are on this host
+                         r"80 payloads through shared memory \(co-located servers\), "
                          r"servers' share of the bytes (\d+)% / (\d+)%", summary)
     assert found, summary
     pushed, pulled, first, second = map(float, found.groups())

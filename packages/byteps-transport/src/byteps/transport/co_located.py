@@ -220,7 +220,10 @@ class _SharedPayloads:
     def _send_frames(self, identity: Optional[bytes], header: bytes, payload: Any) -> None:
         if payload is not None and self.sends_shared and payload_nbytes(payload) >= MIN_SHARED_BYTES:
             ring = self._ring_for(identity)
-            reference = ring.put(payload) if ring is not None else None
+            try:
+                reference = ring.put(payload) if ring is not None else None
+            except (TypeError, ValueError):  # not one contiguous block of bytes: ZeroMQ says what is wrong
+                reference = None
             if reference is not None:
                 frames = [header, _MARKER, reference] if identity is None else [identity, header, _MARKER, reference]
                 self.socket.send_multipart(frames)
