@@ -122,4 +122,4 @@ def test_public_api_is_complete():
 def test_collectives_under_bpslaunch(layout):
     """allgather, alltoall, reducescatter, Min/Max/Product, objects, process sets and join (collectives_checks.py)."""
     result = launch_mxnet_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "collectives_checks.py"))
-    assert_all_ok(result, checks=5)
+    assert_all_ok(result, checks=6)

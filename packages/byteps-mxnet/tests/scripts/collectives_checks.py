@@ -53,6 +53,8 @@ def alltoall_and_reducescatter():
     got = bps.reducescatter(mx.nd.array(x, dtype="float64"), name="rs", op=bps.Sum)
     if first is not None:
         assert_array(got, total[first:first + [3, 2][r]], "reducescatter sum")
+    for scatter in (lambda a: bps.reducescatter(a), lambda a: bps.grouped_reducescatter([a])):
+        expect_error(ValueError, "scalar (0-d)", lambda: scatter(mx.nd.array(r, dtype="float32")))  # shape ()
     got = bps.grouped_reducescatter([mx.nd.array(x, dtype="float64")], name="rs.group")[0]
     if first is not None:
         assert_array(got, (total / n)[first:first + [3, 2][r]], "grouped reducescatter average")
@@ -92,6 +94,47 @@ def process_sets():
     assert not bps.mpi_built() and not bps.gloo_built()
 
 
+def reductions_over_process_sets():
+    r, n = bps.rank(), bps.size()
+    singles = [bps.add_process_set([k]) for k in range(n)]   # one set per rank, all reducing the same name
+    mine = singles[r]
+    x = mx.nd.array(block(r, 2, "float32"))
+    assert_array(bps.allreduce(x, name="set.sum", op=bps.Sum, process_set=mine), block(r, 2, "float32"),
+                 "sum over a one-rank set: this rank's own, not waiting for the others")
+    expect_error(ValueError, "not in", lambda: bps.allreduce(x, process_set=singles[(r + 1) % n]))
+    pair = bps.global_process_set  # every rank (with 2 ranks no other set has more than one)
+    ints = mx.nd.array(block(r, 2, "int32") - 5 * r, dtype="int32")
+    want = sum(block(k, 2, "int32") - 5 * k for k in range(n))
+    assert_array(bps.allreduce(ints, name="set.ints", op=bps.Sum, process_set=pair), want, "int sum in a set")
+    y = mx.nd.array(block(r, 3, "float64"), dtype="float64")
+    bps.allreduce_(y, name="set.avg", process_set=pair)
+    assert_array(y, sum(block(k, 3, "float64") for k in range(n)) / n, "average in place in a set")
+    grouped = bps.grouped_allreduce([x, x * 2], op=bps.Sum, name="set.grouped", process_set=pair)
+    assert_array(grouped[1], 2 * sum(block(k, 2, "float32") for k in range(n)), "grouped sum in a set")
+    for dtype in ("int32", "float32"):
+        got = bps.broadcast(mx.nd.ones((4,), dtype=dtype) * r, root_rank=n - 1, name=f"set.bcast.{dtype}",
+                            process_set=pair)
+        assert_array(got, np.full((4,), n - 1, dtype=dtype), f"broadcast {dtype} in a set")
+    z = mx.nd.ones((3,)) * r
+    bps.broadcast_(z, root_rank=0, name="set.bcast.inplace", process_set=pair)
+    assert_array(z, np.zeros((3,), dtype="float32"), "broadcast_ in a set")
+    if r == n - 1:
+        expect_error(ValueError, "root_rank 0 is not in",
+                     lambda: bps.broadcast(z, root_rank=0, process_set=singles[n - 1]))
+    # Ranks that name different roots fail on every rank (Horovod's broadcast rank error)
+    expect_error(mx.base.MXNetError, "root", lambda: bps.broadcast(z, root_rank=r, name="set.roots").asnumpy())
+    # DistributedOptimizer over a set: averaged within it; alone in a set, a rank keeps its gradient
+    for process_set, averaged in ((pair, True), (mine, False)):
+        opt = bps.DistributedOptimizer(mx.optimizer.SGD(learning_rate=1.0), process_set=process_set)
+        w = mx.nd.zeros((5,))
+        g = mx.nd.ones((5,)) * (r + 1)
+        opt.update(7, w, g, opt.create_state(7, w))
+        expected = -(sum(range(1, n + 1)) / n if averaged else r + 1)
+        assert_array(w, np.full((5,), expected, dtype="float32"), f"DistributedOptimizer averaged={averaged}")
+    for process_set in singles:
+        bps.remove_process_set(process_set)
+
+
 def uneven_join():
     r, n = bps.rank(), bps.size()
     for step in range(2 + r):
@@ -109,6 +152,7 @@ def main():
     checks.run("alltoall and reducescatter", alltoall_and_reducescatter)
     checks.run("Min, Max, Product, grouped_allreduce", min_max_product)
     checks.run("process sets and build flags", process_sets)
+    checks.run("allreduce, broadcast and DistributedOptimizer over process sets", reductions_over_process_sets)
     checks.run("join with uneven data", uneven_join)
     mx.nd.waitall()
     bps.shutdown()

@@ -14,7 +14,8 @@ from byteps.common.interface import require_interface
 # 2.1: compression, tracing, asynchronous keys and the front's ParameterExchange, backup workers (quorum keys,
 # skipping_round); 2.0: frontend, sealed transport; 1.1: local aggregation, declare sizes, topology;
 # 2.3: push_pull_async(skip_pull=); 2.4: elastic membership boards (a worker on another host reads its epoch
-# from bpslaunch's rendezvous service; epoch secrets derived from the elastic key); 2.5: Config.enable_ipc
+# from bpslaunch's rendezvous service; epoch secrets derived from the elastic key); 2.5: Config.enable_ipc,
+# frontend.process_sets.reduction_spec and broadcast_spec
 INTERFACE_VERSION = (2, 5)
 
 require_interface("byteps-transport", "byteps.transport", (2, 5), requirer="byteps-common")

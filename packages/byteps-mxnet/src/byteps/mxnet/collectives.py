@@ -116,7 +116,8 @@ def reducescatter(tensor: mx.nd.NDArray, name: Optional[str] = None, op: Any = A
     """
     average = _average(op)
     check_array(tensor, "reducescatter")
-    host = np.ascontiguousarray(scaled(tensor, prescale_factor).asnumpy())
+    # asnumpy() gives a new C-ordered array; np.ascontiguousarray would turn a 0-d one into 1-d
+    host = scaled(tensor, prescale_factor).asnumpy()
     dtype = dtype_name(tensor)
     rows = _run("reducescatter", name,
                 lambda key: front.reducescatter(_names.key(key, (host.shape, dtype)), host, dtype, average,

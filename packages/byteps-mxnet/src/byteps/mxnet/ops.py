@@ -50,11 +50,11 @@ from typing import Any, Dict, List, Optional, Sequence
 import mxnet as mx
 
 from byteps.common import api
-from byteps.common.frontend.checks import check_root, check_scale
+from byteps.common.frontend.checks import check_scale
 from byteps.common.frontend.group import push_pull_group
 from byteps.common.frontend.names import TensorNames
-from byteps.common.frontend.process import after_shutdown, before_shutdown, on_init, rank, size
-from byteps.common.frontend.process_sets import rank_view
+from byteps.common.frontend.process import after_shutdown, before_shutdown, on_init, rank
+from byteps.common.frontend.process_sets import broadcast_spec, rank_view, reduction_spec
 from byteps.common.frontend.reductions import BY_GATHER, OpSpec, average_of, op_name
 from byteps.common.handle import all_done
 from byteps.mxnet.engine import EngineBridge
@@ -146,7 +146,8 @@ def submit(tensor: mx.nd.NDArray, spec: OpSpec, inplace: bool, contribute: bool 
 
     def start(arrays, dtype):
         output = arrays[1] if len(arrays) > 1 else None
-        return worker.push_pull_async(arrays[0], key, average, output, dtype, compression=compression_spec, lr=lr)
+        return worker.push_pull_async(arrays[0], key, average, output, dtype, compression=compression_spec, lr=lr,
+                                      members=spec.members, set_id=spec.set_id, root=spec.root)
 
     _bridge.submit(reads, [result], _token(key), spec.priority, key, what, start)
     scale_(result, spec.postscale)
@@ -216,8 +217,9 @@ def byteps_push_pull(tensor: mx.nd.NDArray, version: int = 0, priority: int = 0,
 
 
 def allreduce(tensor: mx.nd.NDArray, average: Optional[bool] = None, name: Optional[str] = None, priority: int = 0,
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: Optional[int] = None) -> mx.nd.NDArray:
-    """A new array: ``tensor`` averaged (default) or summed over all ranks.
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: Optional[int] = None,
+              process_set: Any = None) -> mx.nd.NDArray:
+    """A new array: ``tensor`` averaged (default) or summed over all ranks (or ``process_set``'s).
 
     ``prescale_factor`` multiplies the input before the reduction,
     ``postscale_factor`` the result after it (floating-point arrays only).
@@ -228,20 +230,24 @@ def allreduce(tensor: mx.nd.NDArray, average: Optional[bool] = None, name: Optio
         from byteps.mxnet.collectives import allreduce_by_gather
         check_scale(prescale_factor, postscale_factor, False, f"allreduce(op={op_name(op)})", op_name(op),
                     needed="op=Average or Sum")
-        return allreduce_by_gather(tensor, op, name)
-    spec = OpSpec("allreduce", name, average_of(op, average), prescale_factor, postscale_factor, priority)
+        return allreduce_by_gather(tensor, op, name, process_set)
+    spec = reduction_spec("allreduce", name, op, average, prescale_factor, postscale_factor, process_set, priority)
     return submit(tensor, spec, inplace=False)
 
 
 def allreduce_(tensor: mx.nd.NDArray, average: Optional[bool] = None, name: Optional[str] = None, priority: int = 0,
-               prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: Optional[int] = None, *,
-               compression_spec: Any = None, lr: Optional[float] = None) -> mx.nd.NDArray:
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: Optional[int] = None,
+               process_set: Any = None, *, compression_spec: Any = None,
+               lr: Optional[float] = None) -> mx.nd.NDArray:
     """:func:`allreduce` into ``tensor`` itself; returns it.
 
     ``compression_spec`` and ``lr``: BytePS's gradient compression, as
     DistributedTrainer's ``compression_params`` uses it (see :func:`submit`).
     """
-    spec = OpSpec("allreduce", name, average_of(op, average), prescale_factor, postscale_factor, priority)
+    if op in BY_GATHER:
+        return allreduce(tensor, name=name, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                         op=op, process_set=process_set).copyto(tensor)
+    spec = reduction_spec("allreduce", name, op, average, prescale_factor, postscale_factor, process_set, priority)
     return submit(tensor, spec, inplace=True, compression_spec=compression_spec, lr=lr)
 
 
@@ -251,17 +257,14 @@ def grouped_allreduce_(tensors: Sequence[mx.nd.NDArray], average: Optional[bool]
     """Horovod's: :func:`allreduce_` of every array, in place, as one engine op (small ones fused); returns them.
 
     Array *i* is named ``"<name>.<i>"`` (unnamed without ``name``). Min, Max, Product and Adasum reduce
-    each array from every rank's (synchronously); process sets are not supported here, as in allreduce.
+    each array from every rank's (synchronously). Over a process set each array is its own op (fusion
+    packs the arrays of collectives over every rank).
     """
-    if rank_view(process_set).set_id:
-        raise NotImplementedError("grouped_allreduce: byteps.mxnet reduces over every rank; process sets work "
-                                  "with the gathering collectives")
     tensors = list(tensors)
     names = [None if name is None else f"{name}.{i}" for i in range(len(tensors))]
-    if op in BY_GATHER:
+    if op in BY_GATHER or rank_view(process_set).set_id:
         for tensor, key in zip(tensors, names):
-            allreduce(tensor, name=key, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                      op=op).copyto(tensor)
+            allreduce_(tensor, average, key, priority, prescale_factor, postscale_factor, op, process_set)
         return tensors
     return allreduce_group_(tensors, names, average_of(op, average), priority, prescale_factor, postscale_factor)
 
@@ -274,14 +277,9 @@ def grouped_allreduce(tensors: Sequence[mx.nd.NDArray], average: Optional[bool] 
                               postscale_factor, process_set, op)
 
 
-def _check_root(root_rank: int) -> None:
-    check_root(root_rank, size())
-
-
 def _broadcast(tensor: mx.nd.NDArray, root_rank: int, name: Optional[str], priority: int,
-               inplace: bool) -> mx.nd.NDArray:
-    _check_root(root_rank)
-    spec = OpSpec("broadcast", name, average=False, priority=priority)
+               inplace: bool, process_set: Any = None) -> mx.nd.NDArray:
+    spec = broadcast_spec(root_rank, name, process_set, priority)
     contribute = rank() == root_rank
     if not isinstance(tensor, mx.nd.NDArray) or dtype_name(tensor) not in NARROW_INTEGERS:
         return submit(tensor, spec, inplace, contribute)
@@ -294,11 +292,14 @@ def _broadcast(tensor: mx.nd.NDArray, root_rank: int, name: Optional[str], prior
     return tensor
 
 
-def broadcast(tensor: mx.nd.NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0) -> mx.nd.NDArray:
-    """A new array holding the root's ``tensor`` on every rank (BytePS's way: the others push zeros)."""
-    return _broadcast(tensor, root_rank, name, priority, inplace=False)
+def broadcast(tensor: mx.nd.NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
+              process_set: Any = None) -> mx.nd.NDArray:
+    """A new array holding the root's ``tensor`` on every rank of ``process_set`` (default: all; BytePS's way:
+    the others push zeros). Ranks that name different roots fail, on every rank."""
+    return _broadcast(tensor, root_rank, name, priority, False, process_set)
 
 
-def broadcast_(tensor: mx.nd.NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0) -> mx.nd.NDArray:
-    """Overwrite ``tensor`` on every rank with the root's; returns it."""
-    return _broadcast(tensor, root_rank, name, priority, inplace=True)
+def broadcast_(tensor: mx.nd.NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
+               process_set: Any = None) -> mx.nd.NDArray:
+    """Overwrite ``tensor`` on every rank (of ``process_set``) with the root's; returns it."""
+    return _broadcast(tensor, root_rank, name, priority, True, process_set)

@@ -45,6 +45,7 @@ import numpy as np
 
 from byteps.common import api
 from byteps.common.frontend.async_training import check_async_compression
+from byteps.common.frontend.process_sets import rank_view
 from byteps.mxnet.async_training import ArrayExchange, asynchronous, check_master_weights
 from byteps.mxnet.gradient_compression import take_compression_params
 from byteps.mxnet.ops import allreduce_
@@ -52,7 +53,7 @@ from byteps.mxnet.ops import allreduce_
 __all__ = ["DistributedOptimizer"]
 
 #: Attributes that live on the wrapper itself; everything else is the wrapped optimizer's.
-_OWN = ("_optimizer", "_predivide", "_gradient_compression", "_async")
+_OWN = ("_optimizer", "_predivide", "_gradient_compression", "_async", "_process_set")
 
 #: ``_async`` before the training mode is known (wrapped before ``init()``).
 _UNDECIDED = object()
@@ -65,6 +66,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     before the sum and multiplies the average by it after, for numerical
     range; the result is the same average (nothing to act on in asynchronous
     training). ``num_groups`` is accepted for Horovod compatibility and ignored.
+    ``process_set`` (Horovod's): gradients are averaged over its ranks only;
+    a rank outside it, or a set of one rank, updates with its own gradient.
 
     ``compression_params``: BytePS's dict with a compressor (without
     ``fp16``, which is DistributedTrainer's: a ValueError here). Every gradient is pushed with the optimizer's current
@@ -75,7 +78,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     """
 
     def __init__(self, optimizer: mx.optimizer.Optimizer, gradient_predivide_factor: float = 1.0,
-                 num_groups: int = 0, compression_params: Optional[Dict[str, Any]] = None) -> None:
+                 num_groups: int = 0, compression_params: Optional[Dict[str, Any]] = None,
+                 process_set: Any = None) -> None:
         # No super().__init__: this object holds no optimizer state of its own.
         if not isinstance(optimizer, mx.optimizer.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps an mxnet Optimizer, got {type(optimizer).__name__}")
@@ -89,11 +93,15 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         if isinstance(compression_params, dict) and compression_params.get("fp16"):
             raise ValueError("DistributedOptimizer: compression_params['fp16'] is DistributedTrainer's (or "
                              "compression=Compression.fp16 there); the optimizer updates with the gradient it is given")
+        if process_set is not None and compression_params:
+            raise ValueError("DistributedOptimizer: compression_params with a process_set is not supported; "
+                             "compressed gradients are averaged over every rank")
         _, compression, _ = take_compression_params(compression_params, optimizer, None)
         object.__setattr__(self, "_optimizer", optimizer)
         object.__setattr__(self, "_predivide", float(gradient_predivide_factor))
         object.__setattr__(self, "_gradient_compression", compression)
         object.__setattr__(self, "_async", _UNDECIDED)
+        object.__setattr__(self, "_process_set", process_set)
         self._asynchronous_exchange()
 
     def __getattr__(self, item: str) -> Any:
@@ -109,13 +117,14 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
 
     def __getstate__(self) -> dict:
         return {"optimizer": self._optimizer, "predivide": self._predivide,
-                "compression": self._gradient_compression}
+                "compression": self._gradient_compression}  # a process set is this job's: not kept
 
     def __setstate__(self, state: dict) -> None:
         object.__setattr__(self, "_optimizer", state["optimizer"])
         object.__setattr__(self, "_predivide", state["predivide"])
         object.__setattr__(self, "_gradient_compression", state.get("compression"))
         object.__setattr__(self, "_async", _UNDECIDED)  # the exchange holds no state worth saving: decided anew
+        object.__setattr__(self, "_process_set", None)
 
     @property
     def learning_rate(self) -> float:
@@ -128,6 +137,9 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         return self._optimizer.create_state_multi_precision(index, weight)
 
     def _push_pull(self, index: Any, grad: Any) -> None:
+        process_set = self._process_set
+        if process_set is not None and (not process_set.included() or len(rank_view(process_set).ranks) == 1):
+            return  # Horovod's: outside the set (or alone in it) a rank keeps its own gradient
         if isinstance(index, (tuple, list)):  # MXNet's aggregated updates pass lists
             # One op per gradient, not a fused group: a fused group here hung about every
             # second run of the training checks (tests/scripts/training_checks.py) and is left
@@ -140,7 +152,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         compression = self._gradient_compression
         if compression is None:
             allreduce_(grad, average=True, name=name, priority=priority,
-                       prescale_factor=1.0 / self._predivide, postscale_factor=self._predivide)
+                       prescale_factor=1.0 / self._predivide, postscale_factor=self._predivide,
+                       process_set=process_set)
             return
         allreduce_(grad, average=True, name=name, priority=priority, compression_spec=compression.spec,
                    lr=float(self._optimizer.learning_rate))

@@ -48,11 +48,12 @@ from mxnet.gluon.parameter import Parameter, ParameterDict
 from byteps.common import api
 from byteps.common.compression import CompressionSpec
 from byteps.common.frontend.async_training import check_async_compression
+from byteps.common.frontend.process import size
 from byteps.mxnet.async_training import ArrayExchange, asynchronous, check_master_weights
 from byteps.mxnet.compression import Compression
 from byteps.mxnet.functions import broadcast_after_init, parameter_name
 from byteps.mxnet.gradient_compression import take_compression_params
-from byteps.mxnet.ops import allreduce_, allreduce_group_, broadcast_, byteps_declare_tensor, size
+from byteps.mxnet.ops import allreduce_, allreduce_group_, broadcast_, byteps_declare_tensor
 from byteps.mxnet.optimizer import DistributedOptimizer
 
 __all__ = ["DistributedTrainer"]

@@ -20,25 +20,18 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
-from byteps.common.frontend import Average, average_of, check_root, rank, size
-from byteps.common.frontend.process_sets import global_process_set, rank_view
+from byteps.common.frontend import Average, rank
+from byteps.common.frontend.process_sets import broadcast_spec, global_process_set, reduction_spec
 from byteps.common.frontend.reductions import BY_GATHER
 from byteps.torch.collectives import reduce_by_gather_async
 from byteps.torch.compression import Compression, Compressor
-from byteps.torch.ops import OpSpec, ReduceFunction, _names, group_handles, submit, synchronize
+from byteps.torch.ops import ReduceFunction, _names, group_handles, submit, synchronize
 
 __all__ = [
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
 ]
-
-
-def _spec(family: str, name: Optional[str], op: Optional[int], average: Optional[bool], prescale: float,
-          postscale: float, process_set: Any) -> OpSpec:
-    view = rank_view(process_set)
-    return OpSpec(family, name, average_of(op, average), prescale, postscale,
-                  members=None if view.set_id == 0 else view.ranks, set_id=view.set_id)
 
 
 def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -53,7 +46,7 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
     """
     if op in BY_GATHER:
         return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
-    spec = _spec("allreduce", name, op, average, prescale_factor, postscale_factor, process_set)
+    spec = reduction_spec("allreduce", name, op, average, prescale_factor, postscale_factor, process_set)
     compressed, ctx = compression.compress(tensor)
     return compression.decompress(ReduceFunction.apply(compressed, spec), ctx)
 
@@ -71,7 +64,7 @@ def _start(tensor: torch.Tensor, average: Optional[bool], name: Optional[str], o
         if average is not None:
             raise ValueError("the op parameter supersedes average: pass only one of them")
         return reduce_by_gather_async(tensor, op, name, inplace, prescale, postscale, process_set)
-    spec = _spec("allreduce", name, op, average, prescale, postscale, process_set)
+    spec = reduction_spec("allreduce", name, op, average, prescale, postscale, process_set)
     return submit(tensor, spec, inplace=inplace)
 
 
@@ -163,26 +156,17 @@ class _WidenNarrowIntegers(Compressor):
         return tensor if ctx is None else tensor.to(ctx)
 
 
-def _broadcast_spec(root_rank: int, name: Optional[str], process_set: Any) -> OpSpec:
-    check_root(root_rank, size())
-    view = rank_view(process_set)
-    if root_rank not in view.ranks:
-        raise ValueError(f"broadcast: root_rank {root_rank} is not in {process_set}")
-    return OpSpec("broadcast", name, average=False, members=None if view.set_id == 0 else view.ranks,
-                  set_id=view.set_id, root=root_rank)
-
-
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                     process_set: Any = global_process_set) -> int:
     """Start a broadcast of the root's ``tensor``; ``synchronize(handle)`` returns a new tensor."""
-    spec = _broadcast_spec(root_rank, name, process_set)
+    spec = broadcast_spec(root_rank, name, process_set)
     return submit(tensor, spec, inplace=False, compression=_WidenNarrowIntegers, contribute=rank() == root_rank)
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                      process_set: Any = global_process_set) -> int:
     """Start a broadcast into ``tensor`` itself on every rank."""
-    spec = _broadcast_spec(root_rank, name, process_set)
+    spec = broadcast_spec(root_rank, name, process_set)
     return submit(tensor, spec, inplace=True, compression=_WidenNarrowIntegers, contribute=rank() == root_rank)
 
 
@@ -204,7 +188,7 @@ class _BroadcastFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[torch.Tensor, None, None, None]:
         grad_name = None if ctx.name is None else ctx.name + ".grad"
-        spec = _spec("allreduce", grad_name, Average, None, 1.0, 1.0, ctx.process_set)
+        spec = reduction_spec("allreduce", grad_name, Average, None, 1.0, 1.0, ctx.process_set)
         reduced = synchronize(submit(grad.contiguous(), spec, inplace=False))
         if rank() != ctx.root_rank:
             reduced = torch.zeros_like(reduced)

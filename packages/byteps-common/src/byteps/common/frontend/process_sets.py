@@ -28,10 +28,12 @@ import threading
 from typing import Any, Dict, List, Optional, Sequence
 
 from byteps.common import api
+from byteps.common.frontend.checks import check_root
 from byteps.common.frontend.collectives import RankView
+from byteps.common.frontend.reductions import OpSpec, average_of
 
 __all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "rank_view",
-           "register_initial", "reset"]
+           "register_initial", "reset", "reduction_spec", "broadcast_spec"]
 
 
 class ProcessSet:
@@ -150,3 +152,23 @@ def rank_view(process_set: Any) -> RankView:
     if me not in process_set.ranks:
         raise ValueError(f"rank {me} is not in {process_set}: only its ranks may run its collectives")
     return RankView(tuple(process_set.ranks), process_set.ranks.index(me), process_set.process_set_id)
+
+
+def reduction_spec(family: str, name: Optional[str], op: Optional[int], average: Optional[bool],
+                   prescale: float = 1.0, postscale: float = 1.0, process_set: Any = None,
+                   priority: int = 0) -> OpSpec:
+    """What an allreduce over ``process_set`` (None: every rank) asks of the servers, in every adapter."""
+    view = rank_view(process_set)
+    return OpSpec(family, name, average_of(op, average), prescale, postscale, priority,
+                  members=None if view.set_id == 0 else view.ranks, set_id=view.set_id)
+
+
+def broadcast_spec(root_rank: Any, name: Optional[str], process_set: Any = None, priority: int = 0) -> OpSpec:
+    """A broadcast from ``root_rank`` over ``process_set``: the root is checked here, and again by the servers,
+    which fail the op on every rank when ranks name different roots."""
+    check_root(root_rank, api.size())
+    view = rank_view(process_set)
+    if root_rank not in view.ranks:
+        raise ValueError(f"broadcast: root_rank {root_rank} is not in {process_set}")
+    return OpSpec("broadcast", name, average=False, priority=priority,
+                  members=None if view.set_id == 0 else view.ranks, set_id=view.set_id, root=int(root_rank))
