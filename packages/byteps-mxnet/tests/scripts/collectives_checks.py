@@ -54,7 +54,7 @@ def alltoall_and_reducescatter():
     if first is not None:
         assert_array(got, total[first:first + [3, 2][r]], "reducescatter sum")
     for scatter in (lambda a: bps.reducescatter(a), lambda a: bps.grouped_reducescatter([a])):
-        expect_error(ValueError, "scalar (0-d)", lambda: scatter(mx.nd.array(r, dtype="float32")))  # shape ()
+        expect_error(ValueError, "scalar (0-d)", lambda scatter=scatter: scatter(mx.nd.array(r, dtype="float32")))
     got = bps.grouped_reducescatter([mx.nd.array(x, dtype="float64")], name="rs.group")[0]
     if first is not None:
         assert_array(got, (total / n)[first:first + [3, 2][r]], "grouped reducescatter average")
