@@ -40,7 +40,7 @@ import tensorflow as tf
 from byteps.common.frontend.checks import check_root
 from byteps.common.frontend.collectives import RankView
 from byteps.common.frontend.process import rank, size
-from byteps.common.frontend.process_sets import rank_view
+from byteps.common.frontend.process_sets import broadcast_view, rank_view
 from byteps.common.frontend.reductions import BY_GATHER, Average, Sum, average_of, op_name
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.graph_ops import run_group
@@ -237,10 +237,8 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_na
     BytePS's broadcast: the root pushes its tensor, every other rank zeros.
     bool and 8/16-bit integers travel as int32, uint32 as int64 (exact).
     """
-    _check_root(root_rank)
-    view = _in_set(process_set)
-    if view is not None and root_rank not in view.ranks:
-        raise ValueError(f"broadcast: root_rank {root_rank} is not in {process_set}")
+    view = broadcast_view(root_rank, process_set)
+    view = view if view.set_id else None  # a process set other than the global one
     tensor = tf.convert_to_tensor(tensor)
     name = resolve_name("broadcast", name, tensor)
     sent = tensor

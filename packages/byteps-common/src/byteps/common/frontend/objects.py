@@ -22,7 +22,6 @@ from typing import Any, List, Optional
 import numpy as np
 
 from byteps.common import api
-from byteps.common.frontend.checks import check_root
 
 __all__ = ["broadcast_object", "allgather_object"]
 
@@ -34,12 +33,9 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None, p
     Without ``name`` all calls share one name (Horovod uses the type's name,
     which breaks when other ranks pass None).
     """
-    from byteps.common.frontend.process_sets import rank_view
+    from byteps.common.frontend.process_sets import broadcast_view
     worker = api.worker()
-    check_root(root_rank, worker.size)
-    view = rank_view(process_set)
-    if root_rank not in view.ranks:
-        raise ValueError(f"broadcast_object: root_rank {root_rank} is not in {process_set}")
+    view = broadcast_view(root_rank, process_set, "broadcast_object")
     name = "broadcast_object" if name is None else f"broadcast_object.{name}"
     is_root = worker.rank == root_rank
     payload, failure = b"", None

@@ -33,7 +33,7 @@ from byteps.common.frontend.collectives import RankView
 from byteps.common.frontend.reductions import OpSpec, average_of
 
 __all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "rank_view",
-           "register_initial", "reset", "reduction_spec", "broadcast_spec"]
+           "register_initial", "reset", "reduction_spec", "broadcast_spec", "broadcast_view"]
 
 
 class ProcessSet:
@@ -163,12 +163,19 @@ def reduction_spec(family: str, name: Optional[str], op: Optional[int], average:
                   members=None if view.set_id == 0 else view.ranks, set_id=view.set_id)
 
 
-def broadcast_spec(root_rank: Any, name: Optional[str], process_set: Any = None, priority: int = 0) -> OpSpec:
-    """A broadcast from ``root_rank`` over ``process_set``: the root is checked here, and again by the servers,
-    which fail the op on every rank when ranks name different roots."""
+def broadcast_view(root_rank: Any, process_set: Any, what: str = "broadcast") -> RankView:
+    """The ranks of a broadcast from ``root_rank`` over ``process_set``, once the root is checked: a rank of the
+    job, and one of the set's (every adapter's broadcasts and ``broadcast_object``)."""
     check_root(root_rank, api.size())
     view = rank_view(process_set)
     if root_rank not in view.ranks:
-        raise ValueError(f"broadcast: root_rank {root_rank} is not in {process_set}")
+        raise ValueError(f"{what}: root_rank {root_rank} is not in {process_set}")
+    return view
+
+
+def broadcast_spec(root_rank: Any, name: Optional[str], process_set: Any = None, priority: int = 0) -> OpSpec:
+    """A broadcast from ``root_rank`` over ``process_set``: the root is checked here, and again by the servers,
+    which fail the op on every rank when ranks name different roots."""
+    view = broadcast_view(root_rank, process_set)
     return OpSpec("broadcast", name, average=False, priority=priority,
                   members=None if view.set_id == 0 else view.ranks, set_id=view.set_id, root=int(root_rank))
