@@ -48,15 +48,26 @@ def main() -> None:
             handle.wait()
             check({"name": name, "dtype": dtype, "count": count, "average": average}, result, size, round_)
     engine = engines[0]
-    # several copies each way per tensor (none for a single process); one pinned buffer per tensor in
-    # place, two out of place, reused round after round
-    if worker().is_distributed:
-        assert engine.copies_to_host > 2 * rounds * len(TENSORS), vars(engine)
-        assert engine.copies_to_device >= rounds * len(TENSORS), vars(engine)  # runs as results come
-    assert engine.pinned_buffers == sum(1 if t[4] else 2 for t in TENSORS), engine.pinned_buffers
+    on_gpu = worker().config.gpu_local_aggregation and worker().local_size > 1
+    if on_gpu:
+        # GPU-side local aggregation: one device slot per tensor, one copy into it per round; a partition's
+        # root alone sums it, copies it to the host and its result back; one pinned buffer per tensor
+        assert engine.shared_slots == len(TENSORS), vars(engine)
+        crossing = engine.reductions if worker().config.num_server else 0  # no servers: the local sum is all
+        assert engine.copies_to_host == crossing == engine.copies_to_device and engine.reductions, vars(engine)
+        assert engine.pinned_buffers == len(TENSORS), engine.pinned_buffers
+    else:
+        # several copies each way per tensor (none for a single process); one pinned buffer per tensor in
+        # place, two out of place, reused round after round
+        if worker().is_distributed:
+            assert engine.copies_to_host > 2 * rounds * len(TENSORS), vars(engine)
+            assert engine.copies_to_device >= rounds * len(TENSORS), vars(engine)  # runs as results come
+        assert engine.pinned_buffers == sum(1 if t[4] else 2 for t in TENSORS), engine.pinned_buffers
+        assert engine.shared_slots == engine.reductions == 0, vars(engine)
     assert engine.handed_over == [1234] * (rounds * len(TENSORS)), engine.handed_over
     print(f"STAGED OK rank {rank} of {size}: {rounds} rounds, {engine.copies_to_host} copies to the host, "
-          f"{engine.copies_to_device} back, {engine.pinned_buffers} pinned buffers", flush=True)
+          f"{engine.copies_to_device} back, {engine.pinned_buffers} pinned buffers, "
+          f"{engine.reductions} sums on the device", flush=True)
     bps.shutdown()
 
 

@@ -7,6 +7,7 @@ tests/gpu/ (docs/gpu.md).
 """
 
 import os
+import re
 import subprocess
 import sys
 
@@ -16,6 +17,8 @@ import pytest
 from byteps.common.device_staging import DeviceStaging, device_of
 from byteps.common.route import Stage, plan_route
 from byteps.testkit import run_job
+
+sys.path.insert(0, os.path.dirname(__file__))
 
 WORKER = [sys.executable, os.path.join(os.path.dirname(__file__), "device_staging_worker.py")]
 
@@ -46,6 +49,32 @@ def test_staged_tensors_sum_like_host_ones(workers, servers, local_size, delay, 
     assert_ok(result)
     for rank in range(workers * local_size):
         assert f"STAGED OK rank {rank} of {workers * local_size}: 4 rounds" in result.outputs[f"worker{rank}"]
+
+
+def _partitions(partition_bytes):
+    """Partitions per round of device_staging_worker.py's tensors."""
+    from device_staging_worker import TENSORS
+    sizes = [count * np.dtype(dtype).itemsize for _, dtype, count, _, _ in TENSORS]
+    return sum(-(-nbytes // partition_bytes) for nbytes in sizes)
+
+
+@pytest.mark.parametrize("workers,servers,local_size,gpu_local", [
+    (1, 1, 2, "1"), (2, 1, 2, "1"), (2, 1, 2, "0"), (1, 0, 3, "1"), (1, 0, 3, "0")])
+def test_local_peers_sum_on_the_device(workers, servers, local_size, gpu_local):
+    """Local ranks (2 or 3, with servers or without): with BYTEPS_GPU_LOCAL_AGGREGATION (the default) every
+    partition is summed once, on the "device", by its root, which alone copies it to the host and back; with 0,
+    every rank copies its whole tensor each way and the host sums."""
+    env = {"BYTEPS_PARTITION_BYTES": "16384", "BYTEPS_GPU_LOCAL_AGGREGATION": gpu_local}
+    result = run_job(WORKER + ["4", "0.001", "32768"], workers, servers, local_size=local_size, env=env)
+    assert_ok(result)
+    sums = [int(re.search(r"(\d+) sums on the device", result.outputs[f"worker{rank}"]).group(1))
+            for rank in range(local_size * workers)]
+    if gpu_local == "1":
+        per_machine = [sum(sums[m * local_size:(m + 1) * local_size]) for m in range(workers)]
+        assert per_machine == [4 * _partitions(16384)] * workers, sums
+        assert all(sums), sums  # the roots are spread over the local ranks
+    else:
+        assert sums == [0] * (local_size * workers)
 
 
 def test_a_single_process_copies_through():
@@ -106,3 +135,27 @@ def test_cupy_is_not_imported_for_host_tensors():
     result = run_job([sys.executable, "-c", code], 2, 1)
     assert_ok(result)
     assert "imported []" in result.outputs["worker1"]
+
+
+def test_local_ranks_that_disagree_on_gpu_sums_fail_naming_it():
+    """One local rank sums on the GPU, the other with BYTEPS_GPU_LOCAL_AGGREGATION=0: both fail, and say so."""
+    code = ("import os, numpy as np\n"
+            "if os.environ['BYTEPS_LOCAL_RANK'] == '1': os.environ['BYTEPS_GPU_LOCAL_AGGREGATION'] = '0'\n"
+            "import byteps.common as bps\n"
+            "from byteps.common.api import worker\n"
+            "from byteps.testkit import device_stand_in\n"
+            "device_stand_in.install()\n"
+            "bps.init()\n"
+            "tensor = device_stand_in.StandInCudaTensor(np.ones(5000, np.float32))\n"
+            "try:\n"
+            "    worker().push_pull_async(tensor, 'w', True).wait()\n"
+            "except Exception as exc:\n"
+            "    print('FAILED:', exc, flush=True)\n"
+            "else:\n"
+            "    print('NO ERROR', flush=True)\n"
+            "bps.shutdown()\n")
+    result = run_job([sys.executable, "-c", code], 1, 1, local_size=2, timeout=60)
+    assert_ok(result)
+    for rank in (0, 1):
+        text = result.outputs[f"worker{rank}"]
+        assert "FAILED:" in text and "as a CUDA tensor summed on the GPU" in text, text

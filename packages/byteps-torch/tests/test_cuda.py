@@ -16,6 +16,8 @@ from byteps.testkit import launch_job, one_process_adapter, rank_lines, run_job
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "..", "..", "examples", "torch")
 CHECKS = [sys.executable, os.path.join(HERE, "scripts", "cuda_checks.py")]
+sys.path.insert(0, os.path.join(HERE, "scripts"))
+from cuda_checks import CASES  # noqa: E402
 
 
 def _why_not() -> str:
@@ -36,14 +38,21 @@ def assert_ok(result):
     assert all(code == 0 for code in result.codes.values()), result.failures()
 
 
-@pytest.mark.parametrize("workers,servers,local_size", [(2, 1, 1), (2, 2, 1), (1, 1, 2)])
-def test_cuda_tensors_sum_like_the_cpu_reference(workers, servers, local_size):
-    """Processes share the GPU (local rank modulo the GPUs); small partitions pipeline the copies."""
-    env = {"BYTEPS_PARTITION_BYTES": "65536", "BYTEPS_FORCE_DISTRIBUTED": "1"}
+@pytest.mark.parametrize("workers,servers,local_size,gpu_local", [
+    (2, 1, 1, "1"), (2, 2, 1, "1"), (1, 1, 2, "1"), (1, 1, 2, "0"), (2, 1, 2, "1"), (1, 0, 3, "1")])
+def test_cuda_tensors_sum_like_the_cpu_reference(workers, servers, local_size, gpu_local):
+    """Processes share the GPU (local rank modulo the GPUs); small partitions pipeline the copies. With local
+    peers, the tensors are summed on the GPU through CUDA IPC (all but bfloat16, and the allreduce and
+    broadcast's: 7 tensors), or with BYTEPS_GPU_LOCAL_AGGREGATION=0 in host memory."""
+    env = {"BYTEPS_PARTITION_BYTES": "65536", "BYTEPS_GPU_LOCAL_AGGREGATION": gpu_local,
+           **({"BYTEPS_FORCE_DISTRIBUTED": "1"} if servers else {})}  # no servers: the machine's sum is all
     result = run_job(CHECKS + ["3"], workers, servers, local_size=local_size, env=env, timeout=240)
     assert_ok(result)
+    on_gpu = 2 * len([case for case in CASES if case[1] != torch.bfloat16]) + 2 \
+        if local_size > 1 and gpu_local == "1" else 0
     for rank in range(workers * local_size):
         assert f"CUDA OK rank {rank} of {workers * local_size}" in result.outputs[f"worker{rank}"]
+        assert f"{on_gpu} summed on the GPU" in result.outputs[f"worker{rank}"], result.outputs[f"worker{rank}"]
 
 
 def test_sync_batch_norm_on_the_gpu():

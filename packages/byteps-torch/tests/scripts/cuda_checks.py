@@ -83,7 +83,10 @@ def main() -> None:
         bps.broadcast_(root, root_rank=0, name="broadcast")
         assert torch.equal(root.cpu(), torch.arange(10_000, dtype=torch.float32)), root[:4]
     torch.cuda.synchronize()
-    print(f"CUDA OK rank {rank} of {size} on {device}: {rounds} rounds of {len(CASES)} tensors", flush=True)
+    from byteps.common.api import worker
+    slots = len(worker()._device_staging._shared)  # tensors summed with the local peers on the GPU
+    print(f"CUDA OK rank {rank} of {size} on {device}: {rounds} rounds of {len(CASES)} tensors, "
+          f"{slots} summed on the GPU", flush=True)
     bps.shutdown()
 
 

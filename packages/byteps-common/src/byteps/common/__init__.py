@@ -15,8 +15,9 @@ from byteps.common.interface import require_interface
 # skipping_round); 2.0: frontend, sealed transport; 1.1: local aggregation, declare sizes, topology;
 # 2.3: push_pull_async(skip_pull=); 2.4: elastic membership boards (a worker on another host reads its epoch
 # from bpslaunch's rendezvous service; epoch secrets derived from the elastic key); 2.5: Config.enable_ipc,
-# frontend.process_sets.reduction_spec and broadcast_spec
-INTERFACE_VERSION = (2, 5)
+# frontend.process_sets.reduction_spec and broadcast_spec; 2.6: local aggregation of CUDA tensors on the GPU
+# (Config.gpu_local_aggregation, CopyEngine.shared_memory/open_shared/reduce)
+INTERFACE_VERSION = (2, 6)
 
 require_interface("byteps-transport", "byteps.transport", (2, 5), requirer="byteps-common")
 

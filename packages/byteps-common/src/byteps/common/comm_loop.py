@@ -26,6 +26,7 @@ from byteps.common import kernels
 from byteps.common.buffers import TensorView
 from byteps.common.compression.feedback import TensorCompressor
 from byteps.common.compression.stages import CompressionStages
+from byteps.common.device_local import summed_on_gpu
 from byteps.common.handle import Handle, JobLost
 from byteps.common.local_aggregation import LocalGroup
 from byteps.common.partition import PartitionPlan
@@ -106,8 +107,9 @@ class DeviceCopyDone:
 
 
 @dataclasses.dataclass(frozen=True)
-class CodecDone:
-    """A partition's COMPRESS or DECOMPRESS stage finished on a compression thread (or failed)."""
+class StageDone:
+    """A partition's stage finished off this thread (or failed): COMPRESS or DECOMPRESS on a compression
+    thread, or the GPU work of GPU-side local aggregation (its event, from the copy waiter)."""
 
     trip: PartitionTrip
     error: Optional[BaseException] = None
@@ -163,21 +165,24 @@ class CommLoop(threading.Thread):
             self.dispatcher.register(Stage.PUSH, self.exchange.push)
             self.dispatcher.register(Stage.PULL, self.exchange.pull)
             self.compression = CompressionStages(
-                proceed, options.compress_threads, lambda trip, error: self._enqueue(CodecDone(trip, error)))
+                proceed, options.compress_threads, lambda trip, error: self._enqueue(StageDone(trip, error)))
             self.dispatcher.register(Stage.COMPRESS, self.compression.compress)
             self.dispatcher.register(Stage.DECOMPRESS, self.compression.decompress)
         self.local: Optional[LocalGroup] = None
         if options.local_size > 1:
             self.local = LocalGroup(context, options.job_id, options.machine, options.local_rank,
                                     options.local_size, proceed, self._fail_task, options.secret,
-                                    options.handshake_timeout_s, options.partition_bytes)
+                                    options.handshake_timeout_s, options.partition_bytes, self._after_device)
             self.dispatcher.register(Stage.COPY_IN, self.local.copy_in)
             self.dispatcher.register(Stage.LOCAL_REDUCE, self.local.local_reduce)
             self.dispatcher.register(Stage.LOCAL_BROADCAST, self.local.local_broadcast)
+            self.dispatcher.register(Stage.DEVICE_COPY_IN, self.local.device.device_copy_in)
+            self.dispatcher.register(Stage.DEVICE_RESULT, self.local.device.device_result)
+            self.dispatcher.register(Stage.DEVICE_COPY_OUT, self.local.device.device_copy_out)
         self.scheduler = scheduler
         self._barriers: List[BarrierRequest] = []  # sent, waiting for BARRIER_RELEASE
         self._join: Optional[JoinRequest] = None  # a join in progress
-        self._tasks: queue.SimpleQueue[Union[PushPullTask, BarrierRequest, DeviceCopyDone, CodecDone, None]] = \
+        self._tasks: queue.SimpleQueue[Union[PushPullTask, BarrierRequest, DeviceCopyDone, StageDone, None]] = \
             queue.SimpleQueue()
         self._wake_read, self._wake_write = os.pipe()
         self._active: Dict[int, PushPullTask] = {}  # id(task) -> task, started and not finished
@@ -204,6 +209,11 @@ class CommLoop(threading.Thread):
         """Partitions ``indices`` of ``task`` (a CUDA tensor) reached pinned host memory (from the copy waiter)."""
         self._enqueue(DeviceCopyDone(task, indices, error))
 
+    def _after_device(self, trip: PartitionTrip, event: Any) -> None:
+        """Move ``trip`` on once the GPU has passed ``event`` (the copy waiter reports it)."""
+        trip.task.device.staging.waiter.put(
+            (event, trip, (), lambda _, __, error: self._enqueue(StageDone(trip, error))))
+
     def barrier(self, timeout_s: float) -> None:
         """Block until every worker has entered the barrier; raises the job's failure if any."""
         request = BarrierRequest()
@@ -228,7 +238,7 @@ class CommLoop(threading.Thread):
             raise request.error
         return request.last
 
-    def _enqueue(self, item: Union[PushPullTask, BarrierRequest, DeviceCopyDone, CodecDone]) -> None:
+    def _enqueue(self, item: Union[PushPullTask, BarrierRequest, DeviceCopyDone, StageDone]) -> None:
         self._tasks.put(item)
         if not self._wake_pending:
             self._wake_pending = True
@@ -339,8 +349,8 @@ class CommLoop(threading.Thread):
                 return
             if isinstance(task, DeviceCopyDone):
                 self._device_copy_arrived(task)
-            elif isinstance(task, CodecDone):
-                self._codec_done(task)
+            elif isinstance(task, StageDone):
+                self._stage_done(task)
             elif isinstance(task, JoinRequest):
                 self._join = task
                 self._maybe_start_join()
@@ -367,7 +377,7 @@ class CommLoop(threading.Thread):
         has_servers = self.exchange is not None and self._spans_machines(task)
         routes = [plan_route(self.local.root_of(task.plan.tensor_id, part, local_members) == self.options.local_rank
                              if aggregates else None, has_servers, task.compression is not None, task.skipped,
-                             task.device is not None)
+                             task.device is not None, summed_on_gpu(task))
                   for part in parts]
         task.network_partitions = sum(Stage.PUSH in route for route in routes)
         for part, route in zip(parts, routes):
@@ -425,7 +435,7 @@ class CommLoop(threading.Thread):
         else:
             staged.waiting[index] = trip
 
-    def _codec_done(self, done: CodecDone) -> None:
+    def _stage_done(self, done: StageDone) -> None:
         task = done.trip.task
         if task.failed:
             return
@@ -446,7 +456,7 @@ class CommLoop(threading.Thread):
             staged.ready[index] = True
             trip = staged.waiting.pop(index, None)
             if trip is not None:
-                self.dispatcher.proceed(trip)
+                self.dispatcher.resume(trip)  # its stage (DEVICE_TO_HOST, DEVICE_COPY_IN) sees the copy done
 
     def _host_to_device(self, trip: PartitionTrip) -> None:
         """HOST_TO_DEVICE: the partition's result queued to the device (after the last, handed to the consumer)."""

@@ -86,6 +86,7 @@ ENV_DEFAULTS: Mapping[str, object] = MappingProxyType({
     "BYTEPS_THREADPOOL_SIZE": DEFAULT_THREADPOOL_SIZE,
     "BYTEPS_SERVER_ENABLE_SCHEDULE": False,
     "BYTEPS_ENABLE_IPC": True,
+    "BYTEPS_GPU_LOCAL_AGGREGATION": True,
     # Training mode (docs/async.md): every process of a job must agree on these
     "BYTEPS_ENABLE_ASYNC": False,
     "BYTEPS_ASYNC_MAX_STALENESS": None,
@@ -282,6 +283,8 @@ class Config:
     server_enable_schedule: bool = False
     # Co-located fast path: large payloads to a server on this host go through shared memory, not TCP
     enable_ipc: bool = True
+    # A CUDA tensor's local aggregation sums on the GPU through CUDA IPC (docs/gpu.md); 0: through host memory
+    gpu_local_aggregation: bool = True
     # Asynchronous training (BytePS's BYTEPS_ENABLE_ASYNC): parameter deltas added at the servers as they come
     enable_async: bool = False
     async_max_staleness: Optional[int] = None  # a worker at most this many steps ahead of the slowest; None: no bound
@@ -447,6 +450,7 @@ class Config:
             trace_dir=env.get("BYTEPS_TRACE_DIR", _text),
             server_enable_schedule=env.get("BYTEPS_SERVER_ENABLE_SCHEDULE", _parse_bool),
             enable_ipc=env.get("BYTEPS_ENABLE_IPC", _parse_bool),
+            gpu_local_aggregation=env.get("BYTEPS_GPU_LOCAL_AGGREGATION", _parse_bool),
             enable_async=enable_async,
             async_max_staleness=max_staleness,
             backup_workers=backup_workers,

@@ -22,6 +22,12 @@ last. Who does what:
   only then does the handle complete; without a consumer stream the host
   waits.
 
+With local peers (several worker processes on the machine), a CUDA tensor
+is summed on the GPU instead (:mod:`byteps.common.device_local`): each
+process copies its input into a *device slot*, device memory it shares with
+the others through CUDA IPC, and only the partition's root copies the sum to
+the host and the result back (BYTEPS_GPU_LOCAL_AGGREGATION, docs/gpu.md).
+
 Pinned buffers are allocated once per tensor name and size and reused;
 before a buffer is reused, the previous round's host-to-device copies out
 of it are waited for.
@@ -122,6 +128,25 @@ class CopyEngine:
         """Queue a device-to-device copy (the single-process push_pull with an output)."""
         raise NotImplementedError
 
+    # --- GPU-side local aggregation (byteps.common.device_local) --------------------------------
+    def shared_memory(self, nbytes: int) -> Tuple[int, bytes]:
+        """``nbytes`` of device memory that the other processes of this machine can map: (pointer, handle);
+        it lives as long as the process."""
+        raise NotImplementedError
+
+    def open_shared(self, handle: bytes) -> int:
+        """Another local process's :meth:`shared_memory`, mapped here: its pointer."""
+        raise NotImplementedError
+
+    def reduce(self, destination: int, sources: List[int], nbytes: int, dtype: DType, divisor: int) -> None:
+        """Queue ``destination = the sum of sources`` (at least one; elements of ``dtype``), then the average
+        when ``divisor`` > 1 (floor division for integers, as :func:`byteps.common.kernels.scale_into`)."""
+        raise NotImplementedError
+
+
+#: dtypes that GPU-side local aggregation sums (CuPy has no bfloat16: those go through the host)
+DEVICE_SUM_DTYPES = (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.INT32, DType.INT64)
+
 
 class CupyEngine(CopyEngine):
     """Copies on a non-blocking CUDA stream of its own, through CuPy."""
@@ -139,6 +164,7 @@ class CupyEngine(CopyEngine):
         with cupy.cuda.Device(device):
             self._stream = cupy.cuda.Stream(non_blocking=True)
         self._keep: List[Any] = []  # pinned allocations (freed with the engine)
+        self._shared: List[int] = []  # device slots shared with the local peers (live as long as the process)
 
     def _on_device(self) -> Any:
         """This engine's device as the calling thread's current one, for the calls within (no switch when it
@@ -181,6 +207,36 @@ class CupyEngine(CopyEngine):
             with self._on_device():
                 self._runtime.memcpyAsync(destination, source, nbytes, self._runtime.memcpyDeviceToDevice,
                                           self._stream.ptr)
+
+    def shared_memory(self, nbytes: int) -> Tuple[int, bytes]:
+        # cudaMalloc'ed, not CuPy's pool: an IPC handle names a whole allocation
+        with self._on_device():
+            pointer = int(self._runtime.malloc(max(1, nbytes)))
+            self._shared.append(pointer)
+            return pointer, bytes(self._runtime.ipcGetMemHandle(pointer))
+
+    def open_shared(self, handle: bytes) -> int:
+        with self._on_device():
+            return int(self._runtime.ipcOpenMemHandle(handle))
+
+    def _array(self, pointer: int, nbytes: int, dtype: DType) -> Any:
+        cupy = self._cupy
+        memory = cupy.cuda.UnownedMemory(pointer, nbytes, self, self.device)
+        return cupy.ndarray((nbytes // dtype.itemsize,), dtype.storage, cupy.cuda.MemoryPointer(memory, 0))
+
+    def reduce(self, destination: int, sources: List[int], nbytes: int, dtype: DType, divisor: int) -> None:
+        if not nbytes:
+            return
+        cupy = self._cupy
+        with self._on_device(), self._stream:
+            total = self._array(destination, nbytes, dtype)
+            first, *others = (self._array(source, nbytes, dtype) for source in sources)
+            if not others:
+                cupy.copyto(total, first)
+            for index, other in enumerate(others):
+                cupy.add(first if index == 0 else total, other, out=total)
+            if divisor > 1:
+                (cupy.floor_divide if dtype.is_integer else cupy.true_divide)(total, divisor, out=total)
 
     def record(self) -> Any:
         with self._on_device():
@@ -226,8 +282,12 @@ class StagedTensor:
     """
 
     def __init__(self, staging: DeviceStaging, slot: _Slot, source: TensorView, target: TensorView,
-                 input_pointer: int, output_pointer: int, stream: Optional[int], keep: Tuple[Any, ...]) -> None:
+                 input_pointer: int, output_pointer: int, stream: Optional[int], keep: Tuple[Any, ...],
+                 shared: Optional[Tuple[int, bytes]] = None) -> None:
         self.staging = staging
+        #: GPU-side local aggregation: (pointer, IPC handle) of this process's device slot for the tensor: the
+        #: input's copy at ``pointer``, the results of the partitions it roots ``source.nbytes`` after
+        self.shared = shared
         self.slot = slot
         self.source = source  # pinned host copy of the input
         self.target = target  # pinned host buffer of the result (``source`` in place)
@@ -242,6 +302,12 @@ class StagedTensor:
         self._back: List[bool] = []  # per partition: reached HOST_TO_DEVICE
         self._back_next = 0  # the first partition (in offset order) not yet at HOST_TO_DEVICE
         self._back_issued = 0  # bytes from the start whose copy back is queued
+        self._out_left = 0  # GPU-side local aggregation: partitions not yet copied out
+
+    @property
+    def local(self) -> bool:
+        """Whether this push_pull's local aggregation runs on the GPU (byteps.common.device_local)."""
+        return self.shared is not None
 
     def start(self, partitions: List[Any],
               ready: Callable[[StagedTensor, Tuple[int, ...], Optional[BaseException]], None]) -> None:
@@ -257,6 +323,24 @@ class StagedTensor:
             begin, end = partitions[first].offset, self._ends[last]
             event = engine.to_host(self.source.data[begin:end], self.input_pointer + begin)
             self.staging.waiter.put((event, self, tuple(range(first, last + 1)), ready))
+
+    def start_local(self, partitions: List[Any],
+                    ready: Callable[[StagedTensor, Tuple[int, ...], Optional[BaseException]], None]) -> None:
+        """GPU-side local aggregation: the whole input into this process's device slot (one copy on the
+        device); ``ready(self, every index, error)`` follows from the copy waiter."""
+        self.partitions = self._out_left = len(partitions)
+        self.ready = [False] * self.partitions
+        engine = self.staging.engine
+        engine.copy_device(self.shared[0], self.input_pointer, self.source.nbytes)
+        self.staging.waiter.put((engine.record(), self, tuple(range(self.partitions)), ready))
+
+    def copy_out(self, part: Any, source: int) -> None:
+        """GPU-side local aggregation: partition ``part``'s result (device memory at ``source``, the root's
+        slot) into the output; after the last one the copies are handed to the consumer."""
+        self.staging.engine.copy_device(self.output_pointer + part.offset, source, part.nbytes)
+        self._out_left -= 1
+        if not self._out_left:
+            self.finish()
 
     def copy_back(self, index: int) -> None:
         """Partition ``index``'s result is in the pinned buffer; the results go to the device in runs of
@@ -305,13 +389,15 @@ class DeviceStaging:
     def __init__(self) -> None:
         self.engine: Optional[CopyEngine] = None
         self._slots: Dict[str, _Slot] = {}
+        self._shared: Dict[str, Tuple[int, bytes]] = {}  # tensor name -> its device slot (GPU-side local sums)
         self._lock = threading.Lock()
         self.waiter: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
 
     def stage(self, tensor: Any, output: Any, name: str, what: str, dtype: Optional[Any],
-              stream: Optional[int]) -> StagedTensor:
-        """The host views of a CUDA ``tensor`` (and ``output``; None: in place) for one push_pull."""
+              stream: Optional[int], local: bool = False) -> StagedTensor:
+        """The host views of a CUDA ``tensor`` (and ``output``; None: in place) for one push_pull;
+        ``local``: summed with the local peers on the GPU where its dtype allows (:attr:`StagedTensor.local`)."""
         _, index = device_of(tensor, f"{what} input")
         if output is not None:
             placed = device_of(output, f"{what} output")
@@ -329,10 +415,29 @@ class DeviceStaging:
         element = dtype_of(dtype if dtype is not None else found)
         if nbytes % element.itemsize:
             raise ValueError(f"{what}: {nbytes} bytes are not a whole number of {element.name.lower()} elements")
-        slot = self._slot(name, nbytes, output is not None and out_pointer != pointer)
+        shared = self._shared_slot(name, nbytes, what) if local and element in DEVICE_SUM_DTYPES else None
+        # GPU-side local sums pull into the pinned source, whether in place or not
+        slot = self._slot(name, nbytes, shared is None and output is not None and out_pointer != pointer)
         source = _view(slot.source, element)
         target = source if slot.target is None else _view(slot.target, element)
-        return StagedTensor(self, slot, source, target, pointer, out_pointer, stream, (keep_in, keep_out, tensor))
+        return StagedTensor(self, slot, source, target, pointer, out_pointer, stream, (keep_in, keep_out, tensor),
+                            shared)
+
+    def _shared_slot(self, name: str, nbytes: int, what: str) -> Tuple[int, bytes]:
+        """A tensor's device slot: its input copy, then the results of the partitions this process roots (two
+        regions, so that the next round's input never overwrites a result a peer may still be reading)."""
+        shared = self._shared.get(name)
+        if shared is None:
+            try:
+                shared = self.engine.shared_memory(2 * nbytes) + (nbytes,)
+            except Exception as exc:  # noqa: BLE001 -- CUDA's error, named with the way out
+                raise RuntimeError(f"{what}: cannot share GPU memory with the local peers through CUDA IPC "
+                                   f"({exc}); set BYTEPS_GPU_LOCAL_AGGREGATION=0 to sum through host memory") from None
+            self._shared[name] = shared
+        elif shared[2] != nbytes:
+            raise ValueError(f"{what}: {nbytes} bytes, but earlier rounds had {shared[2]}; "
+                             "a tensor keeps its size for the whole job")
+        return shared[0], shared[1]
 
     def _engine(self, index: int, what: str) -> CopyEngine:
         with self._lock:

@@ -33,16 +33,21 @@ a partition sums the others' slots for rounds it never started (its own
 contribution zero) and answers LOCAL_DONE. A LOCAL_READY from a rank that
 joined comes after every rank joined (join returns only then): such a
 round is a new one and waits for everybody.
+
+A CUDA tensor sums on the GPU instead (:mod:`byteps.common.device_local`):
+the same messages, roots and checks, over device slots shared through CUDA
+IPC rather than this module's host segments.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
 from byteps.common import kernels
+from byteps.common.device_local import DeviceLocal, summed_on_gpu
 from byteps.common.dtypes import DType
 from byteps.common.local_channel import LocalChannel
 from byteps.common.partition import MAX_PARTITIONS, PARTITION_INDEX_BITS, Partition, PartitionPlan
@@ -102,7 +107,8 @@ class LocalGroup:
 
     def __init__(self, context: Context, job_id: str, machine: int, local_rank: int, local_size: int,
                  proceed: Callable[[PartitionTrip], None], fail_task: Callable,
-                 secret: Optional[bytes] = None, timeout_s: float = 120.0, partition_bytes: int = 4096000) -> None:
+                 secret: Optional[bytes] = None, timeout_s: float = 120.0, partition_bytes: int = 4096000,
+                 post_device: Optional[Callable[[PartitionTrip, Any], None]] = None) -> None:
         self.job_id, self.machine = job_id, machine
         self.local_rank, self.local_size = local_rank, local_size
         self.global_rank = machine * local_size + local_rank
@@ -122,6 +128,10 @@ class LocalGroup:
         self._joined: Set[int] = set()
         self._after_join: Set[Tuple[int, int]] = set()
         self._sizes: Dict[int, int] = {}  # tensor id -> nbytes, from first-round descriptions
+        #: GPU-side local aggregation of CUDA tensors; ``post_device(trip, event)`` moves a trip on once the
+        #: GPU passed ``event``
+        self.device = DeviceLocal(local_rank, proceed, post_device, self._send_ready,
+                                  lambda task, part: self.root_of(task.plan.tensor_id, part, self.members_of(task)))
 
     @property
     def inbox(self):
@@ -147,7 +157,10 @@ class LocalGroup:
             self._fail_task(task, failed, False)
             return False
         try:
-            self._segment_for(task)
+            if summed_on_gpu(task):  # its device slot is the staging's
+                self.device.gpu_tensors.add(task.plan.tensor_id)
+            else:
+                self._segment_for(task)
         except ValueError as exc:
             self._fail_task(task, exc, True)
             return False
@@ -170,14 +183,23 @@ class LocalGroup:
     # --- the stages ----------------------------------------------------------------------
     def copy_in(self, trip: PartitionTrip) -> None:
         """COPY_IN: this rank's input into its slot, and LOCAL_READY to the partition's root."""
+        self._segments[trip.task.plan.tensor_id].slot(self.local_rank, trip.part)[:] = trip.data
+        self._send_ready(trip)
+        self._proceed(trip)
+
+    def _send_ready(self, trip: PartitionTrip, device_slot: Optional[bytes] = None) -> None:
+        """LOCAL_READY to the partition's root; the first round's says what the tensor is, as INIT_KEY does to
+        a server (and, summed on the GPU, where this rank's device slot is)."""
         task, part = trip.task, trip.part
-        self._segments[task.plan.tensor_id].slot(self.local_rank, part)[:] = trip.data
-        # The first round says what the tensor is, as INIT_KEY does to a server.
-        about = json_payload(_description(task, self.global_rank).to_json()) if task.round == 0 else None
+        about = None
+        if task.round == 0:
+            fields = _description(task, self.global_rank).to_json()
+            if device_slot is not None:
+                fields["device_slot"] = device_slot.hex()
+            about = json_payload(fields)
         root = self.root_of(task.plan.tensor_id, part, self.members_of(task))
         self.channel.send(root, Command.LOCAL_READY, part.key, task.round, part.nbytes, int(task.source.dtype),
                           _flags(task), about)
-        self._proceed(trip)
 
     def local_reduce(self, trip: PartitionTrip) -> None:
         """LOCAL_REDUCE (root): once every other rank is ready, the machine's sum into this rank's slot."""
@@ -192,10 +214,14 @@ class LocalGroup:
         if self.root_of(task.plan.tensor_id, part, members) != self.local_rank:
             self._waiting[(part.key, task.round)] = trip
             return
+        # summed on the GPU, the first round tells the others where the root's device slot is
+        slot = json_payload({"device_slot": task.device.shared[1].hex()}) \
+            if task.round == 0 and summed_on_gpu(task) else None
         for rank in members:
             if rank == self.local_rank:
                 continue
-            self.channel.send(rank, Command.LOCAL_DONE, part.key, task.round, part.nbytes, int(task.source.dtype))
+            self.channel.send(rank, Command.LOCAL_DONE, part.key, task.round, part.nbytes, int(task.source.dtype),
+                              payload=slot)
         self._proceed(trip)
 
     # --- messages from the other local ranks ------------------------------------------------
@@ -206,20 +232,33 @@ class LocalGroup:
         header = message.header
         entry = (header.key, header.round)
         if header.command == Command.LOCAL_READY:
-            about = TensorDescription.from_json(parse_json_payload(message.payload)) \
-                if message.payload is not None else None
+            fields = parse_json_payload(message.payload) if message.payload is not None else None
+            about = TensorDescription.from_json(fields) if fields is not None else None
             if about is not None:
                 self._sizes[header.key >> PARTITION_INDEX_BITS] = about.nbytes
+                if fields.get("device_slot"):
+                    self.device.learn(header.sender, header.key >> PARTITION_INDEX_BITS, fields["device_slot"])
             if header.sender in self._joined:
                 self._after_join.add(entry)
             self._ready.setdefault(entry, []).append(
                 _Ready(header.sender, header.aux, header.dtype, header.flags, about))
             self._maybe_reduce(entry)
         elif header.command == Command.LOCAL_DONE:
+            if message.payload is not None:
+                self.device.learn(header.sender, header.key >> PARTITION_INDEX_BITS,
+                                  parse_json_payload(message.payload)["device_slot"])
             trip = self._waiting.pop(entry, None)
-            if trip is not None:
+            if trip is None:
+                return
+            if summed_on_gpu(trip.task):
+                try:
+                    self.device.result_from(trip, header.sender)
+                except RuntimeError as exc:
+                    self._fail_task(trip.task, exc, True)
+                    return
+            else:
                 trip.data = self._segments[trip.task.plan.tensor_id].slot(header.sender, trip.part)
-                self._proceed(trip)
+            self._proceed(trip)
         elif header.command == Command.ERROR:
             text = bytes(message.payload).decode(errors="replace") if message.payload is not None else "(no text)"
             error = TransportError(f"local rank {header.sender}: {text}")
@@ -265,6 +304,12 @@ class LocalGroup:
                     f"{_describe(peer.nbytes, peer.dtype, peer.flags)}, local rank {self.local_rank} has "
                     f"{_describe(part.nbytes, dtype, flags)}; every worker must push_pull the same tensors"), True)
                 return
+        if summed_on_gpu(task):
+            try:
+                self.device.reduce(trip, [peer.rank for peer in ready])
+            except RuntimeError as exc:
+                self._fail_task(task, exc, True)
+            return
         segment = self._segments[task.plan.tensor_id]
         slot = segment.slot(self.local_rank, part)
         slot[:] = trip.data
@@ -334,6 +379,9 @@ class LocalGroup:
         elif nbytes is None:
             text = (f"tensor id {tensor_id}: local rank {self.local_rank} joined before the tensor's first round "
                     "reached it, and cannot sum it")
+        elif tensor_id in self.device.gpu_tensors:
+            text = (f"tensor id {tensor_id}: local rank {self.local_rank} joined (hvd.join()); a CUDA tensor summed "
+                    "on the GPU cannot count a joined rank as zeros: set BYTEPS_GPU_LOCAL_AGGREGATION=0")
         if text is not None:
             for peer in ready:
                 self.channel.send(peer.rank, Command.ERROR, key, round_, payload=text.encode())
@@ -390,7 +438,8 @@ def _joined_text(what: str, joined: Sequence[int]) -> str:
 
 
 def _description(task, rank: int) -> TensorDescription:
-    return TensorDescription(task.name, tuple(task.source.shape), task.plan.nbytes, int(task.source.dtype), rank)
+    return TensorDescription(task.name, tuple(task.source.shape), task.plan.nbytes, int(task.source.dtype), rank,
+                             summed_on_gpu(task))
 
 
 def _describe(nbytes: int, dtype: int, flags: int) -> str:

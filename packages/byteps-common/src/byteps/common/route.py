@@ -17,6 +17,10 @@ The routes (see docs/architecture.md)::
     other local ranks:         COPY_IN, LOCAL_BROADCAST, COPY_OUT
     one worker machine:        LOCAL_REDUCE, LOCAL_BROADCAST, COPY_OUT  (root; no servers)
     a CUDA tensor:             DEVICE_TO_HOST first, HOST_TO_DEVICE last (docs/gpu.md)
+    a CUDA tensor summed on the GPU inside the machine (docs/gpu.md, "GPU-side local aggregation"):
+      local root:              DEVICE_COPY_IN, LOCAL_REDUCE, PUSH, PULL, DEVICE_RESULT, LOCAL_BROADCAST,
+                               DEVICE_COPY_OUT  (no PUSH, PULL, DEVICE_RESULT on one worker machine)
+      other local ranks:       DEVICE_COPY_IN, LOCAL_BROADCAST, DEVICE_COPY_OUT
 
 A new stage (as COMPRESS and DECOMPRESS were; a trace span around every stage) is a member of
 :class:`Stage`, a place in :func:`plan_route` and a handler registered with
@@ -47,13 +51,25 @@ class Stage(enum.Enum):
     LOCAL_BROADCAST = "local_broadcast"  # root: LOCAL_DONE to the others; the others: wait for it
     COPY_OUT = "copy_out"  # the result into the task's output, divided when averaging
     HOST_TO_DEVICE = "host_to_device"  # a CUDA tensor: the partition's result queued back to the device
+    # GPU-side local aggregation (byteps.common.device_local); LOCAL_REDUCE then sums on the GPU
+    DEVICE_COPY_IN = "device_copy_in"  # the input is in this rank's device slot; LOCAL_READY to the root
+    DEVICE_RESULT = "device_result"  # root: the pulled sum (averaged) into its device slot
+    DEVICE_COPY_OUT = "device_copy_out"  # the root's device slot into the output (after the last: handed over)
 
 
 def plan_route(local_root: Optional[bool], has_servers: bool, compressed: bool = False,
-               skipped: bool = False, on_device: bool = False) -> Tuple[Stage, ...]:
+               skipped: bool = False, on_device: bool = False, device_local: bool = False) -> Tuple[Stage, ...]:
     """The stages of one partition; ``local_root`` is None without local aggregation; ``skipped``: a closed
     round this worker did not compute (backup workers), pulled without a push; ``on_device``: a CUDA
-    tensor, staged through pinned host memory."""
+    tensor, staged through pinned host memory; ``device_local``: a CUDA tensor whose local aggregation
+    runs on the GPU (only with local aggregation, uncompressed and not skipped)."""
+    if device_local:
+        if local_root is None or compressed or skipped:
+            raise ValueError("GPU-side local aggregation needs local peers, no compression and no skipped round")
+        if not local_root:
+            return (Stage.DEVICE_COPY_IN, Stage.LOCAL_BROADCAST, Stage.DEVICE_COPY_OUT)
+        network = (Stage.PUSH, Stage.PULL, Stage.DEVICE_RESULT) if has_servers else ()
+        return (Stage.DEVICE_COPY_IN, Stage.LOCAL_REDUCE, *network, Stage.LOCAL_BROADCAST, Stage.DEVICE_COPY_OUT)
     route = _host_route(local_root, has_servers, compressed, skipped)
     if on_device:
         return (Stage.DEVICE_TO_HOST, *route, Stage.HOST_TO_DEVICE)
@@ -151,6 +167,11 @@ class RouteDispatcher:
         if handler is None:
             raise RuntimeError(f"no handler for stage {trip.stage.name} of {trip.route}")
         handler(trip)
+
+    def resume(self, trip: PartitionTrip) -> None:
+        """Run ``trip``'s current stage again: its handler parked it until an event that has now come."""
+        if not trip.task.failed:
+            self._handlers[trip.stage](trip)
 
     def _trace(self, trip: PartitionTrip) -> None:
         now = time.time()

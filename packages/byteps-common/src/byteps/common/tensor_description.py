@@ -46,22 +46,26 @@ class TensorDescription:
     nbytes: int
     dtype: int
     rank: int = -1  # the worker that describes it; not compared
+    on_gpu: bool = False  # summed on the GPU inside the machine (byteps.common.device_local)
 
     def same_tensor(self, other: TensorDescription) -> bool:
-        return (self.name, tuple(self.shape), self.nbytes, self.dtype) == \
-            (other.name, tuple(other.shape), other.nbytes, other.dtype)
+        return (self.name, tuple(self.shape), self.nbytes, self.dtype, self.on_gpu) == \
+            (other.name, tuple(other.shape), other.nbytes, other.dtype, other.on_gpu)
 
     def describe(self) -> str:
-        return describe_tensor(self.name, self.shape, self.nbytes, self.dtype)
+        text = describe_tensor(self.name, self.shape, self.nbytes, self.dtype)
+        # named only when on the GPU: the other side of such a mismatch is a CPU tensor or
+        # BYTEPS_GPU_LOCAL_AGGREGATION=0
+        return f"{text} as a CUDA tensor summed on the GPU" if self.on_gpu else text
 
     def to_json(self) -> dict:
         return {"name": self.name, "shape": list(self.shape), "nbytes": self.nbytes, "dtype": self.dtype,
-                "rank": self.rank}
+                "rank": self.rank, **({"on_gpu": True} if self.on_gpu else {})}
 
     @classmethod
     def from_json(cls, fields: dict) -> TensorDescription:
         return cls(name=fields.get("name"), shape=tuple(fields.get("shape") or ()), nbytes=fields.get("nbytes"),
-                   dtype=fields.get("dtype", -1), rank=fields.get("rank", -1))
+                   dtype=fields.get("dtype", -1), rank=fields.get("rank", -1), on_gpu=bool(fields.get("on_gpu")))
 
 
 @dataclasses.dataclass(frozen=True)

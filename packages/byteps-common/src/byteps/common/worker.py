@@ -235,7 +235,9 @@ class Worker:
 
         A CUDA tensor (DLPack, e.g. torch's) goes through pinned host memory partition by partition
         (:mod:`byteps.common.device_staging`, docs/gpu.md); ``stream``, the caller's CUDA stream, waits
-        for the result's copies back (None: the handle waits for them on the host).
+        for the result's copies back (None: the handle waits for them on the host). With local peers it is
+        summed on the GPU (:mod:`byteps.common.device_local`) unless BYTEPS_GPU_LOCAL_AGGREGATION=0, or
+        it is compressed, a process set's, bfloat16, or closed by backup workers.
         """
         what = f"push_pull({name!r})"
         staged = None
@@ -243,7 +245,8 @@ class Worker:
             if asynchronous:
                 raise ValueError(f"{what}: asynchronous training (BYTEPS_ENABLE_ASYNC) takes CPU tensors; "
                                  "keep the parameters' copy on the CPU")
-            staged = self._device_staging.stage(tensor, output, name, what, dtype, stream)
+            staged = self._device_staging.stage(tensor, output, name, what, dtype, stream,
+                                                self._sums_on_gpu(members, compression, average, root, joinable))
             source, target = staged.source, staged.target
         elif output is not None and device_of(output, f"{what} output") is not None:
             raise ValueError(f"{what}: the input is on the CPU but the output on a CUDA device; "
@@ -327,9 +330,18 @@ class Worker:
                             skip_pull=self._bare_ranges(skip_pull, compressor, staged, quorum))
         if staged is not None:
             comm = self._comm
-            staged.start(plan.partitions, lambda _, indices, error: comm.device_copy_done(task, indices, error))
+            start = staged.start_local if staged.local else staged.start
+            start(plan.partitions, lambda _, indices, error: comm.device_copy_done(task, indices, error))
         self._comm.submit(task)
         return handle
+
+    def _sums_on_gpu(self, members: Optional[Sequence[int]], compression: Optional[CompressionSpec], average: bool,
+                     root: Optional[int], joinable: bool) -> bool:
+        """Whether a CUDA tensor's local aggregation may run on the GPU (same answer on every local rank)."""
+        return (self.config.gpu_local_aggregation and self.local_size > 1 and self._comm is not None
+                and members is None and (compression is None or compression.compressor == "none")
+                and not getattr(self._skipping, "on", False)
+                and not self._closes_early(average, members, root, joinable))
 
     def _bare_ranges(self, ranges: Sequence[Tuple[int, int]], compressor: Any, staged: Any,
                      quorum: int) -> Tuple[Tuple[int, int], ...]:

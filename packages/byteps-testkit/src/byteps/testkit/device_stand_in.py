@@ -7,18 +7,26 @@ through the same DEVICE_TO_HOST / HOST_TO_DEVICE stages, pinned-buffer
 reuse and copy waiter as a real CUDA tensor, with copies that run in order
 on one thread ("the side stream"), ``delay_s`` each, so partitions really
 become ready one by one.
+
+For GPU-side local aggregation (byteps.common.device_local) its "device
+slots" are memfds that the other local processes map through
+``/proc/<pid>/fd`` (where CUDA IPC hands them a handle), and its "kernel"
+sums with byteps' host kernels on the same thread.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
+import mmap
+import os
 import queue
 import threading
 from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from byteps.common import device_staging
+from byteps.common import device_staging, kernels
 
 __all__ = ["HostStandInEngine", "StandInCudaTensor", "install"]
 
@@ -50,6 +58,10 @@ class HostStandInEngine(device_staging.CopyEngine):
         self.copies_to_device = 0
         self.pinned_buffers = 0
         self.handed_over: List[Optional[int]] = []
+        self.copies_on_device = 0
+        self.reductions = 0
+        self.shared_slots = 0
+        self._regions: List[mmap.mmap] = []  # device slots, this process's and its peers' (live with it)
         threading.Thread(target=self._run, name="byteps-stand-in-stream", daemon=True).start()
 
     def _run(self) -> None:
@@ -89,7 +101,39 @@ class HostStandInEngine(device_staging.CopyEngine):
         self._queue.put(lambda: self._copy(pointer, host.ctypes.data, host.nbytes))
 
     def copy_device(self, destination: int, source: int, nbytes: int) -> None:
+        self.copies_on_device += 1
         self._queue.put(lambda: self._copy(destination, source, nbytes))
+
+    def shared_memory(self, nbytes: int) -> Tuple[int, bytes]:
+        fd = os.memfd_create("byteps-stand-in-device-slot")
+        os.ftruncate(fd, max(1, nbytes))
+        self.shared_slots += 1
+        return self._map(fd), json.dumps({"pid": os.getpid(), "fd": fd}).encode()
+
+    def open_shared(self, handle: bytes) -> int:
+        fields = json.loads(handle)
+        fd = os.open(f"/proc/{fields['pid']}/fd/{fields['fd']}", os.O_RDWR)
+        try:
+            return self._map(fd)
+        finally:
+            os.close(fd)
+
+    def _map(self, fd: int) -> int:
+        region = mmap.mmap(fd, 0)
+        self._regions.append(region)
+        return ctypes.addressof(ctypes.c_char.from_buffer(region))
+
+    def reduce(self, destination: int, sources: List[int], nbytes: int, dtype: Any, divisor: int) -> None:
+        self.reductions += 1
+
+        def work() -> None:
+            total = _bytes_at(destination, nbytes)
+            total[:] = _bytes_at(sources[0], nbytes)
+            for source in sources[1:]:
+                kernels.sum_into(total, _bytes_at(source, nbytes), dtype)
+            if divisor > 1:
+                kernels.scale_into(total, total, dtype, divisor)
+        self._queue.put(work)
 
     def record(self) -> Any:
         return self._queue_event()
@@ -104,6 +148,11 @@ class HostStandInEngine(device_staging.CopyEngine):
         self.handed_over.append(stream)
         event.wait()
 
+
+
+def _bytes_at(pointer: int, nbytes: int) -> np.ndarray:
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(pointer)) if nbytes else \
+        np.zeros(0, np.uint8)
 
 
 def install(delay_s: float = 0.0) -> List[HostStandInEngine]:
