@@ -279,6 +279,10 @@ class CommLoop(threading.Thread):
     def shared_payloads(self) -> int:
         return self.exchange.shared_payloads if self.exchange else 0
 
+    @property
+    def rdma_payloads(self) -> int:
+        return self.exchange.rdma_payloads if self.exchange else 0
+
     # --- the thread ---------------------------------------------------------------
     def run(self) -> None:
         poller = Poller()

@@ -24,6 +24,8 @@ import re
 from types import MappingProxyType
 from typing import Callable, Dict, Mapping, Optional, Tuple, TypeVar
 
+from byteps.transport import Context, RdmaSettings
+
 __all__ = [
     "Config", "ConfigError", "ENV_DEFAULTS", "ROLES", "LOG_LEVELS", "KEY_HASH_FNS", "SERVER_ASSIGNMENTS",
     "parse_cpu_list", "parse_cpu_sections",
@@ -73,6 +75,7 @@ ENV_DEFAULTS: Mapping[str, object] = MappingProxyType({
     "BYTEPS_LOCAL_SIZE": 1,
     "BYTEPS_FORCE_DISTRIBUTED": False,
     "DMLC_ENABLE_RDMA": False,
+    "BYTEPS_RDMA_GID_INDEX": 0,
     # Performance
     "BYTEPS_PARTITION_BYTES": DEFAULT_PARTITION_BYTES,
     "BYTEPS_SERVER_ENGINE_THREAD": DEFAULT_SERVER_ENGINE_THREADS,
@@ -260,6 +263,7 @@ class Config:
     partition_bytes: int = DEFAULT_PARTITION_BYTES
     server_engine_threads: int = DEFAULT_SERVER_ENGINE_THREADS
     enable_rdma: bool = False
+    rdma_gid_index: int = 0  # the GID of the RDMA port that queue pairs route by (RoCE v2: often 1 or 3)
     rendezvous_timeout_s: Optional[int] = None  # as set; see rendezvous_timeout for what applies
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
@@ -419,6 +423,7 @@ class Config:
             partition_bytes=env.get("BYTEPS_PARTITION_BYTES", _int(1)),
             server_engine_threads=env.get("BYTEPS_SERVER_ENGINE_THREAD", _int(1, 256)),
             enable_rdma=env.get("DMLC_ENABLE_RDMA", _parse_bool),
+            rdma_gid_index=env.get("BYTEPS_RDMA_GID_INDEX", _int(0)),
             rendezvous_timeout_s=env.get("BYTEPS_RENDEZVOUS_TIMEOUT", _int(1)),
             heartbeat_interval_s=heartbeat_interval,
             heartbeat_timeout_s=heartbeat_timeout,
@@ -456,10 +461,18 @@ class Config:
             backup_workers=backup_workers,
         )
 
+    def transport_context(self) -> Context:
+        """The transport context this process's endpoints come from: shared memory toward servers on this host
+        (BYTEPS_ENABLE_IPC), or RDMA (DMLC_ENABLE_RDMA, on DMLC_INTERFACE's device; RdmaUnavailable here when
+        it cannot run)."""
+        rdma = RdmaSettings(self.interface, self.rdma_gid_index) if self.enable_rdma else None
+        return Context(shared_memory=self.enable_ipc, rdma=rdma)
+
     def job_settings(self) -> Dict[str, str]:
         """The settings every process of a job must share, as their variables' values: the scheduler
         refuses a node whose settings differ from the first node's, naming the variable."""
-        return {"BYTEPS_ENABLE_ASYNC": "1" if self.enable_async else "0",
+        return {"DMLC_ENABLE_RDMA": "1" if self.enable_rdma else "0",
+                "BYTEPS_ENABLE_ASYNC": "1" if self.enable_async else "0",
                 "BYTEPS_ASYNC_MAX_STALENESS": "" if self.async_max_staleness is None else str(self.async_max_staleness),
                 "BYTEPS_BACKUP_WORKERS": str(self.backup_workers)}
 

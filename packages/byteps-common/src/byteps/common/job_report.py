@@ -44,6 +44,7 @@ class ProcessReport:
     async_pushes: int = 0  # a server's deltas added to asynchronous keys (BYTEPS_ENABLE_ASYNC)
     late_pushes: int = 0  # a server's pushes dropped for rounds closed without them (BYTEPS_BACKUP_WORKERS)
     shared_payloads: int = 0  # payloads sent or received through shared memory (a server on the same host)
+    rdma_payloads: int = 0  # payloads sent or received by RDMA WRITE (DMLC_ENABLE_RDMA)
 
     @property
     def file_name(self) -> str:
@@ -108,6 +109,9 @@ def summarize(reports: List[ProcessReport], wall_s: float) -> str:
     shared = sum(r.shared_payloads for r in workers)
     if shared:
         parts.append(f"{shared} payloads through shared memory (co-located servers)")
+    written = sum(r.rdma_payloads for r in workers)
+    if written:
+        parts.append(f"{written} payloads by RDMA")
     total = sum(r.bytes_received for r in servers)
     if len(servers) > 1 and total:
         parts.append("servers' share of the bytes " + " / ".join(

@@ -249,6 +249,11 @@ class ServerExchange:
         """Payloads that went to or came from a server on this host through shared memory."""
         return sum(c.counters.shared_sent + c.counters.shared_received for c in self.connections)
 
+    @property
+    def rdma_payloads(self) -> int:
+        """Payloads that went to or came from a server by RDMA WRITE (DMLC_ENABLE_RDMA)."""
+        return sum(c.counters.rdma_sent + c.counters.rdma_received for c in self.connections)
+
     def close(self, linger_ms: Optional[int] = None) -> None:
         for connection in self.connections:
             connection.close(linger_ms)

@@ -64,10 +64,6 @@ class Worker:
         (an elastic worker's says when bpslaunch ended its membership epoch)."""
         if config.role != "worker":
             raise ValueError(f"a Worker needs DMLC_ROLE=worker, this process has DMLC_ROLE={config.role}")
-        if config.enable_rdma:
-            raise ValueError(
-                "DMLC_ENABLE_RDMA=1: the RDMA transport is not available yet; unset it to use TCP"
-            )
         self.config = config
         self._job_over = job_over
         self._lock = threading.Lock()
@@ -109,7 +105,7 @@ class Worker:
 
     def _connect(self) -> None:
         cfg = self.config
-        self._context = Context(shared_memory=cfg.enable_ipc)
+        self._context = cfg.transport_context()
         if cfg.trace_on:  # before rendezvous: a bad BYTEPS_TRACE_DIR fails at once, on its own
             self._tracer = Tracer(worker_trace_path(cfg.trace_dir, cfg.worker_id, cfg.num_worker, cfg.local_rank),
                                   f"worker {cfg.rank}", cfg.rank, WORKER_TRACKS, cfg.trace_start_step,
@@ -559,6 +555,11 @@ class Worker:
         """Payloads that moved through shared memory to or from a server on this host (BYTEPS_ENABLE_IPC)."""
         return self._comm.shared_payloads if self._comm else 0
 
+    @property
+    def rdma_payloads(self) -> int:
+        """Payloads that moved by RDMA WRITE to or from a server (DMLC_ENABLE_RDMA)."""
+        return self._comm.rdma_payloads if self._comm else 0
+
     def shutdown(self) -> None:
         """Leave the job: waits for the other workers, then closes every socket."""
         self._leave(goodbye=True)
@@ -600,7 +601,8 @@ class Worker:
             busy = self._last_done - self._first_push_pull if self._first_push_pull is not None else 0.0
         write_report(self.config.report_dir, ProcessReport(
             "worker", self.rank, time.monotonic() - self._started, rounds, max(0.0, busy),
-            self.bytes_sent, self.bytes_received, shared_payloads=self.shared_payloads))
+            self.bytes_sent, self.bytes_received, shared_payloads=self.shared_payloads,
+            rdma_payloads=self.rdma_payloads))
 
 
 class _TrackedHandle(Handle):

@@ -68,7 +68,6 @@ from byteps.server.engine import create_engine
 from byteps.server.stall_inspector import PartialRound, StallInspector
 from byteps.transport import (
     Command,
-    Context,
     FrameError,
     Gate,
     Message,
@@ -130,7 +129,7 @@ class ParameterServer:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.context = Context(shared_memory=config.enable_ipc)
+        self.context = config.transport_context()
         host = resolve_host(config.node_host, config.interface, config.root_uri)
         # A push is at most one partition; leave room for any partition size workers use.
         self.max_partition_bytes = max(config.partition_bytes, 1 << 20)
@@ -215,7 +214,8 @@ class ParameterServer:
         return ProcessReport("server", self.rank, time.monotonic() - self.registered_at,
                              bytes_sent=counters.bytes_sent, bytes_received=counters.bytes_received,
                              async_pushes=self.async_pushes, late_pushes=self.late_pushes,
-                             shared_payloads=counters.shared_sent + counters.shared_received)
+                             shared_payloads=counters.shared_sent + counters.shared_received,
+                             rdma_payloads=counters.rdma_sent + counters.rdma_received)
 
     def close(self) -> None:
         self.listener.close()

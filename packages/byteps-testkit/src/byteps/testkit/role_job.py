@@ -164,9 +164,12 @@ def start_job(worker_argv: Sequence[str], num_workers: int, num_servers: int, lo
 
 def run_job(worker_argv: Sequence[str], num_workers: int, num_servers: int, local_size: int = 1,
             env: Optional[Mapping[str, str]] = None, timeout: float = 120.0,
-            server_argv: Optional[Sequence[str]] = None, start_scheduler: bool = True) -> JobResult:
-    """Run one job until every process exited, one failed, or ``timeout``; every process is gone on return."""
-    job = start_job(worker_argv, num_workers, num_servers, local_size, env, timeout, server_argv, start_scheduler)
+            server_argv: Optional[Sequence[str]] = None, start_scheduler: bool = True,
+            overrides: Optional[Mapping[str, Mapping[str, str]]] = None) -> JobResult:
+    """Run one job until every process exited, one failed, or ``timeout``; every process is gone on return.
+    ``overrides``: extra environment of single processes, as for :func:`start_job`."""
+    job = start_job(worker_argv, num_workers, num_servers, local_size, env, timeout, server_argv, start_scheduler,
+                    overrides)
     timed_out = True
     try:
         timed_out = not job.wait(timeout)

@@ -11,7 +11,7 @@ scheme (:func:`register_transport`); nothing above this package changes.
 """
 
 from byteps.transport.authentication import AuthenticationError, ClientHandshake, Gate, authenticate
-from byteps.transport.context import Context, register_transport, transport_schemes
+from byteps.transport.context import Context, RdmaSettings, register_transport, transport_schemes
 from byteps.transport.endpoint import ByteCounters, Endpoint, Message
 from byteps.transport.errors import NodeFailure, RemoteError, RendezvousTimeout, TransportError
 from byteps.transport.frames import (
@@ -32,6 +32,7 @@ from byteps.transport.frames import (
 from byteps.transport.poller import Poller
 from byteps.transport.rendezvous import AddressBook, ClockEstimate, NodeInfo, SchedulerClient
 from byteps.transport.scheduler import Scheduler, SchedulerOptions
+from byteps.transport.verbs import RdmaUnavailable
 from byteps.transport.zmq_endpoints import Connection, Listener, tcp_address
 
 # 2.0: the endpoint interface (Endpoint with a protected transport surface,
@@ -39,7 +40,8 @@ from byteps.transport.zmq_endpoints import Connection, Listener, tcp_address
 # ClientHandshake; 1.1: PUSH_ACK, LOCAL_READY/LOCAL_DONE, AddressBook.job_id
 # 2.1: NodeInfo.settings (job-wide settings checked at rendezvous), FLAG_SKIPPED
 # 2.2: FLAG_ZEROS; 2.3: FLAG_BARE; 2.4: SchedulerOptions.lost_node_file
-INTERFACE_VERSION = (2, 5)  # 2.5: Context(shared_memory=...), payloads through shared memory on one host
+# 2.5: Context(shared_memory=...), payloads through shared memory on one host
+INTERFACE_VERSION = (2, 6)  # 2.6: Context(rdma=RdmaSettings(...)): payloads by RDMA WRITE; ByteCounters.rdma_*
 
 __all__ = [
     "INTERFACE_VERSION",
@@ -67,6 +69,8 @@ __all__ = [
     "NodeInfo",
     "Poller",
     "ProtocolVersionError",
+    "RdmaSettings",
+    "RdmaUnavailable",
     "RemoteError",
     "RendezvousTimeout",
     "Scheduler",

@@ -52,6 +52,8 @@ class ByteCounters:
     messages_received: int = 0
     shared_sent: int = 0  # payloads that went through shared memory (co_located.py), counted above too
     shared_received: int = 0
+    rdma_sent: int = 0  # payloads that went by RDMA WRITE (rdma_endpoints.py), counted above too
+    rdma_received: int = 0
 
 
 class Message(NamedTuple):

@@ -1,0 +1,230 @@
+"""The RDMA transport's bookkeeping, with the verbs stand-in for hardware; and the real loopback where it runs.
+
+The stand-in (byteps.testkit.verbs_stand_in) registers memory as memfds and
+"writes" by copying into the peer process's memfd: the handshake, page
+tables, references, freeing and failures run as they do on a NIC, without
+one (docs/rdma.md). The last test runs RDMA for real, wherever pyverbs
+lists a device (soft-RoCE included), and skips here with the reason.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import zmq
+
+from byteps.testkit import verbs_stand_in
+from byteps.transport import (
+    Command,
+    Context,
+    FrameError,
+    NodeFailure,
+    RdmaSettings,
+    RdmaUnavailable,
+    verbs,
+)
+from byteps.transport.frames import encode_header
+from byteps.transport.rdma_endpoints import MIN_RDMA_BYTES, PAGE_BYTES, REFERENCE, RING_PAGES
+
+CHILD = textwrap.dedent("""
+    import sys, numpy as np
+    from byteps.testkit import verbs_stand_in
+    from byteps.transport import Command, Context, RdmaSettings
+    verbs_stand_in.install()
+    context = Context(rdma=RdmaSettings())
+    listener = context.listen("tcp://127.0.0.1:0", max_payload_bytes=1 << 24)
+    print(listener.address, flush=True)
+    while True:  # echo every payload, doubled
+        message = listener.recv()
+        if message.header.command == Command.BARRIER:
+            break
+        doubled = np.frombuffer(message.payload, np.float32) * 2
+        identity, key = message.identity, message.header.key
+        del message  # its ring pages are free again
+        listener.send(Command.PULL_RESPONSE, 0, key=key, payload=doubled, identity=identity)
+    listener.close(0)
+""")
+
+
+@pytest.fixture
+def context():
+    made = verbs_stand_in.install()
+    made.clear()
+    ctx = Context(rdma=RdmaSettings())
+    yield ctx
+    verbs.use_device(None)
+    ctx.zmq.destroy(linger=0)
+
+
+@pytest.fixture
+def pair(context):
+    listener = context.listen("tcp://127.0.0.1:0", max_payload_bytes=1 << 26)
+    connection = context.connect(listener.address, max_payload_bytes=1 << 26)
+    yield listener, connection
+    connection.close(0)
+    listener.close(0)
+
+
+def connect(listener, connection):
+    """One large round trip: HELLO, WELCOME, and the connection's first reference."""
+    payload = np.ones(MIN_RDMA_BYTES // 4, np.float32)
+    for _ in range(2):
+        connection.send(Command.PUSH, 1, payload=payload)
+        message = listener.recv()
+        listener.send(Command.PUSH_ACK, 0, identity=message.identity)
+        connection.recv()
+    assert connection.peer.connected and connection.counters.rdma_sent == 1
+    return message.identity
+
+
+def echo_rounds(connection, rounds, count):
+    """Send ``rounds`` payloads to the echo child (CHILD); each comes back doubled."""
+    for round_ in range(rounds):
+        data = np.arange(count, dtype=np.float32) + round_
+        connection.send(Command.PUSH, 1, key=round_, payload=data)
+        assert connection.wait_readable(10)
+        out = np.empty_like(data)
+        connection.recv(lambda header, out=out: out.view(np.uint8))
+        assert np.array_equal(out, data * 2)
+
+
+def test_queue_pairs_connect_on_the_traffic_and_payloads_go_by_write(pair):
+    listener, connection = pair
+    small = np.arange(100, dtype=np.float32)  # below MIN_RDMA_BYTES: always inline, no handshake
+    connection.send(Command.PUSH, 1, payload=small)
+    assert np.array_equal(np.frombuffer(listener.recv().payload, np.float32), small)
+    assert connection.peer is None
+    identity = connect(listener, connection)
+    device = verbs_stand_in.made[0]
+    written = device.bytes_written
+    big = np.random.default_rng(0).random(300_000).astype(np.float32)
+    connection.send(Command.PUSH, 1, key=5, payload=big)
+    message = listener.recv()
+    assert np.array_equal(np.frombuffer(message.payload, np.float32), big)
+    assert device.bytes_written == written + big.nbytes and listener.counters.rdma_received == 2
+    # the listener answers by write too, now that the peer has written to it
+    listener.send(Command.PULL_RESPONSE, 0, key=5, payload=big[::-1].copy(), identity=identity)
+    out = np.empty_like(big)
+    connection.recv(lambda header: out.view(np.uint8))
+    assert np.array_equal(out, big[::-1]) and listener.counters.rdma_sent == 1
+
+
+def test_pages_are_freed_when_the_last_view_goes(pair):
+    listener, connection = pair
+    connect(listener, connection)
+    payload = np.ones(10 * PAGE_BYTES // 4, np.float32)
+    connection.send(Command.PUSH, 1, payload=payload)
+    message = listener.recv()
+    view = np.frombuffer(message.payload, np.float32)[5:]
+    assert connection.peer.pages_in_use() == 10
+    del message
+    assert connection.peer.pages_in_use() == 10  # a numpy view still holds them
+    del view
+    assert connection.peer.pages_in_use() == 0  # the listener wrote zeros into the connection's table
+
+
+def test_a_full_ring_falls_back_to_tcp_with_the_bytes_intact(pair):
+    listener, connection = pair
+    connect(listener, connection)
+    chunk = RING_PAGES * PAGE_BYTES // 4  # a quarter of the ring
+    held = []
+    for index in range(6):
+        data = np.full(chunk // 4, index, np.float32)
+        connection.send(Command.PUSH, 1, key=index, payload=data)
+        held.append(listener.recv())
+    assert connection.counters.rdma_sent == 1 + 4  # the ring holds four; the last two went inline
+    for index, message in enumerate(held):
+        assert np.all(np.frombuffer(message.payload, np.float32) == index)
+    held.clear()
+    connection.send(Command.PUSH, 1, payload=np.ones(chunk // 4, np.float32))
+    listener.recv()
+    assert connection.counters.rdma_sent == 6  # room again
+
+
+def test_bad_references_are_refused_and_the_good_peer_is_still_served(pair, context):
+    listener, connection = pair
+    raw = context.zmq.socket(zmq.DEALER)
+    raw.connect(listener.address)
+    reference = REFERENCE.pack(b"BPSRDMA1", 0, 64)
+    raw.send_multipart([encode_header(Command.PUSH, 9, payload_bytes=64), b"", reference])
+    with pytest.raises(FrameError, match="a peer that sent no HELLO"):
+        listener.recv()
+    identity = connect(listener, connection)
+    for bad, text in [(REFERENCE.pack(b"BPSRDMA1", 3, 64), "outside its ring"),
+                      (REFERENCE.pack(b"BPSRDMA1", 0, RING_PAGES * PAGE_BYTES + 1), "outside its ring"),
+                      (b"short", "RDMA reference of 5 bytes")]:
+        connection.socket.send_multipart([encode_header(Command.PUSH, 1, payload_bytes=64), b"", bad])
+        with pytest.raises(FrameError, match=text):
+            listener.recv()
+    connection.send(Command.PUSH, 1, payload=np.ones(MIN_RDMA_BYTES, np.uint8))
+    assert listener.recv().identity == identity
+    raw.close(0)
+
+
+def test_a_handshake_nobody_asked_for_is_refused(pair):
+    listener, connection = pair
+    connection.socket.send_multipart([encode_header(Command.PUSH, 1), b"", b"BPSRDMAW{}"])
+    with pytest.raises(FrameError, match="a WELCOME sent to a listener"):
+        listener.recv()
+    connection.socket.send_multipart([encode_header(Command.PUSH, 1), b"", b"BPSRDMAH{not json"])
+    with pytest.raises(FrameError, match="malformed RDMA handshake"):
+        listener.recv()
+
+
+def test_bytes_move_between_processes_and_a_dead_peer_is_a_node_failure(context):
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
+    try:
+        address = child.stdout.readline().strip()
+        connection = context.connect(address, max_payload_bytes=1 << 24)
+        echo_rounds(connection, 3, 50_000)
+        assert connection.counters.rdma_sent == 2 and connection.counters.rdma_received == 2
+        child.kill()
+        child.wait(10)
+        with pytest.raises(NodeFailure, match="the peer is gone"):
+            connection.send(Command.PUSH, 1, payload=np.ones(50_000, np.float32))
+        connection.close(0)
+    finally:
+        child.kill()
+        child.wait(10)
+
+
+def test_without_pyverbs_the_error_names_the_package(monkeypatch):
+    verbs.use_device(None)
+    monkeypatch.setitem(sys.modules, "pyverbs", None)  # import pyverbs raises ImportError
+    for name in [m for m in sys.modules if m.startswith("pyverbs.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(RdmaUnavailable, match=r"pip install 'byteps-transport\[rdma\]'.*unset DMLC_ENABLE_RDMA"):
+        Context(rdma=RdmaSettings("ib0"))
+
+
+def _why_no_rdma() -> str:
+    try:
+        import pyverbs.device
+    except ImportError as exc:
+        return f"pyverbs cannot be imported ({exc}): no RDMA here"
+    if not pyverbs.device.get_device_list():
+        return "pyverbs lists no RDMA device (soft-RoCE: rdma link add rxe0 type rxe netdev IF)"
+    return ""
+
+
+@pytest.mark.skipif(bool(_why_no_rdma()), reason=_why_no_rdma() or "an RDMA device is here")
+def test_loopback_on_a_real_rdma_device():
+    """Two processes, one RDMA device, real queue pairs: the echo child doubles what it is sent."""
+    child_code = CHILD.replace("verbs_stand_in.install()", "pass")
+    child = subprocess.Popen([sys.executable, "-c", child_code], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ})
+    context = Context(rdma=RdmaSettings(os.environ.get("DMLC_INTERFACE"),
+                                        int(os.environ.get("BYTEPS_RDMA_GID_INDEX", "0"))))
+    try:
+        connection = context.connect(child.stdout.readline().strip(), max_payload_bytes=1 << 24)
+        echo_rounds(connection, 5, 1_000_000)
+        assert connection.counters.rdma_sent == 4
+        connection.send(Command.BARRIER, 1)
+        connection.close(0)
+    finally:
+        child.wait(10) if child.poll() is None else None
+        child.kill()
+        context.close()
