@@ -131,6 +131,26 @@ def reductions_over_process_sets():
         opt.update(7, w, g, opt.create_state(7, w))
         expected = -(sum(range(1, n + 1)) / n if averaged else r + 1)
         assert_array(w, np.full((5,), expected, dtype="float32"), f"DistributedOptimizer averaged={averaged}")
+    # DistributedTrainer over a set: starts from the root's parameters and averages within the set; alone in
+    # a set, a rank keeps its own parameters and gradient
+    for process_set, averaged in ((pair, True), (mine, False)):
+        net = mx.gluon.nn.Dense(3, in_units=2, use_bias=False, prefix=f"setnet{int(averaged)}_")
+        net.initialize(mx.init.Constant(float(r)))
+        trainer = bps.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 1.0},
+                                         root_rank=0 if averaged else r, process_set=process_set)
+        start = 0.0 if averaged else float(r)
+        assert_array(net.weight.data(), np.full((3, 2), start, dtype="float32"), f"trainer start {averaged}")
+        with mx.autograd.record():
+            loss = net(mx.nd.ones((1, 2)) * (r + 1)).sum()
+        loss.backward()
+        trainer.step(1)
+        gradient = sum(range(1, n + 1)) / n if averaged else r + 1
+        assert_array(net.weight.data(), np.full((3, 2), start - gradient, dtype="float32"),
+                     f"DistributedTrainer averaged={averaged}")
+    if r == 0:
+        expect_error(ValueError, "compression_params",
+                     lambda: bps.DistributedTrainer(mx.gluon.nn.Dense(1, in_units=1).collect_params(), "sgd",
+                                                    compression_params={"fp16": True}, process_set=pair))
     for process_set in singles:
         bps.remove_process_set(process_set)
 
@@ -152,7 +172,8 @@ def main():
     checks.run("alltoall and reducescatter", alltoall_and_reducescatter)
     checks.run("Min, Max, Product, grouped_allreduce", min_max_product)
     checks.run("process sets and build flags", process_sets)
-    checks.run("allreduce, broadcast and DistributedOptimizer over process sets", reductions_over_process_sets)
+    checks.run("allreduce, broadcast, DistributedOptimizer and DistributedTrainer over process sets",
+               reductions_over_process_sets)
     checks.run("join with uneven data", uneven_join)
     mx.nd.waitall()
     bps.shutdown()

@@ -33,23 +33,25 @@ def parameter_name(key: str, prefix: Optional[str] = None) -> str:
     return f"{prefix or ''}Parameter.{key}"
 
 
-def _broadcast_copies(param: Parameter, root_rank: int, name: str) -> mx.nd.NDArray:
-    """Broadcast a Parameter's first copy and copy it to its other contexts (in engine order)."""
+def _broadcast_copies(param: Parameter, root_rank: int, name: str, process_set: Any = None) -> mx.nd.NDArray:
+    """Broadcast a Parameter's first copy (over every rank, or ``process_set``'s) and copy it to its other
+    contexts (in engine order)."""
     arrays = param.list_data()
-    broadcast_(arrays[0], root_rank, name=name)
+    broadcast_(arrays[0], root_rank, name=name, process_set=process_set)
     for other in arrays[1:]:
         arrays[0].copyto(other)
     return arrays[0]
 
 
-def broadcast_after_init(param: Parameter, root_rank: int, name: str) -> None:
-    """Make a deferred Parameter broadcast itself once its deferred initialisation has run."""
+def broadcast_after_init(param: Parameter, root_rank: int, name: str, process_set: Any = None) -> None:
+    """Make a deferred Parameter broadcast itself (over every rank, or ``process_set``'s) once its deferred
+    initialisation has run."""
     init_impl = param._init_impl
 
     def init_then_broadcast(self: Parameter, *args: Any, **kwargs: Any) -> None:
         init_impl(*args, **kwargs)
         self._init_impl = init_impl  # once
-        _broadcast_copies(self, root_rank, name)
+        _broadcast_copies(self, root_rank, name, process_set)
 
     param._init_impl = types.MethodType(init_then_broadcast, param)
 

@@ -49,6 +49,7 @@ from byteps.common import api
 from byteps.common.compression import CompressionSpec
 from byteps.common.frontend.async_training import check_async_compression
 from byteps.common.frontend.process import size
+from byteps.common.frontend.process_sets import rank_view
 from byteps.mxnet.async_training import ArrayExchange, asynchronous, check_master_weights
 from byteps.mxnet.compression import Compression
 from byteps.mxnet.functions import broadcast_after_init, parameter_name
@@ -87,6 +88,12 @@ class DistributedTrainer(mx.gluon.Trainer):
     several trainers in one job) are accepted; ``num_groups`` is accepted
     and ignored.
 
+    ``process_set`` (Horovod's): gradients are averaged over its ranks only,
+    each gradient its own op (fusion packs collectives over every rank), and
+    the parameters start from ``root_rank``'s within the set. A rank outside
+    the set, or a set of one rank, keeps its own gradients and parameters.
+    Not with ``compression_params`` or asynchronous training.
+
     ``compression_params`` is BytePS's gradient compression
     (docs/compression.md), e.g. ``{"compressor": "onebit", "scaling": True,
     "ef": "vanilla", "momentum": "nesterov"}``, or ``{"fp16": True}`` (the
@@ -118,7 +125,7 @@ class DistributedTrainer(mx.gluon.Trainer):
     def __init__(self, params: Any, optimizer: Any, optimizer_params: Optional[Dict[str, Any]] = None,
                  root_rank: int = 0, compression_params: Optional[Dict[str, Any]] = None, *,
                  compression: Any = None, gradient_predivide_factor: float = 1.0, prefix: Optional[str] = None,
-                 num_groups: int = 0) -> None:
+                 num_groups: int = 0, process_set: Any = None) -> None:
         if isinstance(optimizer, DistributedOptimizer):
             if optimizer._gradient_compression is not None:
                 raise ValueError("DistributedTrainer: give compression_params to DistributedTrainer, not to the "
@@ -136,6 +143,16 @@ class DistributedTrainer(mx.gluon.Trainer):
                 and gradient_predivide_factor != 1.0:
             raise ValueError("gradient_predivide_factor must be 1.0 with a compressor in compression_params: "
                              "compressed gradients are averaged before compression and summed in full precision")
+        if process_set is not None and (compression_params or asynchronous()):
+            raise ValueError("DistributedTrainer: a process_set with compression_params or asynchronous training "
+                             "(BYTEPS_ENABLE_ASYNC) is not supported; average over every rank instead")
+        # Horovod's: outside the set, or alone in it, a rank trains on its own
+        self._process_set = process_set
+        self._on_own = process_set is not None and (not process_set.included() or
+                                                    len(rank_view(process_set).ranks) == 1)
+        if process_set is not None and not self._on_own and root_rank not in rank_view(process_set).ranks:
+            raise ValueError(f"DistributedTrainer: root_rank {root_rank} is not in the process set "
+                             f"{list(rank_view(process_set).ranks)}")
         # Asynchronous: the parameters' changes go through the servers, no gradient does.
         self._async = ArrayExchange() if asynchronous() else None
         if self._async is not None:
@@ -159,10 +176,12 @@ class DistributedTrainer(mx.gluon.Trainer):
             if param.grad_req != "null" and self._async is None:
                 byteps_declare_tensor(self._gradient_name(param))
         for param in self._params:
+            if self._on_own:
+                continue
             if param._deferred_init:
-                broadcast_after_init(param, root_rank, self._parameter_name(param))
+                broadcast_after_init(param, root_rank, self._parameter_name(param), process_set)
             elif param._data is not None:
-                broadcast_(param.list_data()[0], root_rank, name=self._parameter_name(param))
+                broadcast_(param.list_data()[0], root_rank, name=self._parameter_name(param), process_set=process_set)
 
     def _parameter_name(self, param: Parameter) -> str:
         return parameter_name(param.name, self._prefix)
@@ -177,8 +196,10 @@ class DistributedTrainer(mx.gluon.Trainer):
             if param._deferred_init:
                 deferred.append(param)
                 continue
+            if self._on_own:
+                continue
             arrays = param._check_and_get(param._data, list)
-            broadcast_(arrays[0], self.root_rank, name=self._parameter_name(param))
+            broadcast_(arrays[0], self.root_rank, name=self._parameter_name(param), process_set=self._process_set)
         self._params_to_init = deferred
 
     def _allreduce_grads(self) -> None:
@@ -196,8 +217,18 @@ class DistributedTrainer(mx.gluon.Trainer):
         compresses each alone; up to a partition's size they share
         buckets); the others get their Nesterov momentum after the pull.
         """
-        if self._async is not None:
+        if self._async is not None or self._on_own:
             return  # each worker updates with its own gradients
+        if self._process_set is not None:
+            for index, param in enumerate(self._params):
+                if param.grad_req != "null":
+                    grad = param.list_grad()[0]
+                    sent, ctx = self._compression.compress(grad)
+                    name = self._gradient_name(param)
+                    allreduce_(sent, average=True, name=name, priority=-index, prescale_factor=1.0 / self._predivide,
+                               postscale_factor=self._predivide, process_set=self._process_set)
+                    self._after_pull(name, grad, sent, ctx)
+            return
         config, compression = api.worker().config, self._gradient_compression
         spec, lr = (compression.spec, float(self.learning_rate)) if compression is not None else (None, None)
         small: List[Tuple[int, Parameter, mx.nd.NDArray, mx.nd.NDArray, Any, bool]] = []
