@@ -63,9 +63,10 @@ def test_sync_batch_norm_on_the_gpu():
         assert f"SYNCBN OK rank {rank} of 2 on cuda:0" in result.outputs[f"worker{rank}"]
 
 
-def test_digits_trains_on_the_gpu():
-    result = launch_job(["--workers", "2", "--servers", "1"], os.path.join(EXAMPLES, "train_digits.py"),
-                        ["--device", "cuda"], timeout=300)
+@pytest.mark.parametrize("layout", [["--workers", "2", "--servers", "1"], ["-np", "2", "--servers", "1"]],
+                         ids=["2 machines", "2 processes on one machine (summed on the GPU)"])
+def test_digits_trains_on_the_gpu(layout):
+    result = launch_job(layout, os.path.join(EXAMPLES, "train_digits.py"), ["--device", "cuda"], timeout=300)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     text = "\n".join(rank_lines(result.stdout, 0))
     assert "worker(s) on cuda:0" in text, text
