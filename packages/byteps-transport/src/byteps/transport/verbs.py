@@ -17,6 +17,7 @@ import ctypes
 import json
 import os
 import random
+import time
 from typing import Any, Callable, Dict, Optional
 
 from byteps.transport.errors import NodeFailure, TransportError
@@ -106,6 +107,7 @@ class Device:
 # --- rdma-core through pyverbs (unverified: no RDMA device was available, docs/rdma.md) -----------------------
 _QUEUE_DEPTH = 1024  # send work requests in flight per queue pair (waited writes, and unsignaled small ones)
 _SIGNAL_EVERY = 64  # every so many small writes is signaled, so the send queue's slots come back
+_SPINS = 64  # empty polls of the completion queue between yields of the GIL
 
 
 def _import_pyverbs() -> Dict[str, Any]:
@@ -234,8 +236,13 @@ class _PyverbsQueuePair(QueuePair):
 
     def _wait(self, wr_id: int) -> None:
         success = self._e.IBV_WC_SUCCESS
+        empty = 0
         while True:
             count, completions = self._device._cq.poll()
+            if not count:
+                empty += 1
+                if empty % _SPINS == 0:
+                    time.sleep(0)  # let the process's other threads run (pyverbs' poll holds the GIL)
             for completion in completions[:count]:
                 if completion.status != success:
                     raise NodeFailure(f"RDMA write to {self.peer} failed (work completion status "
