@@ -17,6 +17,7 @@ import ctypes
 import json
 import os
 import random
+import threading
 import time
 from typing import Any, Callable, Dict, Optional
 
@@ -159,6 +160,46 @@ class PyverbsDevice(Device):
         self.lid = port_attr.lid
         self.gid = str(self._context.query_gid(port, gid_index))
         self.mtu = port_attr.active_mtu
+        # One completion queue for every queue pair: work request ids are numbered per device, and a thread
+        # that polls keeps the completions it is not waiting for, so that no wait steals another's (the
+        # receiver's page-freeing writes come from whichever thread drops a payload's last view).
+        self._lock = threading.Lock()
+        self._next_id = 1
+        self._done: Dict[int, Optional[str]] = {}  # wr_id -> None (success) or what failed
+
+    def post(self, qp: Any, sge: Any, remote_address: int, rkey: int, flags: int, peer: str) -> int:
+        """Post one RDMA WRITE on ``qp``; returns its work request id."""
+        with self._lock:
+            wr_id, self._next_id = self._next_id, self._next_id + 1
+            request = self._v["wr"].SendWR(wr_id=wr_id, opcode=self._v["e"].IBV_WR_RDMA_WRITE, num_sge=1,
+                                           sg=[sge], send_flags=flags)
+            request.set_wr_rdma(rkey, remote_address)
+            try:
+                qp.post_send(request)
+            except Exception as exc:  # noqa: BLE001 -- pyverbs' error, as a node failure
+                raise NodeFailure(f"RDMA write to {peer} could not be posted ({exc})") from None
+        return wr_id
+
+    def wait(self, wr_id: int, peer: str) -> None:
+        """Until work request ``wr_id`` completed; a NodeFailure if it failed."""
+        success = self._v["e"].IBV_WC_SUCCESS
+        empty = 0
+        while True:
+            with self._lock:
+                if wr_id in self._done:
+                    failure = self._done.pop(wr_id)
+                    if failure is not None:
+                        raise NodeFailure(f"RDMA write to {peer} failed ({failure}): the peer is gone or its "
+                                          "queue pair broke")
+                    return
+                count, completions = self._cq.poll()
+                for completion in completions[:count]:
+                    self._done[completion.wr_id] = None if completion.status == success else \
+                        f"work completion status {completion.status}"
+            if not count:
+                empty += 1
+                if empty % _SPINS == 0:
+                    time.sleep(0)  # let the process's other threads run (pyverbs' poll holds the GIL)
 
     def allocate(self, nbytes: int) -> MemoryRegion:
         e = self._v["e"]
@@ -197,7 +238,6 @@ class _PyverbsQueuePair(QueuePair):
         attr = v["qp"].QPAttr(port_num=device.port)
         attr.qp_access_flags = self._e.IBV_ACCESS_LOCAL_WRITE | self._e.IBV_ACCESS_REMOTE_WRITE
         self._qp.to_init(attr)
-        self._next_id = 1
         self._small = 0
         self.peer = "the peer"
 
@@ -223,36 +263,11 @@ class _PyverbsQueuePair(QueuePair):
         attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.max_rd_atomic = 14, 7, 7, 1
         self._qp.to_rts(attr)
 
-    def _post(self, sge: Any, remote_address: int, rkey: int, flags: int) -> int:
-        wr_id, self._next_id = self._next_id, self._next_id + 1
-        request = self._v["wr"].SendWR(wr_id=wr_id, opcode=self._e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[sge],
-                                       send_flags=flags)
-        request.set_wr_rdma(rkey, remote_address)
-        try:
-            self._qp.post_send(request)
-        except Exception as exc:  # noqa: BLE001 -- pyverbs' error, as a node failure
-            raise NodeFailure(f"RDMA write to {self.peer} could not be posted ({exc})") from None
-        return wr_id
-
-    def _wait(self, wr_id: int) -> None:
-        success = self._e.IBV_WC_SUCCESS
-        empty = 0
-        while True:
-            count, completions = self._device._cq.poll()
-            if not count:
-                empty += 1
-                if empty % _SPINS == 0:
-                    time.sleep(0)  # let the process's other threads run (pyverbs' poll holds the GIL)
-            for completion in completions[:count]:
-                if completion.status != success:
-                    raise NodeFailure(f"RDMA write to {self.peer} failed (work completion status "
-                                      f"{completion.status}): the peer is gone or its queue pair broke")
-                if completion.wr_id == wr_id:
-                    return
-
     def write(self, source: MemoryRegion, offset: int, nbytes: int, remote_address: int, rkey: int) -> None:
         sge = self._v["wr"].SGE(source.address + offset, nbytes, source.lkey)
-        self._wait(self._post(sge, remote_address, rkey, self._e.IBV_SEND_SIGNALED))
+        device = self._device
+        device.wait(device.post(self._qp, sge, remote_address, rkey, self._e.IBV_SEND_SIGNALED, self.peer),
+                    self.peer)
 
     def write_bytes(self, data: bytes, remote_address: int, rkey: int) -> None:
         buffer = ctypes.create_string_buffer(data, len(data))
@@ -260,9 +275,9 @@ class _PyverbsQueuePair(QueuePair):
         self._small += 1
         signaled = self._small % _SIGNAL_EVERY == 0
         flags = self._e.IBV_SEND_INLINE | (self._e.IBV_SEND_SIGNALED if signaled else 0)
-        wr_id = self._post(sge, remote_address, rkey, flags)
+        wr_id = self._device.post(self._qp, sge, remote_address, rkey, flags, self.peer)
         if signaled:
-            self._wait(wr_id)
+            self._device.wait(wr_id, self.peer)
 
     def close(self) -> None:
         self._qp.close()
