@@ -94,6 +94,17 @@ def is_local_address(host: str) -> bool:
     return True
 
 
+def payload_pages(payload: Any, runs: Dict[int, Tuple[bytes, bytes]]) -> Optional[Tuple[memoryview, bytes, bytes]]:
+    """(the payload's bytes, the free marks and the used marks of as many pages) in a ring's page table (one
+    byte per page, 0 = free); None when no ring holds it. ``runs`` caches the marks by length."""
+    source = _bytes_of(payload)
+    pages = -(-source.nbytes // PAGE_BYTES)
+    if pages > RING_PAGES:
+        return None
+    free, used = runs.get(pages) or runs.setdefault(pages, (bytes(pages), b"\x01" * pages))
+    return source, free, used
+
+
 def _bytes_of(payload: Any) -> memoryview:
     view = memoryview(payload)
     if view.format != "B" or view.ndim != 1:
@@ -120,12 +131,11 @@ class SharedRing:
 
     def put(self, payload: Any) -> Optional[bytes]:
         """Copy ``payload`` into free pages; returns its reference, or None when the ring has no room."""
-        source = _bytes_of(payload)
-        nbytes = source.nbytes
-        pages = -(-nbytes // PAGE_BYTES)
-        if pages > RING_PAGES:
+        claim = payload_pages(payload, self._runs)
+        if claim is None:
             return None
-        free, used = self._runs.get(pages) or self._runs.setdefault(pages, (bytes(pages), b"\x01" * pages))
+        source, free, used = claim
+        nbytes, pages = source.nbytes, len(free)
         # Lowest free pages first: pages freed a moment ago are reused while still in the CPU's caches.
         found = self.mapping.find(free, _TABLE_OFFSET, _TABLE_OFFSET + RING_PAGES)
         if found < 0:

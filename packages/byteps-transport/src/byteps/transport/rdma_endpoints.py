@@ -54,7 +54,7 @@ import struct
 import weakref
 from typing import Any, Deque, Dict, Optional, Set, Tuple
 
-from byteps.transport.co_located import _bytes_of
+from byteps.transport.co_located import PAGE_BYTES, RING_PAGES, _bytes_of, payload_pages
 from byteps.transport.endpoint import payload_nbytes
 from byteps.transport.frames import FrameError
 from byteps.transport.verbs import Device, MemoryRegion
@@ -66,10 +66,7 @@ log = logging.getLogger("byteps.transport.rdma")
 
 #: Payloads below this go inline over TCP.
 MIN_RDMA_BYTES = 16 << 10
-#: The ring's unit of allocation; a payload takes whole pages.
-PAGE_BYTES = 16 << 10
-#: Pages in one ring: 32 MiB per peer and direction.
-RING_PAGES = 2048
+#: The ring's pages are the co-located ring's (PAGE_BYTES, RING_PAGES): 32 MiB per peer and direction.
 RING_BYTES = RING_PAGES * PAGE_BYTES
 _MAGIC = b"BPSRDMA1"
 _HELLO = b"BPSRDMAH"
@@ -119,12 +116,11 @@ class RdmaPeer:
     # --- sending ---------------------------------------------------------------------
     def put(self, payload: Any) -> Optional[bytes]:
         """Write ``payload`` into free pages of the peer's ring; its reference, or None when there is no room."""
-        source = _bytes_of(payload)
-        nbytes = source.nbytes
-        pages = -(-nbytes // PAGE_BYTES)
-        if pages > RING_PAGES:
+        claim = payload_pages(payload, self._runs)
+        if claim is None:
             return None
-        free, used = self._runs.get(pages) or self._runs.setdefault(pages, (bytes(pages), b"\x01" * pages))
+        source, free, used = claim
+        nbytes, pages = source.nbytes, len(free)
         found = bytes(self.table.view).find(free)  # the peer zeroes what it is done with
         if found < 0:
             return None
