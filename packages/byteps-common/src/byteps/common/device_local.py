@@ -69,13 +69,14 @@ class DeviceLocal:
         self._proceed, self._post, self._send_ready, self._root_of = proceed, post, send_ready, root_of
         self._handles: Dict[Tuple[int, int], bytes] = {}  # (local rank, tensor id) -> its slot's IPC handle
         self._opened: Dict[Tuple[int, int], int] = {}  # (local rank, tensor id) -> its slot mapped here
-        self.gpu_tensors: set = set()  # tensor ids the peers sum on the GPU (from their descriptions)
+        # tensor ids summed on the GPU: this process's own (LocalGroup.prepare) and those its peers said so of
+        self.gpu_tensors: set = set()
 
     # --- what the peers tell ---------------------------------------------------------------
     def learn(self, rank: int, tensor_id: int, handle_hex: str) -> None:
         """A peer's slot for ``tensor_id`` (its IPC handle, from a first round's message)."""
         self._handles.setdefault((rank, tensor_id), bytes.fromhex(handle_hex))
-        self.gpu_tensors.add(tensor_id)
+        self.gpu_tensors.add(tensor_id)  # a rank that joined before its own first round learns it here
 
     def peer_slot(self, engine: Any, rank: int, tensor_id: int) -> int:
         """Where local rank ``rank``'s slot for ``tensor_id`` is mapped in this process (opened once)."""
@@ -110,7 +111,7 @@ class DeviceLocal:
         no servers)."""
         task, part, staged = trip.task, trip.part, trip.task.device
         engine = staged.staging.engine
-        mine = staged.shared[0] + task.plan.nbytes + part.offset  # the result region
+        mine = _result_at(staged.shared[0], trip)
         sources = [staged.shared[0] + part.offset] + [
             self.peer_slot(engine, rank, task.plan.tensor_id) + part.offset for rank in peers]
         pushed = trip.next_stage is Stage.PUSH
@@ -128,7 +129,7 @@ class DeviceLocal:
         if task.average_over > 1:
             kernels.scale_into(trip.data, trip.data, task.source.dtype, task.average_over)
         engine = staged.staging.engine
-        mine = staged.shared[0] + task.plan.nbytes + trip.part.offset
+        mine = _result_at(staged.shared[0], trip)
         engine.to_device(mine, trip.data)
         trip.data = mine
         self._post(trip, engine.record())
@@ -137,9 +138,14 @@ class DeviceLocal:
         """LOCAL_DONE from ``root``: the partition's result is in its slot."""
         task = trip.task
         engine = task.device.staging.engine
-        trip.data = self.peer_slot(engine, root, task.plan.tensor_id) + task.plan.nbytes + trip.part.offset
+        trip.data = _result_at(self.peer_slot(engine, root, task.plan.tensor_id), trip)
 
     def device_copy_out(self, trip: PartitionTrip) -> None:
         """DEVICE_COPY_OUT: the result (``trip.data``, a device pointer) into the output."""
         trip.task.device.copy_out(trip.part, trip.data)
         self._proceed(trip)
+
+
+def _result_at(slot: int, trip: PartitionTrip) -> int:
+    """Where ``trip``'s partition lies in the result region of the device slot at ``slot`` (after the input's)."""
+    return slot + trip.task.plan.nbytes + trip.part.offset

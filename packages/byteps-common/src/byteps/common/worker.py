@@ -236,13 +236,14 @@ class Worker:
         it is compressed, a process set's, bfloat16, or closed by backup workers.
         """
         what = f"push_pull({name!r})"
+        closes_early = self._closes_early(average, members, root, joinable)
         staged = None
         if device_of(tensor, f"{what} input") is not None:
             if asynchronous:
                 raise ValueError(f"{what}: asynchronous training (BYTEPS_ENABLE_ASYNC) takes CPU tensors; "
                                  "keep the parameters' copy on the CPU")
             staged = self._device_staging.stage(tensor, output, name, what, dtype, stream,
-                                                self._sums_on_gpu(members, compression, average, root, joinable))
+                                                self._sums_on_gpu(members, compression, closes_early))
             source, target = staged.source, staged.target
         elif output is not None and device_of(output, f"{what} output") is not None:
             raise ValueError(f"{what}: the input is on the CPU but the output on a CUDA device; "
@@ -254,7 +255,6 @@ class Worker:
                              f"float32 or float64 tensors, not {source.dtype.name.lower()}")
         if asynchronous:
             self._check_asynchronous(name, members, compression, average)
-        closes_early = self._closes_early(average, members, root, joinable)
         skipped = getattr(self._skipping, "on", False)
         if skipped and not (closes_early and (compression is None or compression.compressor == "none")):
             raise ValueError(f"push_pull({name!r}) in skipping_round(): only an uncompressed average over every "
@@ -331,13 +331,13 @@ class Worker:
         self._comm.submit(task)
         return handle
 
-    def _sums_on_gpu(self, members: Optional[Sequence[int]], compression: Optional[CompressionSpec], average: bool,
-                     root: Optional[int], joinable: bool) -> bool:
-        """Whether a CUDA tensor's local aggregation may run on the GPU (same answer on every local rank)."""
+    def _sums_on_gpu(self, members: Optional[Sequence[int]], compression: Optional[CompressionSpec],
+                     closes_early: bool) -> bool:
+        """Whether a CUDA tensor's local aggregation may run on the GPU (same answer on every local rank). Not
+        when backup workers close its rounds early, which a skipped round must (checked below)."""
         return (self.config.gpu_local_aggregation and self.local_size > 1 and self._comm is not None
                 and members is None and (compression is None or compression.compressor == "none")
-                and not getattr(self._skipping, "on", False)
-                and not self._closes_early(average, members, root, joinable))
+                and not closes_early)
 
     def _bare_ranges(self, ranges: Sequence[Tuple[int, int]], compressor: Any, staged: Any,
                      quorum: int) -> Tuple[Tuple[int, int], ...]:
