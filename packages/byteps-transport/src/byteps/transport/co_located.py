@@ -112,6 +112,21 @@ def _bytes_of(payload: Any) -> memoryview:
     return view
 
 
+def view_until_released(buffer: Any, offset: int, nbytes: int, release: Any, *args: Any) -> memoryview:
+    """``nbytes`` of ``buffer`` at ``offset``, in place; ``release(*args)`` runs once this view and every view
+    made from it are gone (when ZeroMQ would free a received message)."""
+    holder = (ctypes.c_char * nbytes).from_buffer(buffer, offset)
+    weakref.finalize(holder, release, *args)
+    return memoryview(holder).cast("B")
+
+
+def copy_bytes(target: Any, source: memoryview) -> None:
+    """As many of ``source``'s bytes as ``target`` holds, into ``target`` (the endpoint compares the sizes)."""
+    destination = _bytes_of(target)
+    copied = min(source.nbytes, destination.nbytes)
+    destination[:copied] = source[:copied]
+
+
 class SharedRing:
     """The sender's side: a memfd of :data:`RING_PAGES` pages and the table of which are free."""
 
@@ -191,17 +206,13 @@ class PeerRing:
     def view(self, offset: int, nbytes: int) -> memoryview:
         """The payload in place; its pages are freed when this view and every view made from it are gone."""
         first, pages = self._pages(offset, nbytes)
-        holder = (ctypes.c_char * nbytes).from_buffer(self.mapping, offset)
-        weakref.finalize(holder, _free_pages, self.mapping, first, pages)
-        return memoryview(holder).cast("B")
+        return view_until_released(self.mapping, offset, nbytes, _free_pages, self.mapping, first, pages)
 
     def copy_into(self, target: Any, offset: int, nbytes: int) -> int:
         """Copy the payload into ``target`` and free its pages at once; returns the bytes copied."""
         first, pages = self._pages(offset, nbytes)
-        destination = _bytes_of(target)
-        copied = min(nbytes, destination.nbytes)
         with memoryview(self.mapping) as ring:
-            destination[:copied] = ring[offset:offset + copied]
+            copy_bytes(target, ring[offset:offset + nbytes])
         _free_pages(self.mapping, first, pages)
         return nbytes
 

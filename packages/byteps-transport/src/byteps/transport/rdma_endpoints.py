@@ -47,14 +47,12 @@ Wire forms (an empty frame followed by another occurs nowhere else)::
 from __future__ import annotations
 
 import collections
-import ctypes
 import json
 import logging
 import struct
-import weakref
 from typing import Any, Deque, Dict, Optional, Set, Tuple
 
-from byteps.transport.co_located import PAGE_BYTES, RING_PAGES, _bytes_of, payload_pages
+from byteps.transport.co_located import PAGE_BYTES, RING_PAGES, copy_bytes, payload_pages, view_until_released
 from byteps.transport.endpoint import payload_nbytes
 from byteps.transport.frames import FrameError
 from byteps.transport.verbs import Device, MemoryRegion
@@ -147,16 +145,12 @@ class RdmaPeer:
     def view(self, reference: Any) -> memoryview:
         """The payload in place; its pages are freed when this view and every view made from it are gone."""
         offset, nbytes, first, pages = self._pages(reference)
-        holder = (ctypes.c_char * nbytes).from_buffer(self.ring.view, offset)
-        weakref.finalize(holder, self._free, first, pages)
-        return memoryview(holder).cast("B")
+        return view_until_released(self.ring.view, offset, nbytes, self._free, first, pages)
 
     def copy_into(self, target: Any, reference: Any) -> int:
         """Copy the payload into ``target`` and free its pages at once; returns the payload's bytes."""
         offset, nbytes, first, pages = self._pages(reference)
-        destination = _bytes_of(target)
-        copied = min(nbytes, destination.nbytes)
-        destination[:copied] = self.ring.view[offset:offset + copied]
+        copy_bytes(target, self.ring.view[offset:offset + nbytes])
         self._free(first, pages)
         return nbytes
 
@@ -243,9 +237,7 @@ class _RdmaPayloads:
     def _recv_payload_into(self, target: Any) -> int:
         frame = self._frames.popleft()
         if len(frame) or not self._frames:
-            destination = _bytes_of(target)
-            copied = min(len(frame), destination.nbytes)
-            destination[:copied] = frame.buffer[:copied]
+            copy_bytes(target, frame.buffer)
             return len(frame)
         peer = self._reference_peer()
         nbytes = peer.copy_into(target, self._frames.popleft().buffer)
