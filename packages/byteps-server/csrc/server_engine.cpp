@@ -67,14 +67,6 @@ void SummationEngine::declare(uint64_t key, size_t nbytes, int dtype, int contri
   s.nbytes = nbytes;
   s.dtype = dtype;
   s.contributors = contributors;
-  if (contributors > 1) {
-    s.out[0] = std::make_shared<AlignedBuffer>(nbytes);
-    s.out[1] = std::make_shared<AlignedBuffer>(nbytes);
-    if (is_half(dtype)) {
-      s.acc = std::make_shared<AlignedBuffer>(nbytes / itemsize(dtype) *
-                                              accumulation_itemsize(dtype));
-    }
-  }
   keys_.emplace(key, std::move(s));
 }
 
@@ -97,9 +89,8 @@ bool SummationEngine::push(uint64_t key, int64_t round, const SharedBytes& data,
   }
   const int parity = static_cast<int>(round & 1);
   if (s.pushes == 0) {
-    // Round - 2's result leaves now: its output buffer is about to be summed
-    // into, and a held push is let go, so that the contract is the same
-    // whatever the slot holds.
+    // Round - 2's result leaves now if it was not released yet, so that at
+    // most two rounds are held per key.
     s.out_round[parity] = -1;
     if (s.result[parity]) released.push_back(std::exchange(s.result[parity], SharedBytes{}));
     s.summed = false;
@@ -112,8 +103,7 @@ bool SummationEngine::push(uint64_t key, int64_t round, const SharedBytes& data,
     }
   }
 
-  char* out = static_cast<char*>(s.out[parity]->data());
-  char* acc = s.acc ? static_cast<char*>(s.acc->data()) : out;
+  const bool half = is_half(s.dtype);
   bool finalized = false;
   if (zeros) {
     // Adds nothing: only counted. Held as the round's first push when no
@@ -129,10 +119,18 @@ bool SummationEngine::push(uint64_t key, int64_t round, const SharedBytes& data,
     s.first_zeros = false;
   } else {
     const auto* src = static_cast<const char*>(data.data);
+    if (!s.summed) {  // the round's second push with bytes: its sum needs a buffer now
+      s.out = buffers_->acquire(s.nbytes);
+      if (half) {
+        s.acc = buffers_->acquire(s.nbytes / itemsize(s.dtype) * accumulation_itemsize(s.dtype));
+      }
+    }
+    char* out = static_cast<char*>(s.out->data());
+    char* acc = half ? static_cast<char*>(s.acc->data()) : out;
     // The round's last push into a wider accumulator finalizes block by block,
     // while each block is still in L1, instead of re-reading the whole
     // accumulator from memory afterwards.
-    finalized = s.pushes + 1 == s.contributors && out != acc;
+    finalized = s.pushes + 1 == s.contributors && half;
     if (!s.summed) {
       sum_pair(s, acc, out, static_cast<const char*>(s.first.data), src, finalized);
       released.push_back(std::exchange(s.first, SharedBytes{}));
@@ -158,7 +156,9 @@ bool SummationEngine::push(uint64_t key, int64_t round, const SharedBytes& data,
   if (s.pushes < s.contributors) return false;
 
   if (s.summed) {
-    if (out != acc && !finalized) {  // the round ended with zeros: narrow the accumulator now
+    char* out = static_cast<char*>(s.out->data());
+    if (half && !finalized) {  // the round ended with zeros: narrow the accumulator now
+      const char* acc = static_cast<const char*>(s.acc->data());
       const size_t isz = itemsize(s.dtype);
       const size_t acc_isz = accumulation_itemsize(s.dtype);
       const int dtype = s.dtype;
@@ -166,7 +166,8 @@ bool SummationEngine::push(uint64_t key, int64_t round, const SharedBytes& data,
         finalize_(out + begin * isz, acc + begin * acc_isz, end - begin, dtype);
       });
     }
-    s.result[parity] = SharedBytes{s.out[parity], out, s.nbytes};
+    s.acc.reset();  // scratch: straight back to the pool
+    s.result[parity] = SharedBytes{std::move(s.out), out, s.nbytes};
   } else {
     // One push had bytes (or none did): it is the sum, bit for bit, as with one worker.
     s.result[parity] = std::exchange(s.first, SharedBytes{});
@@ -206,11 +207,20 @@ SharedBytes SummationEngine::result(uint64_t key, int64_t round) {
   if (s.out_round[parity] != round) {
     throw std::invalid_argument("round " + std::to_string(round) + " of key " +
                                 std::to_string(key) +
-                                " has been overwritten: only the last two completed rounds are "
-                                "kept, and round r's buffer is reused once round r + 2 starts "
-                                "(completed_round " + std::to_string(s.completed) + ")");
+                                " is no longer held: it was released, or round r + 2 started "
+                                "(only the last two completed rounds are kept; completed_round " +
+                                std::to_string(s.completed) + ")");
   }
   return s.result[parity];
+}
+
+void SummationEngine::release(uint64_t key, int64_t round, std::vector<SharedBytes>& released) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KeyState& s = state(key);
+  const int parity = static_cast<int>(round & 1);
+  if (round < 0 || s.out_round[parity] != round) return;
+  s.out_round[parity] = -1;
+  released.push_back(std::exchange(s.result[parity], SharedBytes{}));
 }
 
 int64_t SummationEngine::completed_round(uint64_t key) {
@@ -303,6 +313,13 @@ bool py_push(SummationEngine& engine, uint64_t key, int64_t round, py::handle da
   return engine.push(key, round, push, released, zeros);
 }
 
+void py_release(SummationEngine& engine, uint64_t key, int64_t round) {
+  std::vector<SharedBytes> released;  // dropped with the GIL held, as in py_push
+  released.reserve(1);
+  py::gil_scoped_release release;
+  engine.release(key, round, released);
+}
+
 py::memoryview py_result(SummationEngine& engine, uint64_t key, int64_t round) {
   SharedBytes bytes;
   {
@@ -352,7 +369,7 @@ PYBIND11_MODULE(_C, m) {
       });
 
   py::class_<SummationEngine>(m, "ServerEngine", R"doc(
-Per-key summation store and thread pool of a byteps server.
+Per-key summation store, sum-buffer pool and thread pool of a byteps server.
 
     engine = ServerEngine(num_threads=4, num_workers=2,
                           kernel_table=byteps.common._C.kernel_table())
@@ -360,19 +377,23 @@ Per-key summation store and thread pool of a byteps server.
     engine.push(key, 0, frame_from_worker_0)       # False
     if engine.push(key, 0, frame_from_worker_1):   # True: round 0 complete
         reply(engine.result(key, 0))               # read-only memoryview
+    engine.release(key, 0)                         # once every worker has it
 )doc")
       .def(py::init(&make_engine), py::arg("num_threads"), py::arg("num_workers"),
            py::arg("kernel_table"))
       .def_property_readonly("num_threads", &SummationEngine::num_threads)
       .def_property_readonly("num_workers", &SummationEngine::num_workers)
+      .def_property_readonly("sum_bytes", &SummationEngine::sum_bytes,
+                             "Bytes of sum buffers allocated so far (the pool's size).")
       .def("declare",
            [](SummationEngine& e, uint64_t key, size_t nbytes, int dtype, int contributors) {
              py::gil_scoped_release release;
              e.declare(key, nbytes, dtype, contributors);
            },
            py::arg("key"), py::arg("nbytes"), py::arg("dtype"), py::arg("contributors") = 0,
-           "Allocate a key's buffers; idempotent for the same (nbytes, dtype, contributors). "
-           "`contributors` pushes complete a round (0: num_workers).")
+           "Declare a key (sum buffers come from the pool as rounds are summed); idempotent "
+           "for the same (nbytes, dtype, contributors). `contributors` pushes complete a "
+           "round (0: num_workers).")
       .def("push", &py_push, py::arg("key"), py::arg("round"), py::arg("data"),
            py::arg("zeros") = false,
            "Sum one worker's push (the engine may keep a reference to it); True when it "
@@ -380,6 +401,9 @@ Per-key summation store and thread pool of a byteps server.
            "(kept as the sum when no push of the round has other bytes).")
       .def("result", &py_result, py::arg("key"), py::arg("round"),
            "Read-only memoryview of a completed round's sum (last two rounds kept).")
+      .def("release", &py_release, py::arg("key"), py::arg("round"),
+           "Drop a completed round's result now (every worker has it); its buffer returns to "
+           "the pool once no view of it is left. A round not held is ignored.")
       .def("completed_round",
            [](SummationEngine& e, uint64_t key) {
              py::gil_scoped_release release;

@@ -1,19 +1,25 @@
 // The parameter server's summation engine, free of Python.
 //
-// Each declared key keeps two result slots, one per round parity: while
-// round r+1 is being summed, round r's result can still be pulled; round
-// r's slot is reused from the first push of round r+2 on. Pushes are summed
-// by the kernels of byteps-common, reached through the C function pointers
-// of its kernel_table(), so both extensions agree on every rounding without
+// Each declared key keeps the results of its last two rounds, one per round
+// parity: while round r+1 is being summed, round r's result can still be
+// pulled. A result leaves when the caller releases it (every worker has
+// pulled it) or, at the latest, when round r+2 starts. Sums are written
+// into buffers taken from a pool shared by all keys when a round's second
+// push arrives and given back once nothing refers to the result any more
+// (the engine released it and the last view of it, e.g. a send queued in
+// ZeroMQ, is gone), so the server holds about one buffer per round in
+// flight rather than two per key. Pushes are summed by the kernels of
+// byteps-common, reached through the C function pointers of its
+// kernel_table(), so both extensions agree on every rounding without
 // sharing a build. Large pushes are split over a persistent thread pool.
 //
 // The engine touches each pushed byte once. A round's first push is not
 // copied anywhere: the engine keeps the pushed buffer (SharedBytes) and, when
-// the second push arrives, sums both into the output buffer of the round's
-// parity in one pass (a float32 accumulator for halves). With one worker
-// there is nothing to sum: the push itself is the round's result. Pushes
-// flagged zeros are only counted, so a round with one push of bytes (a
-// gather's partition, a broadcast) also has that push as its result.
+// the second push arrives, sums both into the round's buffer in one pass (a
+// float32 accumulator for halves). With one worker there is nothing to sum:
+// the push itself is the round's result. Pushes flagged zeros are only
+// counted, so a round with one push of bytes (a gather's partition, a
+// broadcast) also has that push as its result.
 //
 // Errors are std::invalid_argument (ValueError in Python).
 
@@ -31,6 +37,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "thread_pool.h"
@@ -101,6 +108,48 @@ struct SharedBytes {
   explicit operator bool() const { return owner != nullptr; }
 };
 
+// Sum buffers by size, reused across keys and rounds: a buffer comes back
+// when the last shared_ptr to it is dropped, whichever thread drops it, and
+// stays faulted in, so only the first rounds pay page faults. The pool
+// never shrinks: it holds as many buffers of a size as were ever in use at
+// once. Its lock is a leaf (taken under the engine's, never the reverse).
+class BufferPool : public std::enable_shared_from_this<BufferPool> {
+ public:
+  std::shared_ptr<AlignedBuffer> acquire(size_t nbytes) {
+    AlignedBuffer* buffer = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& free = free_[nbytes];
+      if (free.empty()) {
+        allocated_ += nbytes;
+      } else {
+        buffer = free.back().release();
+        free.pop_back();
+      }
+    }
+    if (buffer == nullptr) buffer = new AlignedBuffer(nbytes);
+    std::shared_ptr<BufferPool> self = shared_from_this();
+    return std::shared_ptr<AlignedBuffer>(buffer, [self](AlignedBuffer* b) { self->give_back(b); });
+  }
+
+  // Bytes of the buffers allocated so far (in use or waiting in the pool).
+  size_t allocated_bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return allocated_;
+  }
+
+ private:
+  void give_back(AlignedBuffer* buffer) {
+    std::unique_ptr<AlignedBuffer> owned(buffer);
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[buffer->nbytes()].push_back(std::move(owned));
+  }
+
+  std::mutex mu_;
+  std::unordered_map<size_t, std::vector<std::unique_ptr<AlignedBuffer>>> free_;
+  size_t allocated_ = 0;
+};
+
 class SummationEngine {
  public:
   // Pushes of at least this many bytes are split over the pool; below it a
@@ -122,11 +171,14 @@ class SummationEngine {
 
   SummationEngine(size_t num_threads, int num_workers, AccumulateFn accumulate,
                   FinalizeFn finalize)
-      : pool_(num_threads), num_workers_(num_workers), accumulate_(accumulate),
-        finalize_(finalize) {}
+      : pool_(num_threads), buffers_(std::make_shared<BufferPool>()), num_workers_(num_workers),
+        accumulate_(accumulate), finalize_(finalize) {}
 
   size_t num_threads() const { return pool_.size(); }
   int num_workers() const { return num_workers_; }
+  // Bytes of sum buffers allocated so far: about the rounds in flight at
+  // once, not the keys' total.
+  size_t sum_bytes() const { return buffers_->allocated_bytes(); }
 
   // `contributors` pushes complete a round of this key (0: num_workers); a
   // process set's keys are summed over fewer workers than the job has.
@@ -135,7 +187,8 @@ class SummationEngine {
   // Sums one worker's push for `round`; true when it completed the round.
   // The engine may keep `data` (a copy of its owner) past the call: a
   // round's first push until the second arrives, and with one worker until
-  // round + 2 starts. Pushes it no longer needs are appended to `released`.
+  // its result is released. Pushes it no longer needs are appended to
+  // `released`.
   // `zeros`: `data` is all zeros (a gather's partition a worker has no
   // bytes in, a broadcast's non-root, a joined worker). It is counted, not
   // summed; a round whose pushes but one are zeros has that push as its
@@ -146,6 +199,12 @@ class SummationEngine {
   // Round `round`'s sum; its owner keeps the bytes alive past the engine.
   SharedBytes result(uint64_t key, int64_t round);
 
+  // Drops round `round`'s result now (every worker has it) rather than when
+  // round + 2 starts; its buffer goes back to the pool once the last view
+  // of it is gone. A round that is not held is ignored. What the engine let
+  // go of is appended to `released`, as in push().
+  void release(uint64_t key, int64_t round, std::vector<SharedBytes>& released);
+
   int64_t completed_round(uint64_t key);
 
   // dst += src in dtype over the whole pool; halves through float32.
@@ -155,12 +214,12 @@ class SummationEngine {
   struct KeyState {
     size_t nbytes = 0;
     int dtype = 0;
-    // Only halves need a wider accumulator; other dtypes sum straight into
-    // the output buffer of the round's parity. With one worker neither is
-    // allocated: results are the pushes themselves.
+    // From the pool while a round is summed: the round's sum, and for halves
+    // a wider accumulator (other dtypes sum straight into `out`). With one
+    // worker neither is taken: results are the pushes themselves.
     std::shared_ptr<AlignedBuffer> acc;
-    std::shared_ptr<AlignedBuffer> out[2];
-    SharedBytes result[2];            // finished sum of round out_round[i]: out[i] or a push
+    std::shared_ptr<AlignedBuffer> out;
+    SharedBytes result[2];            // finished sum of round out_round[i]: a pool buffer or a push
     int64_t out_round[2] = {-1, -1};  // -1: slot i holds no finished round
     SharedBytes first;                // the round's first push, until the second arrives
     bool first_zeros = false;         // `first` is a zeros push (replaced by the first with bytes)
@@ -203,6 +262,7 @@ class SummationEngine {
 
   std::mutex mu_;
   ThreadPool pool_;
+  const std::shared_ptr<BufferPool> buffers_;
   const int num_workers_;
   const AccumulateFn accumulate_;
   const FinalizeFn finalize_;

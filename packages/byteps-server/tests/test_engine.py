@@ -204,7 +204,7 @@ def test_single_worker_keeps_a_push_until_round_plus_2_starts():
     assert alive[0]() is not None and alive[1]() is not None
     view = engine.result(0, 0)
     engine.push(0, 2, pushes[0])  # round 2 starts: round 0's push is let go, but the view holds it
-    with pytest.raises(ValueError, match="round 0 of key 0 has been overwritten"):
+    with pytest.raises(ValueError, match="round 0 of key 0 is no longer held"):
         engine.result(0, 0)
     gc.collect()
     assert alive[0]() is not None
@@ -340,8 +340,8 @@ def test_last_two_rounds_are_kept(dtype):
     run_round(1)
     for r in (0, 1):
         np.testing.assert_array_equal(as_array(engine.result(9, r), dtype), [2 * r] * 4)
-    engine.push(9, 2, np.full(4, 2, dtype.storage))  # round 2 starts: reuses round 0's buffer
-    with pytest.raises(ValueError, match="round 0 of key 9 has been overwritten"):
+    engine.push(9, 2, np.full(4, 2, dtype.storage))  # round 2 starts: round 0's result leaves
+    with pytest.raises(ValueError, match="round 0 of key 9 is no longer held"):
         engine.result(9, 0)
     np.testing.assert_array_equal(as_array(engine.result(9, 1), dtype), [2] * 4)
     with pytest.raises(ValueError, match=r"round 2 of key 9 is not completed \(completed_round 1\)"):
@@ -358,12 +358,91 @@ def test_last_two_rounds_are_kept_with_one_worker(dtype):
     for r in range(2):
         assert engine.push(9, r, np.full(4, r + 1, dtype.storage)) is True
     engine.push(9, 2, np.full(4, 3, dtype.storage))
-    with pytest.raises(ValueError, match="round 0 of key 9 has been overwritten"):
+    with pytest.raises(ValueError, match="round 0 of key 9 is no longer held"):
         engine.result(9, 0)
     with pytest.raises(ValueError, match=r"round 3 of key 9 is not completed \(completed_round 2\)"):
         engine.result(9, 3)
     for r in (1, 2):
         np.testing.assert_array_equal(as_array(engine.result(9, r), dtype), np.full(4, r + 1, dtype.storage))
+
+
+# --- released rounds and the sum-buffer pool ---------------------------------------------
+
+def run_round(engine, key, round_, pushes):
+    for push in pushes:
+        engine.push(key, round_, push)
+
+
+@pytest.mark.parametrize("dtype", [DType.FLOAT32, DType.FLOAT16], ids=lambda d: d.name)
+def test_released_sums_lend_their_buffer_to_every_key(dtype):
+    # 40 keys x 3 rounds, each released once read: the server holds one round's sum, not two per key.
+    nbytes = 4096
+    engine = create_engine(2, 2)
+    for key in range(40):
+        engine.declare(key, nbytes, dtype)
+    assert engine.sum_bytes == 0  # declaring allocates nothing
+    for r in range(3):
+        for key in range(40):
+            pushes = pushes_for(dtype, nbytes // dtype.itemsize, 2, seed=100 * r + key)
+            run_round(engine, key, r, pushes)
+            np.testing.assert_array_equal(as_array(engine.result(key, r), dtype), reference_sum(pushes, dtype))
+            engine.release(key, r)
+            with pytest.raises(ValueError, match=f"round {r} of key {key} is no longer held: it was released"):
+                engine.result(key, r)
+    wider = nbytes // dtype.itemsize * 4 if dtype in HALVES else 0  # a half's float32 accumulator
+    assert engine.sum_bytes == nbytes + wider
+
+
+def test_without_release_each_key_holds_its_last_two_sums():
+    engine = create_engine(1, 2)
+    for key in range(5):
+        engine.declare(key, 64, DType.FLOAT32)
+    for r in range(4):
+        for key in range(5):
+            run_round(engine, key, r, [np.full(16, r, np.float32)] * 2)
+    assert engine.sum_bytes == 5 * 2 * 64
+    np.testing.assert_array_equal(as_array(engine.result(3, 2), DType.FLOAT32), [4] * 16)
+
+
+def test_a_view_keeps_a_released_sum_from_being_reused():
+    engine = create_engine(1, 2)
+    for key in (0, 1):
+        engine.declare(key, 64, DType.FLOAT32)
+    run_round(engine, 0, 0, [np.full(16, 1, np.float32)] * 2)
+    view = engine.result(0, 0)  # a send still queued, say
+    engine.release(0, 0)
+    run_round(engine, 1, 0, [np.full(16, 5, np.float32)] * 2)  # needs a new buffer: the first is still read
+    assert engine.sum_bytes == 2 * 64
+    np.testing.assert_array_equal(np.frombuffer(view, np.float32), [2] * 16)
+    engine.release(1, 0)
+    del view
+    gc.collect()
+    for r in (1, 2):  # both buffers are free again: no third is allocated
+        for key in (0, 1):
+            run_round(engine, key, r, [np.full(16, r + key, np.float32)] * 2)
+        for key in (0, 1):
+            np.testing.assert_array_equal(as_array(engine.result(key, r), DType.FLOAT32), [2 * (r + key)] * 16)
+            engine.release(key, r)
+    assert engine.sum_bytes == 2 * 64
+
+
+def test_release_lets_go_of_a_held_push_and_ignores_rounds_not_held():
+    engine = create_engine(1, 1)  # one worker: the push is the result
+    engine.declare(2, 16, DType.FLOAT32)
+    push = np.full(4, 3, np.float32)
+    alive = weakref.ref(push)
+    engine.push(2, 0, push)
+    del push
+    gc.collect()
+    assert alive() is not None
+    engine.release(2, 0)
+    gc.collect()
+    assert alive() is None
+    engine.release(2, 0)  # twice, a round never completed, a negative one: nothing to do
+    engine.release(2, 5)
+    engine.release(2, -1)
+    with pytest.raises(ValueError, match="key 77 is not declared"):
+        engine.release(77, 0)
 
 
 def test_result_is_a_read_only_byte_view_that_outlives_the_engine():

@@ -5,6 +5,7 @@ numpy reference it computes itself (exact for integers).
 """
 
 import json
+import re
 import sys
 
 import pytest
@@ -67,6 +68,24 @@ def test_default_partition_size_with_a_large_tensor():
     spec = {"rounds": 2, "tensors": [{"name": "big", "dtype": "float32", "count": 2_600_001, "average": True}]}
     result = run_job(WORKER + [json.dumps(spec)], 2, 2)
     assert_ok(result)
+
+
+HELD = re.compile(r"sums were held in ([0-9.]+) MiB of buffers for (\d+) keys of ([0-9.]+) MiB")
+
+
+@pytest.mark.parametrize("ipc", ["1", "0"], ids=["shared-memory", "tcp"])
+def test_a_server_holds_sums_for_the_rounds_in_flight_not_two_per_key(ipc):
+    # 16 tensors of 256 KiB, 4 rounds: each round's sum is released once both workers have their answer, so
+    # the server's sum buffers stay within the 4 MiB it owns (two results per key would be 8 MiB).
+    spec = {"rounds": 4, "tensors": [{"name": f"w{i}", "dtype": "float32", "count": 65536, "average": True}
+                                     for i in range(16)]}
+    result = run_job(WORKER + [json.dumps(spec)], 2, 1, env={"BYTEPS_LOG_LEVEL": "INFO", "BYTEPS_ENABLE_IPC": ipc})
+    assert_ok(result)
+    held = HELD.search(result.outputs["server0"])
+    assert held, result.outputs["server0"][-2000:]
+    held_mib, keys, owned_mib = float(held.group(1)), int(held.group(2)), float(held.group(3))
+    assert (keys, owned_mib) == (16, 4.0)
+    assert 0 < held_mib <= owned_mib, held.group(0)
 
 
 MISMATCH = r"""

@@ -11,14 +11,16 @@ PARALLEL_BYTES: int
 class ServerEngine:
     """Per-key accumulation store and persistent thread pool.
 
-    Each key keeps two result slots by round parity: round r's result stays
-    readable until the first push of round r + 2, which reuses its slot (a
-    view taken earlier may then see new bytes).
+    Each key keeps its last two rounds' results by round parity: round r's
+    result stays readable until release(key, r) or the first push of round
+    r + 2, whichever comes first. Sums are written into buffers from a pool
+    shared by every key; a buffer returns to it only once the engine let go
+    of its result and no view of it is left, so a view never sees new bytes.
 
     Pushes are not copied: the engine holds a reference to a round's first
     push and sums it with the second in one pass; with num_workers == 1 the
     push itself is the round's result (result() is a view onto it, kept
-    until round r + 2 starts). So a pushed buffer must not be modified until
+    until the round is released or round r + 2 starts). So a pushed buffer must not be modified until
     its round completes, nor, with one worker, while its result is in use.
     The caller may drop its own reference at once (a zmq.Frame stays alive).
     """
@@ -30,8 +32,13 @@ class ServerEngine:
     def num_threads(self) -> int: ...
     @property
     def num_workers(self) -> int: ...
+    @property
+    def sum_bytes(self) -> int:
+        """Bytes of sum buffers allocated so far (the pool's size): about the rounds in
+        flight at once, not the keys' total. Halves' float32 accumulators count too."""
     def declare(self, key: int, nbytes: int, dtype: int, contributors: int = 0) -> None:
-        """Allocate the key's buffers; idempotent for the same (nbytes, dtype, contributors).
+        """Declare a key (its sum buffers come from the pool as rounds are summed); idempotent for the
+        same (nbytes, dtype, contributors).
 
         ``contributors`` pushes complete a round (0: num_workers; fewer for a process set's keys)."""
     def push(self, key: int, round: int, data: Buffer, zeros: bool = False) -> bool:
@@ -44,8 +51,12 @@ class ServerEngine:
     def result(self, key: int, round: int) -> memoryview:
         """Read-only memoryview ('B', nbytes) of a completed round's sum (with one
         worker, of the pushed buffer itself); it keeps the bytes alive, even
-        past the engine. ValueError if the round is not completed or round + 2
-        has started."""
+        past the engine. ValueError if the round is not completed, was
+        released, or round + 2 has started."""
+    def release(self, key: int, round: int) -> None:
+        """Drop a completed round's result now, once every worker has it; its
+        buffer returns to the pool when no view of it is left. A round the
+        engine does not hold is ignored."""
     def completed_round(self, key: int) -> int:
         """The key's last completed round, -1 before the first."""
     def reduce_into(self, dst: Buffer, src: Buffer, dtype: int) -> None:

@@ -5,7 +5,10 @@ of every worker process, then answers every PULL of that round with the
 sum: BytePS's synchronous mode. The summation runs in the C++
 ``ServerEngine`` (byteps.server._C) on BYTEPS_SERVER_ENGINE_THREAD threads,
 straight out of the transport's receive buffers; answers are sent zero-copy from
-the engine's double-buffered results.
+the engine's results. A round's result is released as soon as every machine
+that pushed it has its answer (its buffer returns to the engine's pool when
+the last send of it is done), so a server holds sums for the rounds in
+flight, not two per key.
 
 Every message is checked: a worker whose INIT_KEY disagrees with another's
 about a partition (name, size, dtype) is told so, as are the workers that
@@ -110,6 +113,8 @@ class KeyState:
     pending_pulls: List[Tuple[bytes, int]] = dataclasses.field(default_factory=list)  # (identity, round)
     bare_pulls: Set[Tuple[bytes, int]] = dataclasses.field(default_factory=set)  # pending pulls flagged FLAG_BARE
     pushed: Set[bytes] = dataclasses.field(default_factory=set)  # who pushed in the round being summed
+    # round -> who pushed it and has not had its pull answered: when none is left, the engine lets the sum go
+    unanswered: Dict[int, Set[bytes]] = dataclasses.field(default_factory=dict)
     round_started: float = 0.0  # time.monotonic() of the first push of the round being summed
     round_flags: int = 0  # flags of that first push (FLAG_AVERAGE): every push of a round must agree
     round_tag: int = 0  # and its aux (1 + a broadcast's root, else 0), which must agree too
@@ -225,7 +230,9 @@ class ParameterServer:
     def _handle_scheduler_message(self) -> None:
         message = self.scheduler.recv()  # NodeFailure when the scheduler reports a dead node
         if message.header.command == Command.TERMINATE:
-            log.info("server %d: all workers finished, exiting", self.rank)
+            owned = sum(state.spec.nbytes for state in self.keys.values())
+            log.info("server %d: all workers finished, exiting; sums were held in %.1f MiB of buffers for "
+                     "%d keys of %.1f MiB", self.rank, self.engine.sum_bytes / 2**20, len(self.keys), owned / 2**20)
             self.running = False
         elif message.header.command != Command.HEARTBEAT:
             log.error("unexpected %s from the scheduler", command_name(message.header.command))
@@ -337,6 +344,7 @@ class ParameterServer:
                 self._send_error(identity, header.key, text, header.round)
         state.pending_pulls = [(i, r) for i, r in state.pending_pulls if r != header.round]
         state.bare_pulls = {(i, r) for i, r in state.bare_pulls if r != header.round}
+        state.unanswered.pop(header.round, None)
 
     def _push(self, message: Message) -> None:
         header = message.header
@@ -375,6 +383,7 @@ class ParameterServer:
             if not state.pushed:
                 state.round_lr = lr
         complete = self.engine.push(header.key, header.round, payload, zeros=zeros)
+        state.unanswered.setdefault(header.round, set()).add(message.identity)
         if received:
             self.tracer.span("receive", state.spec.name, received, time.time(), key=header.key,
                              partition=state.spec.partition, worker=header.sender, step=header.round + 1)
@@ -407,6 +416,9 @@ class ParameterServer:
         if state.spec.quorum:  # late machines pull this round later: keep it until all pushed past it
             answer = state.compressed[round_] if state.codec is not None else self.engine.result(key, round_)
             state.history[round_] = bytes(answer)
+        if state.codec is not None or state.spec.quorum:  # pulls are answered from the copies above
+            state.unanswered.pop(round_, None)
+            self.engine.release(key, round_)
         state.pushed.clear()
         state.round_after_join = False
         self._answer_pulls(key, state)
@@ -556,27 +568,39 @@ class ParameterServer:
                 continue
             bare = (identity, round_) in state.bare_pulls
             state.bare_pulls.discard((identity, round_))
-            failed = self.join_failed.get((key, round_))
-            if failed is not None:
-                self._send_error(identity, key, failed, round_)
-                continue
-            if bare:
-                result = None
-            elif state.spec.quorum:
-                result = state.history[round_]
-            else:
-                result = self.engine.result(key, round_) if state.codec is None else state.compressed[round_]
-            sending = time.time() if self.tracer is not None and self.tracer.traces(round_) else 0.0
-            aux = quorum_aux(state.spec.quorum, completed - round_) if state.spec.quorum else 0
-            self.listener.send(Command.PULL_RESPONSE, self.rank, key, round_, payload=result,
-                               dtype=state.spec.dtype, identity=identity, aux=aux)
-            if wire_log.isEnabledFor(logging.DEBUG):
-                wire_log.debug("ANSWER key %d round %d to worker %d (%s)", key, round_,
-                               self._rank_of(state, identity), state.spec.name)
-            if sending:
-                self.tracer.span("answer", state.spec.name, sending, time.time(), key=key,
-                                 partition=state.spec.partition, worker=self._rank_of(state, identity),
-                                 step=round_ + 1)
+            self._answer_pull(key, state, identity, round_, bare, completed)
+            waiting = state.unanswered.get(round_)
+            if waiting is not None:
+                waiting.discard(identity)
+                if not waiting:  # every machine that pushed the round has its answer (or is being sent it)
+                    del state.unanswered[round_]
+                    self.engine.release(key, round_)
         state.pending_pulls = still_waiting
         for old in [r for r in state.history if r < slowest]:  # every machine pushed past it: never pulled again
             del state.history[old]
+
+    def _answer_pull(self, key: int, state: KeyState, identity: bytes, round_: int, bare: bool,
+                     completed: int) -> None:
+        """Send one pull its answer. The send holds a view of the engine's sum, so once the engine releases the
+        round its buffer goes back to the pool only when the send is done."""
+        failed = self.join_failed.get((key, round_))
+        if failed is not None:
+            self._send_error(identity, key, failed, round_)
+            return
+        if bare:
+            result = None
+        elif state.spec.quorum:
+            result = state.history[round_]
+        else:
+            result = self.engine.result(key, round_) if state.codec is None else state.compressed[round_]
+        sending = time.time() if self.tracer is not None and self.tracer.traces(round_) else 0.0
+        aux = quorum_aux(state.spec.quorum, completed - round_) if state.spec.quorum else 0
+        self.listener.send(Command.PULL_RESPONSE, self.rank, key, round_, payload=result,
+                           dtype=state.spec.dtype, identity=identity, aux=aux)
+        if wire_log.isEnabledFor(logging.DEBUG):
+            wire_log.debug("ANSWER key %d round %d to worker %d (%s)", key, round_,
+                           self._rank_of(state, identity), state.spec.name)
+        if sending:
+            self.tracer.span("answer", state.spec.name, sending, time.time(), key=key,
+                             partition=state.spec.partition, worker=self._rank_of(state, identity),
+                             step=round_ + 1)
