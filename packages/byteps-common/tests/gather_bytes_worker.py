@@ -5,7 +5,10 @@ Prints ``GATHER <worker id> sent <n> received <n> buffer <n>``, ``BROADCAST <wor
 received <n>`` and ``SCATTER <worker id> sent <n> received <n>`` after checking the results: only this
 rank's bytes of a gather should go out and only the others' come back; a broadcast's root sends its tensor
 and receives none of it, the others the reverse; an averaging reducescatter of 2 x COUNT float32 sends
-all of it and receives only this rank's rows.
+all of it and receives only this rank's rows. With local peers it also prints ``LOCAL GATHER <rank>
+copied <n> summed <n> out <n>`` and ``LOCAL BROADCAST ...``: the bytes this rank copied into shared
+memory, the slots it added into sums as a root and the bytes it copied into its outputs (a gather's
+describe table, summed whole, included).
 """
 
 from __future__ import annotations
@@ -27,7 +30,13 @@ def main() -> None:
     rank, size = bps.rank(), bps.size()
     me = os.environ["DMLC_WORKER_ID"]
     mine = np.arange(count, dtype=np.float32) + 1000 * rank
+    comm = worker()._comm  # with local peers: what this rank copied into shared memory, summed, copied out
+
+    def local_counts() -> tuple:
+        return (comm.local.copied_in, comm.local.sums, comm.copied_out) if comm.local is not None else (0, 0, 0)
+
     before, before_received = worker().bytes_sent, worker().bytes_received
+    counted = local_counts()
     started = front.allgather("gathered", front.Piece(mine.view(np.uint8), (count,), "float32"))
     started.core.wait()
     gathered = started.finish()
@@ -37,13 +46,18 @@ def main() -> None:
     assert np.array_equal(got, want), (got[:3], want[:3])
     buffer = 1 << (size * count - 1).bit_length()  # the move buffer's int32 words, a power of two
     print(f"GATHER {me} sent {sent} received {received} buffer {buffer * 4}", flush=True)
+    copied, summed, out = (now - then for now, then in zip(local_counts(), counted))
+    print(f"LOCAL GATHER {rank} copied {copied} summed {summed} out {out}", flush=True)
 
     before, before_received = worker().bytes_sent, worker().bytes_received
+    counted = local_counts()
     x = mine.copy() if rank == 0 else np.zeros(count, np.float32)
     worker().push_pull_async(x, "broadcast", average=False, root=0).wait()
     assert np.array_equal(x, np.arange(count, dtype=np.float32)), x[:3]
     print(f"BROADCAST {me} sent {worker().bytes_sent - before} received "
           f"{worker().bytes_received - before_received}", flush=True)
+    copied, summed, out = (now - then for now, then in zip(local_counts(), counted))
+    print(f"LOCAL BROADCAST {rank} copied {copied} summed {summed} out {out}", flush=True)
 
     before, before_received = worker().bytes_sent, worker().bytes_received
     rows = np.arange(2 * count, dtype=np.float32)

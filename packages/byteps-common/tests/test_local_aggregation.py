@@ -107,6 +107,36 @@ def test_gathers_and_broadcasts_move_only_the_bytes_they_need():
         assert count * 4 <= received <= count * 4 + 200_000 + 10_000, scatters
 
 
+@pytest.mark.parametrize("servers", [0, 1])
+def test_local_peers_copy_and_sum_only_the_bytes_a_gather_has(servers):
+    """Inside a machine, a gather's partitions outside a rank's rows are zeros there: the rank copies nothing
+    into shared memory for them and the root sums only the slots with bytes, so each partition costs one
+    copy in; a rank copies out only the other ranks' rows. A broadcast's non-roots copy nothing in, its root
+    nothing out. A partition no local rank has bytes in goes to the servers
+    as a header flagged zeros. The results stay exact (checked by the worker)."""
+    count, local_size = 1000, 3  # 4000 bytes per rank, one partition each: no partition straddles two ranks
+    result = run_job([sys.executable, os.path.join(HERE, "gather_bytes_worker.py"), str(count)], 1, servers,
+                     local_size=local_size, env={"BYTEPS_PARTITION_BYTES": "4000"})
+    assert_ok(result)
+    text = "\n".join(result.outputs.values())
+    counts = r"copied (\d+) summed (\d+) out (\d+)"
+    gathers = {int(r): tuple(map(int, n)) for r, *n in re.findall(r"LOCAL GATHER (\d) " + counts, text)}
+    broadcasts = {int(r): tuple(map(int, n)) for r, *n in re.findall(r"LOCAL BROADCAST (\d) " + counts, text)}
+    assert sorted(gathers) == sorted(broadcasts) == list(range(local_size)), text
+    table = 4000  # at most: the describe step's table (a few int64 per rank), copied and summed whole
+    for copied, _, out in gathers.values():
+        assert count * 4 <= copied <= count * 4 + table, gathers  # its own rows, not the 16 KiB buffer
+        # the other ranks' rows: its own and the padding are in its buffer already
+        assert (local_size - 1) * count * 4 <= out <= (local_size - 1) * count * 4 + table, gathers
+    assert sum(summed for _, summed, _ in gathers.values()) <= local_size - 1, gathers  # the table's partition only
+    # the root copies its tensor in (its peers read it there) and keeps its output; the others copy it out
+    assert broadcasts[0] == (count * 4, 0, 0), broadcasts
+    assert all(broadcasts[r] == (0, 0, count * 4) for r in (1, 2)), broadcasts
+    if servers:  # the buffer's padding is zeros on every local rank: its partitions go to the server as headers
+        sent = [int(n) for n in re.findall(r"GATHER \d sent (\d+) received \d+ buffer", text)]
+        assert len(sent) == local_size and sum(sent) < 4 * 4096, sent  # 12,000 bytes and headers, not 16 KiB
+
+
 def test_two_jobs_on_one_machine_do_not_collide():
     spec = {"rounds": 5, "tensors": tensors([1001, 30000], ["float32"])}
     jobs = [start_job(PUSH_PULL + [json.dumps(spec)], 1, 0, local_size=2) for _ in range(2)]

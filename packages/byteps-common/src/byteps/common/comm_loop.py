@@ -62,9 +62,13 @@ class PushPullTask:
     skipped: bool = False  # backup workers: a closed round pulled without a push
     closed_after: Optional[int] = None  # backup workers: rounds closed after this one, least over the partitions
     device: Any = None  # a CUDA tensor's byteps.common.device_staging.StagedTensor (None: host memory)
-    nonzero: Optional[Tuple[int, int]] = None  # [start, end) of the nonzero bytes: partitions outside push as zeros
+    #: [start, end) of this rank's nonzero bytes: partitions outside are not copied for local peers and, where
+    #: this process pushes alone, go to the servers as zeros
+    nonzero: Optional[Tuple[int, int]] = None
     #: byte ranges whose sum the caller does not need (held already, or not read): pulled bare (FLAG_BARE)
     skip_pull: Tuple[Tuple[int, int], ...] = ()
+    #: byte ranges where the output holds the result already, or is not read: COPY_OUT leaves them as they are
+    keep_output: Tuple[Tuple[int, int], ...] = ()
     started: float = 0.0  # time.time() when the comm thread started it (for the timeline)
     remaining: int = 0  # partitions not yet in the output
     network_partitions: int = 0  # partitions this process pushes
@@ -161,7 +165,8 @@ class CommLoop(threading.Thread):
         self.compression: Optional[CompressionStages] = None
         if servers:
             self.exchange = ServerExchange(context, servers, options.rank, options.max_payload_bytes,
-                                           options.credit_bytes, options.pipeline, proceed, self._fail_key)
+                                           options.credit_bytes, options.pipeline, proceed, self._fail_key,
+                                           alone=options.local_size == 1)
             self.dispatcher.register(Stage.PUSH, self.exchange.push)
             self.dispatcher.register(Stage.PULL, self.exchange.pull)
             self.compression = CompressionStages(
@@ -169,6 +174,7 @@ class CommLoop(threading.Thread):
             self.dispatcher.register(Stage.COMPRESS, self.compression.compress)
             self.dispatcher.register(Stage.DECOMPRESS, self.compression.decompress)
         self.local: Optional[LocalGroup] = None
+        self.copied_out = 0  # bytes COPY_OUT wrote into outputs (not those that landed there or were kept)
         if options.local_size > 1:
             self.local = LocalGroup(context, options.job_id, options.machine, options.local_rank,
                                     options.local_size, proceed, self._fail_task, options.secret,
@@ -424,11 +430,16 @@ class CommLoop(threading.Thread):
         """COPY_OUT: the result into the output, divided when averaging; nothing if it landed there (or if
         the partition was pulled bare: the output stays as it is)."""
         target, task = trip.output, trip.task
+        if task.keep_output and trip.part.inside(task.keep_output):
+            self.dispatcher.proceed(trip)  # e.g. a gather's own rows, summed with local peers' zeros
+            return
         # A bare pull's data is the output itself; a compressed tensor was averaged before it was pushed.
         if task.average_over > 1 and task.compression is None and trip.pull_nbytes:
             kernels.scale_into(target, trip.data, task.output.dtype, task.average_over)
+            self.copied_out += trip.part.nbytes
         elif trip.data is not target:
             target[:] = trip.data
+            self.copied_out += trip.part.nbytes
         self.dispatcher.proceed(trip)
 
     def _device_to_host(self, trip: PartitionTrip) -> None:

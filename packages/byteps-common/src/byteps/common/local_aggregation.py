@@ -15,8 +15,13 @@ machine's network work to one process). Its route (:mod:`byteps.common.route`):
   LOCAL_BROADCAST (LOCAL_DONE to the others), COPY_OUT.
 
 So each partition crosses the network once per machine, not once per
-process. A slot is never overwritten while someone still reads it: a rank
-writes round r + 1 into its slot only after its round r finished, which
+process. Where a rank's input is known to be zero (a gather's partitions
+outside its own rows, a broadcast's non-root), it copies nothing and its
+LOCAL_READY says so: the root sums only the slots with bytes in them, so a
+gather's partition costs one copy on the machine instead of L - 1 sums.
+
+A slot is never overwritten while someone still reads it: a rank writes
+round r + 1 into its slot only after its round r finished, which
 the root signalled after reading that slot; the root sums round r + 1 into
 its slot only after every other rank reported round r + 1 ready, i.e.
 after they all copied round r out.
@@ -68,6 +73,11 @@ __all__ = ["LocalGroup"]
 
 log = logging.getLogger("byteps.common.local_aggregation")
 _ALIGN = 64
+#: LOCAL_READY flag: this rank's input is all zeros in the partition (outside the task's ``nonzero`` bytes,
+#: e.g. a gather's other ranks' rows) and was not copied into its slot; the root leaves it out of the sum
+_LOCAL_ZEROS = 0x80
+#: the flag bits that carry the task's tag (see _flags)
+_TAG_BITS = 0x7E
 
 
 def _slot_bytes(nbytes: int) -> int:
@@ -128,6 +138,8 @@ class LocalGroup:
         self._joined: Set[int] = set()
         self._after_join: Set[Tuple[int, int]] = set()
         self._sizes: Dict[int, int] = {}  # tensor id -> nbytes, from first-round descriptions
+        self.copied_in = 0  # bytes this rank copied into its slots (COPY_IN)
+        self.sums = 0  # slots this rank added into a sum as a root (one per input with bytes, past the first)
         #: GPU-side local aggregation of CUDA tensors; ``post_device(trip, event)`` moves a trip on once the
         #: GPU passed ``event``
         self.device = DeviceLocal(local_rank, proceed, post_device, self._send_ready,
@@ -182,8 +194,10 @@ class LocalGroup:
 
     # --- the stages ----------------------------------------------------------------------
     def copy_in(self, trip: PartitionTrip) -> None:
-        """COPY_IN: this rank's input into its slot, and LOCAL_READY to the partition's root."""
-        self._segments[trip.task.plan.tensor_id].slot(self.local_rank, trip.part)[:] = trip.data
+        """COPY_IN: this rank's input into its slot (none where it is zeros), and LOCAL_READY to the root."""
+        if not _zeros_here(trip):
+            self._segments[trip.task.plan.tensor_id].slot(self.local_rank, trip.part)[:] = trip.data
+            self.copied_in += trip.part.nbytes
         self._send_ready(trip)
         self._proceed(trip)
 
@@ -198,8 +212,9 @@ class LocalGroup:
                 fields["device_slot"] = device_slot.hex()
             about = json_payload(fields)
         root = self.root_of(task.plan.tensor_id, part, self.members_of(task))
+        flags = _flags(task) | (_LOCAL_ZEROS if _zeros_here(trip) else 0)
         self.channel.send(root, Command.LOCAL_READY, part.key, task.round, part.nbytes, int(task.source.dtype),
-                          _flags(task), about)
+                          flags, about)
 
     def local_reduce(self, trip: PartitionTrip) -> None:
         """LOCAL_REDUCE (root): once every other rank is ready, the machine's sum into this rank's slot."""
@@ -298,7 +313,7 @@ class LocalGroup:
                         f"{peer.about.describe()}, worker {self.global_rank} declared {mine.describe()}; "
                         f"{MISMATCH_ADVICE}"), True)
                     return
-            if (peer.nbytes, peer.dtype, peer.flags) != (part.nbytes, dtype, flags):
+            if (peer.nbytes, peer.dtype, peer.flags & ~_LOCAL_ZEROS) != (part.nbytes, dtype, flags):
                 self._fail_task(task, ValueError(
                     f"push_pull({task.name!r}) partition {part.index}: local rank {peer.rank} has "
                     f"{_describe(peer.nbytes, peer.dtype, peer.flags)}, local rank {self.local_rank} has "
@@ -312,9 +327,14 @@ class LocalGroup:
             return
         segment = self._segments[task.plan.tensor_id]
         slot = segment.slot(self.local_rank, part)
-        slot[:] = trip.data
-        for peer in ready:
-            kernels.sum_into(slot, segment.slot(peer.rank, part), task.source.dtype)
+        # the inputs with bytes in them: a partition of a gather has one, copied; zeros alone leave zeros
+        inputs = [] if _zeros_here(trip) else [trip.data]
+        inputs += [segment.slot(peer.rank, part) for peer in ready if not peer.flags & _LOCAL_ZEROS]
+        slot[:] = inputs[0] if inputs else trip.data
+        trip.zeros = not inputs  # the servers need only a header for it
+        for other in inputs[1:]:
+            kernels.sum_into(slot, other, task.source.dtype)
+        self.sums += max(0, len(inputs) - 1)
         if task.round == 0 and part.index == 0 and not absent:
             # Every local rank has mapped the segment (they wrote into it): the name can go.
             # (A rank that joined before mapping it opens it later: the name stays until close().)
@@ -371,10 +391,11 @@ class LocalGroup:
         segment = self._segments.get(tensor_id)
         nbytes = segment.nbytes if segment is not None else self._sizes.get(tensor_id)
         text = None
-        if any((peer.nbytes, peer.dtype, peer.flags) != (first.nbytes, first.dtype, first.flags) for peer in ready):
+        if any((peer.nbytes, peer.dtype, peer.flags & ~_LOCAL_ZEROS) !=
+               (first.nbytes, first.dtype, first.flags & ~_LOCAL_ZEROS) for peer in ready):
             text = (f"tensor id {tensor_id} partition {index} round {round_}: local ranks disagree "
                     f"({', '.join(f'{p.rank}: {_describe(p.nbytes, p.dtype, p.flags)}' for p in ready)})")
-        elif first.flags >> 1:
+        elif first.flags & _TAG_BITS:
             text = _joined_text(f"tensor id {tensor_id}", (self.local_rank,))
         elif nbytes is None:
             text = (f"tensor id {tensor_id}: local rank {self.local_rank} joined before the tensor's first round "
@@ -392,7 +413,8 @@ class LocalGroup:
         slot = segment.slot(self.local_rank, part)
         slot[:] = 0
         for peer in ready:
-            kernels.sum_into(slot, segment.slot(peer.rank, part), dtype)
+            if not peer.flags & _LOCAL_ZEROS:
+                kernels.sum_into(slot, segment.slot(peer.rank, part), dtype)
         for peer in ready:
             self.channel.send(peer.rank, Command.LOCAL_DONE, key, round_, part.nbytes, first.dtype)
 
@@ -427,9 +449,16 @@ class LocalGroup:
 
 
 def _flags(task) -> int:
-    """FLAG_AVERAGE, and the task's tag in the other 7 bits (a broadcast's root, modulo 127, plus 1)."""
-    tag = (task.tag - 1) % 127 + 1 if task.tag else 0
+    """FLAG_AVERAGE, and the task's tag in the next 6 bits (a broadcast's root, modulo 63, plus 1); the last
+    bit is _LOCAL_ZEROS."""
+    tag = (task.tag - 1) % 63 + 1 if task.tag else 0
     return (FLAG_AVERAGE if task.average_over else 0) | tag << 1
+
+
+def _zeros_here(trip: PartitionTrip) -> bool:
+    """Whether this rank's input is all zeros in the trip's partition (never for a tensor summed on the GPU,
+    whose device route copies and sums every slot)."""
+    return trip.part.outside(trip.task.nonzero) and not summed_on_gpu(trip.task)
 
 
 def _joined_text(what: str, joined: Sequence[int]) -> str:
@@ -443,4 +472,5 @@ def _description(task, rank: int) -> TensorDescription:
 
 
 def _describe(nbytes: int, dtype: int, flags: int) -> str:
-    return f"{nbytes} bytes of {dtype_name(dtype)} ({describe_op(bool(flags & FLAG_AVERAGE), flags >> 1)})"
+    op = describe_op(bool(flags & FLAG_AVERAGE), (flags & _TAG_BITS) >> 1)
+    return f"{nbytes} bytes of {dtype_name(dtype)} ({op})"

@@ -15,7 +15,7 @@ tensor's id, which spreads consecutive tensors.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 __all__ = ["Partition", "PartitionPlan", "MAX_PARTITIONS", "ServerChoice"]
 
@@ -33,6 +33,14 @@ class Partition:
     offset: int  # in bytes, into the flat tensor
     nbytes: int
     server: int
+
+    def outside(self, span: Optional[Tuple[int, int]]) -> bool:
+        """Whether this partition lies wholly outside the byte range ``span`` = (start, end) (never for None)."""
+        return span is not None and not (self.offset < span[1] and span[0] < self.offset + self.nbytes)
+
+    def inside(self, spans: Sequence[Tuple[int, int]]) -> bool:
+        """Whether this partition lies wholly inside one of the byte ranges ``spans``."""
+        return any(start <= self.offset and self.offset + self.nbytes <= end for start, end in spans)
 
 
 @dataclasses.dataclass(frozen=True)

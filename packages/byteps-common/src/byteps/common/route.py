@@ -98,7 +98,7 @@ class PartitionTrip:
     """
 
     __slots__ = ("task", "part", "route", "data", "position", "acked", "landing", "source", "output", "dense",
-                 "pull_nbytes", "stage_started")
+                 "pull_nbytes", "stage_started", "zeros")
 
     def __init__(self, task: Any, part: Partition, route: Tuple[Stage, ...]) -> None:
         self.task = task  # the PushPullTask
@@ -114,6 +114,7 @@ class PartitionTrip:
         self.dense: Any = None  # COMPRESS: the dense buffer DECOMPRESS writes the sum into
         self.pull_nbytes = part.nbytes  # bytes of the server's answer (the compressed size when compressed)
         self.stage_started = 0.0  # when the current stage began (time.time(); kept only while tracing)
+        self.zeros = False  # LOCAL_REDUCE found no local rank with bytes here: the machine pushes zeros
 
     @property
     def stage(self) -> Stage:

@@ -52,29 +52,15 @@ def partition_spec(trip: PartitionTrip) -> PartitionSpec:
                          compression=task.compression.wire() if task.compression is not None else None)
 
 
-def _all_zeros(task, part) -> bool:
-    """Whether ``part`` of ``task`` lies wholly outside its nonzero bytes (pushed as a header flagged zeros)."""
-    nonzero = task.nonzero
-    return nonzero is not None and not (part.offset < nonzero[1] and nonzero[0] < part.offset + part.nbytes)
-
-
-def _skips_pull(task, part) -> bool:
-    """Whether ``part``'s sum is not needed (it lies wholly inside one of ``task.skip_pull``)."""
-    return any(start <= part.offset and part.offset + part.nbytes <= end for start, end in task.skip_pull)
-
-
-def _credit(task, part) -> int:
-    """Bytes a push of ``part`` takes from the credit until acknowledged: none for a header alone."""
-    return 0 if _all_zeros(task, part) else part.nbytes
-
-
 class ServerExchange:
     """This worker's connections to the servers, and the trips at PUSH or PULL on them."""
 
     def __init__(self, context: Context, servers: List[Tuple[str, int]], rank: int, max_payload_bytes: int,
                  credit_bytes: int, pipeline: bool, proceed: Callable[[PartitionTrip], None],
-                 fail_key: Callable[[int, int, BaseException], None]) -> None:
+                 fail_key: Callable[[int, int, BaseException], None], alone: bool = True) -> None:
         self.rank = rank
+        #: this process pushes its own tensors (no local peers): where a task is zero, so is what it pushes
+        self.alone = alone
         self.connections: List[Endpoint] = [context.connect(tcp_address(host, port), max_payload_bytes)
                                             for host, port in servers]
         self.pipeline = pipeline
@@ -86,15 +72,24 @@ class ServerExchange:
         self._abandoned: Set[Tuple[int, int]] = set()  # failed trips whose answers may still come
         self._held_pulls: Dict[int, List[PartitionTrip]] = {}  # unpipelined: id(task) -> trips at PULL
 
+    def _all_zeros(self, trip: PartitionTrip) -> bool:
+        """Whether the push of ``trip`` is all zeros (a header flagged zeros): no local rank had bytes in it, or
+        this process pushes alone and the partition lies wholly outside its task's nonzero bytes."""
+        return trip.zeros or (self.alone and trip.part.outside(trip.task.nonzero))
+
+    def _credit(self, trip: PartitionTrip) -> int:
+        """Bytes a push of ``trip`` takes from the credit until acknowledged: none for a header alone."""
+        return 0 if self._all_zeros(trip) else trip.part.nbytes
+
     # --- the PUSH stage -----------------------------------------------------------------
     def push(self, trip: PartitionTrip) -> None:
-        if _all_zeros(trip.task, trip.part):
+        if self._all_zeros(trip):
             # A header alone goes at once, never behind this worker's credit-bound pushes: it is what
             # completes the other ranks' rounds of a gather (their bytes, this rank's zeros), so held back
             # it would make every other rank wait until this one had pushed all of its own bytes.
             self._send_push(trip)
             return
-        self.queue.add((trip.task.plan.tensor_id, trip.part.index), _credit(trip.task, trip.part), trip)
+        self.queue.add((trip.task.plan.tensor_id, trip.part.index), self._credit(trip), trip)
         self.send_ready()
 
     def send_ready(self) -> None:
@@ -109,7 +104,7 @@ class ServerExchange:
             self._initialized.add(part.key)
         self._in_flight[(part.key, task.round)] = trip
         flags, payload = FLAG_AVERAGE if task.average_over else 0, trip.data
-        if _all_zeros(task, part):
+        if self._all_zeros(trip):
             flags, payload = flags | FLAG_ZEROS, None  # the server counts zeros; nothing crosses the wire
         connection.send(Command.PUSH, self.rank, part.key, task.round, payload=payload,
                         dtype=int(task.source.dtype), flags=flags, aux=task.tag)
@@ -118,7 +113,7 @@ class ServerExchange:
 
     # --- the PULL stage -----------------------------------------------------------------
     def pull(self, trip: PartitionTrip) -> None:
-        if trip.task.skip_pull and _skips_pull(trip.task, trip.part):
+        if trip.task.skip_pull and trip.part.inside(trip.task.skip_pull):
             trip.pull_nbytes = 0  # only the round's completion is asked for: a bare pull
         trip.landing = self._landing(trip)
         if trip.task.skipped:  # a closed round, pulled without a push: no credit, no INIT_KEY to send
@@ -180,7 +175,7 @@ class ServerExchange:
         trip = self._in_flight.get(entry)
         if header.command == Command.PUSH_ACK and trip is not None and not trip.acked:
             trip.acked = True
-            self.queue.release(_credit(trip.task, trip.part))
+            self.queue.release(self._credit(trip))
             if not self.pipeline:
                 self._proceed(trip)
             self.send_ready()
@@ -205,7 +200,7 @@ class ServerExchange:
             task.closed_after = closed_after if task.closed_after is None else min(task.closed_after, closed_after)
         del self._in_flight[entry]
         if not trip.acked:  # the ack is sent before the answer; tolerate it anyway
-            self.queue.release(_credit(trip.task, trip.part))
+            self.queue.release(self._credit(trip))
         if bare:
             trip.data = trip.output  # the output keeps what it holds: COPY_OUT leaves it
         else:
@@ -232,7 +227,7 @@ class ServerExchange:
             if trip is not None:
                 self._abandoned.add((part.key, task.round))
                 if not trip.acked:
-                    self.queue.release(_credit(task, part))
+                    self.queue.release(self._credit(trip))
         self._held_pulls.pop(id(task), None)
         self.queue.discard(lambda trip: trip.task is task)
 

@@ -217,17 +217,18 @@ class Worker:
         returns the store as it stands after this worker's delta.
 
         ``nonzero`` (byte offsets ``(start, end)``) says the tensor is zero outside that range, as a
-        gather's buffer is outside this rank's bytes (and a broadcast's everywhere but on its root): where
-        this process pushes its tensor alone (one local rank), partitions outside it go to the servers as
-        a header flagged zeros, with no payload.
+        gather's buffer is outside this rank's bytes (and a broadcast's everywhere but on its root):
+        partitions outside it are neither copied into shared memory for local peers nor summed there (a
+        flag on LOCAL_READY says so), and where this process pushes its tensor alone (one local rank), they
+        go to the servers as a header flagged zeros, with no payload.
 
         ``skip_pull`` (byte ranges ``(start, end)``) says the caller does not need the servers' sum
         there: the output holds it already (a gather's buffer at this rank's own bytes, which the others
         push as zeros, and in its padding), or the caller does not read it (a reducescatter's other rows).
-        Where this process pushes alone (one local rank), uncompressed, partitions wholly inside those
-        ranges are pulled bare: the servers answer with a header once the round is complete, and the
-        output there is left as it is (not divided when averaging). A broadcast's root, in place, needs
-        none of its result: it is pulled bare everywhere.
+        Uncompressed, from host memory, the output of partitions wholly inside those ranges is left as it
+        is (not divided when averaging), and where this process pushes alone (one local rank) they are
+        pulled bare: the servers answer with a header once the round is complete. A broadcast's root, in
+        place, needs none of its result: it is pulled bare everywhere.
 
         A CUDA tensor (DLPack, e.g. torch's) goes through pinned host memory partition by partition
         (:mod:`byteps.common.device_staging`, docs/gpu.md); ``stream``, the caller's CUDA stream, waits
@@ -318,12 +319,13 @@ class Worker:
         if closes_early:  # averaged over the machines that closed the round
             quorum = self.config.num_worker - self.config.backup_workers
             count = quorum * self.local_size
+        kept = self._kept_ranges(skip_pull, compressor, staged, quorum)
         task = PushPullTask(name=name, round=round_, source=source, output=target, plan=plan,
                             average_over=count if average else 0, handle=handle, members=ranks, machines=machines,
                             tag=tag, compression=compressor, lr=lr, asynchronous=asynchronous, quorum=quorum,
                             skipped=skipped, device=staged,
-                            nonzero=nonzero if self.local_size == 1 and compressor is None else None,
-                            skip_pull=self._bare_ranges(skip_pull, compressor, staged, quorum))
+                            nonzero=nonzero if compressor is None else None,
+                            skip_pull=kept if self.local_size == 1 else (), keep_output=kept)
         if staged is not None:
             comm = self._comm
             start = staged.start_local if staged.local else staged.start
@@ -339,11 +341,13 @@ class Worker:
                 and members is None and (compression is None or compression.compressor == "none")
                 and not closes_early)
 
-    def _bare_ranges(self, ranges: Sequence[Tuple[int, int]], compressor: Any, staged: Any,
+    @staticmethod
+    def _kept_ranges(ranges: Sequence[Tuple[int, int]], compressor: Any, staged: Any,
                      quorum: int) -> Tuple[Tuple[int, int], ...]:
-        """The ranges of ``skip_pull`` that can be pulled bare: where this process pushes alone (no local
-        peers, whose slots the sum fills), uncompressed, from host memory, every machine's push awaited."""
-        if not ranges or self.local_size > 1 or compressor is not None or staged is not None or quorum:
+        """The ranges of ``skip_pull`` whose output stays as it is (COPY_OUT leaves them): uncompressed (no
+        error feedback to apply), from host memory, every machine's push awaited. Where this process pushes
+        alone they are also pulled bare (with local peers the root's slot must hold the machine's sum)."""
+        if not ranges or compressor is not None or staged is not None or quorum:
             return ()
         return tuple((int(start), int(end)) for start, end in ranges)
 
