@@ -112,8 +112,8 @@ def test_local_peers_copy_and_sum_only_the_bytes_a_gather_has(servers):
     """Inside a machine, a gather's partitions outside a rank's rows are zeros there: the rank copies nothing
     into shared memory for them and the root sums only the slots with bytes, so each partition costs one
     copy in; a rank copies out only the other ranks' rows. A broadcast's non-roots copy nothing in, its root
-    nothing out. A partition no local rank has bytes in goes to the servers
-    as a header flagged zeros. The results stay exact (checked by the worker)."""
+    nothing out. A partition no local rank has bytes in goes to the servers as a header flagged zeros. The
+    results stay exact (checked by the worker)."""
     count, local_size = 1000, 3  # 4000 bytes per rank, one partition each: no partition straddles two ranks
     result = run_job([sys.executable, os.path.join(HERE, "gather_bytes_worker.py"), str(count)], 1, servers,
                      local_size=local_size, env={"BYTEPS_PARTITION_BYTES": "4000"})

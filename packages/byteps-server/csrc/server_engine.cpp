@@ -91,8 +91,7 @@ bool SummationEngine::push(uint64_t key, int64_t round, const SharedBytes& data,
   if (s.pushes == 0) {
     // Round - 2's result leaves now if it was not released yet, so that at
     // most two rounds are held per key.
-    s.out_round[parity] = -1;
-    if (s.result[parity]) released.push_back(std::exchange(s.result[parity], SharedBytes{}));
+    drop_result(s, parity, released);
     s.summed = false;
     if (s.contributors == 1) {
       // The sum of one push is the push, bit for bit, halves included.
@@ -218,9 +217,12 @@ void SummationEngine::release(uint64_t key, int64_t round, std::vector<SharedByt
   std::lock_guard<std::mutex> lock(mu_);
   KeyState& s = state(key);
   const int parity = static_cast<int>(round & 1);
-  if (round < 0 || s.out_round[parity] != round) return;
+  if (round >= 0 && s.out_round[parity] == round) drop_result(s, parity, released);
+}
+
+void SummationEngine::drop_result(KeyState& s, int parity, std::vector<SharedBytes>& released) {
   s.out_round[parity] = -1;
-  released.push_back(std::exchange(s.result[parity], SharedBytes{}));
+  if (s.result[parity]) released.push_back(std::exchange(s.result[parity], SharedBytes{}));
 }
 
 int64_t SummationEngine::completed_round(uint64_t key) {

@@ -231,6 +231,10 @@ class SummationEngine {
 
   KeyState& state(uint64_t key);
 
+  // Lets go of the result held in slot `parity` (if any), appending it to
+  // `released`: by release(), or when round r + 2 starts.
+  static void drop_result(KeyState& s, int parity, std::vector<SharedBytes>& released);
+
   // acc = first + second, and out = narrow(acc) too when `finalize`, block
   // by block so that each block of acc is written once and read back while
   // still in cache.

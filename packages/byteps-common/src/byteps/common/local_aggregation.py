@@ -195,15 +195,17 @@ class LocalGroup:
     # --- the stages ----------------------------------------------------------------------
     def copy_in(self, trip: PartitionTrip) -> None:
         """COPY_IN: this rank's input into its slot (none where it is zeros), and LOCAL_READY to the root."""
-        if not _zeros_here(trip):
+        zeros = _zeros_here(trip)
+        if not zeros:
             self._segments[trip.task.plan.tensor_id].slot(self.local_rank, trip.part)[:] = trip.data
             self.copied_in += trip.part.nbytes
-        self._send_ready(trip)
+        self._send_ready(trip, zeros=zeros)
         self._proceed(trip)
 
-    def _send_ready(self, trip: PartitionTrip, device_slot: Optional[bytes] = None) -> None:
+    def _send_ready(self, trip: PartitionTrip, device_slot: Optional[bytes] = None, zeros: bool = False) -> None:
         """LOCAL_READY to the partition's root; the first round's says what the tensor is, as INIT_KEY does to
-        a server (and, summed on the GPU, where this rank's device slot is)."""
+        a server (and, summed on the GPU, where this rank's device slot is). ``zeros``: this rank copied
+        nothing, its input being zeros there (never on the GPU route, whose DEVICE_COPY_IN copies it all)."""
         task, part = trip.task, trip.part
         about = None
         if task.round == 0:
@@ -212,7 +214,7 @@ class LocalGroup:
                 fields["device_slot"] = device_slot.hex()
             about = json_payload(fields)
         root = self.root_of(task.plan.tensor_id, part, self.members_of(task))
-        flags = _flags(task) | (_LOCAL_ZEROS if _zeros_here(trip) else 0)
+        flags = _flags(task) | (_LOCAL_ZEROS if zeros else 0)
         self.channel.send(root, Command.LOCAL_READY, part.key, task.round, part.nbytes, int(task.source.dtype),
                           flags, about)
 
@@ -456,9 +458,9 @@ def _flags(task) -> int:
 
 
 def _zeros_here(trip: PartitionTrip) -> bool:
-    """Whether this rank's input is all zeros in the trip's partition (never for a tensor summed on the GPU,
-    whose device route copies and sums every slot)."""
-    return trip.part.outside(trip.task.nonzero) and not summed_on_gpu(trip.task)
+    """Whether this rank's input is all zeros in the trip's partition (asked on the host route only: COPY_IN
+    and the root's sum)."""
+    return trip.part.outside(trip.task.nonzero)
 
 
 def _joined_text(what: str, joined: Sequence[int]) -> str:

@@ -57,7 +57,7 @@ class ServerExchange:
 
     def __init__(self, context: Context, servers: List[Tuple[str, int]], rank: int, max_payload_bytes: int,
                  credit_bytes: int, pipeline: bool, proceed: Callable[[PartitionTrip], None],
-                 fail_key: Callable[[int, int, BaseException], None], alone: bool = True) -> None:
+                 fail_key: Callable[[int, int, BaseException], None], alone: bool) -> None:
         self.rank = rank
         #: this process pushes its own tensors (no local peers): where a task is zero, so is what it pushes
         self.alone = alone

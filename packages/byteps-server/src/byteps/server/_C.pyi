@@ -20,8 +20,9 @@ class ServerEngine:
     Pushes are not copied: the engine holds a reference to a round's first
     push and sums it with the second in one pass; with num_workers == 1 the
     push itself is the round's result (result() is a view onto it, kept
-    until the round is released or round r + 2 starts). So a pushed buffer must not be modified until
-    its round completes, nor, with one worker, while its result is in use.
+    until the round is released or round r + 2 starts). So a pushed buffer
+    must not be modified until its round completes, nor, with one worker,
+    while its result is in use.
     The caller may drop its own reference at once (a zmq.Frame stays alive).
     """
 
