@@ -46,7 +46,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--rate", default="500mbit", help="NIC cap, both directions (tc units; default 500mbit)")
     p.add_argument("--fixed-rate", action="store_true",
                    help="keep --rate even where the calibration finds the cores, not the cap, limiting")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"subset of {','.join(WORKLOADS)}")
+    p.add_argument("--workloads", default=",".join(WORKLOADS),
+                   help=f"subset of {','.join(WORKLOADS)}; empty: only the end-to-end runs")
     p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS), help=f"subset of {','.join(SYSTEMS)}")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5, help="timed rounds of the 100MB tensor")
@@ -102,7 +103,7 @@ class Bench:
             "started": _now(), "finished": None,
             "machine": f"{os.cpu_count()} cores, {platform.system()} {platform.release()}, Python "
                        f"{platform.python_version()}",
-            "settings": {"workloads": args.workloads.split(","), "systems": args.systems.split(","),
+            "settings": {"workloads": _listed(args.workloads), "systems": _listed(args.systems),
                          "warmup": args.warmup, "repeats": args.repeats, "model_repeats": args.model_repeats,
                          "rate": args.rate, "op": args.op},
             "calibration": {}, "measurements": [], "stages": None, "e2e": []}
@@ -237,7 +238,8 @@ class Bench:
             else os.path.join(ROOT, "examples", "torch", "synthetic_benchmark.py")
         model = self.args.e2e_model
         roles = layout(system, n, ["--num-threads", "1", "--num-iters", str(self.args.e2e_iters), "--model", model],
-                       workdir, self.next_port(), len(rig.hosts) - 1, rig.address, worker_script=script)
+                       workdir, self.next_port(), len(rig.hosts) - 1, rig.address, worker_script=script,
+                       extra_env=self.byteps_env(system))
         outcome = run_job(rig, roles, workdir, timeout=900, collect=False)
         record = {"n": n, "system": system, "rate": rig.rate, "model": model}
         with open(os.path.join(workdir, "worker0.log"), errors="replace") as f:
@@ -250,6 +252,11 @@ class Bench:
             print(f"n={n} e2e {system} FAILED: {record['error'][:500]}", flush=True)
         self.results["e2e"].append(record)
         self.save()
+
+
+def _listed(text: str) -> List[str]:
+    """A comma-separated option's items; an empty option lists none."""
+    return [item for item in text.split(",") if item]
 
 
 def smoke(workdir: str) -> int:
