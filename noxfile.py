@@ -26,6 +26,9 @@ PACKAGES = sorted(p.name for p in (ROOT / "packages").iterdir() if (p / "pyproje
 TORCH = "torch==2.13.0"
 # Pinned like torch: the TensorFlow the tf adapter is tested with (CPU build, ~35 s to install).
 TENSORFLOW = "tensorflow-cpu==2.21.0"
+#: Keras 2 for TensorFlow 2.21 (TF_USE_LEGACY_KERAS=1); installed without its dependency on the full
+#: "tensorflow" distribution, which would land a second TensorFlow over tensorflow-cpu's files.
+TF_KERAS = "tf-keras==2.21.0"
 # MXNet 1.9 needs numpy < 1.24 on Python 3.11; anything installed after it may
 # upgrade numpy and break `import mxnet`, so its session installs all in one pip call.
 MXNET = ("mxnet==1.9.1", "numpy==1.23.5", "scikit-learn<1.4", "scipy<1.12")
@@ -273,6 +276,7 @@ def tests_tf(session: nox.Session) -> None:
     # TensorFlow first, in a pip call of its own, as for torch: it brings
     # Keras 3 and a numpy it supports, and nothing later can float it.
     session.install(TENSORFLOW)
+    session.install("--no-deps", TF_KERAS)
     _tests(session, "byteps-tf", "scikit-learn")
 
 

@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import threading
+from typing import Dict, Optional
 
 import numpy as np
 import pytest
@@ -247,8 +248,9 @@ def test_guard_turns_op_errors_into_data_and_lets_others_through():
         graph_errors.guard(lambda x: {}["missing"], [tf.float32])(tf.ones(2))
 
 
-def run_python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+def run_python(code: str, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
 
 
 def test_extension_loads_without_tensorflow():
@@ -287,7 +289,7 @@ def test_byteps_common_interface_mismatch_is_an_import_error():
     assert "byteps-common" in result.stderr and "(>= 2.1)" in result.stderr, result.stderr
 
 
-def test_keras_2_and_other_backends_are_import_errors():
+def test_keras_2_as_keras_missing_tf_keras_and_other_backends_are_import_errors():
     result = run_python(
         "import sys, types\n"
         "fake = types.ModuleType('keras'); fake.__version__ = '2.15.0'; sys.modules['keras'] = fake\n"
@@ -298,9 +300,16 @@ def test_keras_2_and_other_backends_are_import_errors():
         "    except ImportError as exc:\n"
         "        print('ImportError:', exc)\n")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "needs Keras 3, but keras 2.15.0 is installed" in result.stdout, result.stdout
+    assert "keras 2.15.0 is installed as 'keras': byteps takes Keras 3 from 'keras'" in result.stdout, result.stdout
+    assert "or Keras 2 from tf-keras with TF_USE_LEGACY_KERAS=1" in result.stdout, result.stdout
     assert "needs Keras's TensorFlow backend, this process uses 'jax': set KERAS_BACKEND=tensorflow" \
         in result.stdout, result.stdout
+    # Keras 2 asked for, tf_keras not installed (None in sys.modules: its import fails)
+    result = run_python("import sys; sys.modules['tf_keras'] = None\n"
+                        "import byteps.tensorflow.keras", env={"TF_USE_LEGACY_KERAS": "1"})
+    assert result.returncode != 0
+    assert "TF_USE_LEGACY_KERAS=1 asks for Keras 2, the tf_keras package, which is not installed: pip install " \
+           "'tf-keras==<your TensorFlow's version>.*'" in result.stderr, result.stderr[-2000:]
 
 
 def test_interface_version_and_namespace():

@@ -13,6 +13,8 @@ Each job runs one worker script that checks many things on every rank
   process sets, mismatches (FailedPreconditionError, also in graphs) and
   SyncBatchNormalization against Keras on the whole batch, eagerly and in
   tf.function;
+* scripts/keras2_checks.py: the same for Keras 2 (tf_keras, TF_USE_LEGACY_KERAS=1), both of its optimizer
+  families, SyncBatchNormalization as a Keras 2 layer;
 * scripts/keras_checks.py with two servers: equivalence of 2 workers on half
   batches with 1 process on whole batches, Keras model.fit with every
   callback, load_model, the Keras API.
@@ -53,6 +55,18 @@ def test_keras_under_bpslaunch(tmp_path):
         for line in reports:
             difference = float(re.search(r"reference (\S+)$", line).group(1))
             assert difference < 1e-5, line
+
+
+def test_keras_2_under_bpslaunch():
+    # TF_USE_LEGACY_KERAS=1: tf.keras is Keras 2 (tf_keras), and byteps wraps its optimizers, layers and callbacks.
+    result = launch_tf_job(JOB_LAYOUTS["one-machine-np2"], f"{SCRIPTS}/keras2_checks.py",
+                           env={"TF_USE_LEGACY_KERAS": "1"})
+    assert_all_ok(result, checks=11)
+    for rank in range(2):
+        reports = [line for line in rank_lines(result.stdout, rank) if line.startswith("equivalence")]
+        assert len(reports) == 6, report(result)
+        for line in reports:
+            assert float(re.search(r"reference (\S+)$", line).group(1)) < 1e-5, line
 
 
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)

@@ -1,7 +1,8 @@
-"""byteps.keras: the same module as byteps.tensorflow.keras (Keras 3 runs on TensorFlow here).
+"""byteps.keras: the same module as byteps.tensorflow.keras (Keras runs on TensorFlow here).
 
 Horovod has ``horovod.keras`` next to ``horovod.tensorflow.keras``; with
-Keras 3 they are one thing, so both byteps names give the same API::
+Keras on TensorFlow (Keras 3, or Keras 2 with TF_USE_LEGACY_KERAS=1) they
+are one thing, so both byteps names give the same API::
 
     import byteps.keras as bps      # was: import horovod.keras as hvd
 """

@@ -119,12 +119,14 @@ class TensorFlowKerasState(_VariablesState):
     def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any) -> None:
         self.model = model
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
-        if self.optimizer is not None and not getattr(self.optimizer, "built", True) and model.built:
-            self.optimizer.build(model.trainable_variables)
+        if self.optimizer is not None and model.built:
+            from byteps.tensorflow.keras.optimizer_state import build_optimizer
+            build_optimizer(self.optimizer, model.trainable_variables)
         super().__init__(**kwargs)
 
     def _variables(self) -> List[Any]:
         variables = list(self.model.variables)
         if self.optimizer is not None:
-            variables += list(self.optimizer.variables)
+            from byteps.tensorflow.keras.optimizer_state import optimizer_variables
+            variables += optimizer_variables(self.optimizer)
         return variables

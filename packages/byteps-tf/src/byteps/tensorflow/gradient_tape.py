@@ -55,7 +55,7 @@ there (ValueError).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -104,6 +104,15 @@ class _DistributedGradientTape(tf.GradientTape):
         if self._byteps_local:
             local = [source_key(source) in self._byteps_local for source in tf.nest.flatten(sources)]
         return tf.nest.pack_sequence_as(gradients, self._byteps_reducer.reduce(flat, local))
+
+    def get_local_and_global_gradients(self, target: Any, sources: Any,
+                                       output_gradients: Any = None) -> Tuple[List[Any], List[Any]]:
+        """Horovod's: :meth:`gradient` of a flat list of ``sources``, split into ``(source, gradient)`` pairs
+        of the local sources (registered with :meth:`register_local_source`) and of the others."""
+        pairs = list(zip(sources, self.gradient(target, list(sources), output_gradients)))
+        local = [(source, gradient) for source, gradient in pairs if source_key(source) in self._byteps_local]
+        shared = [(source, gradient) for source, gradient in pairs if source_key(source) not in self._byteps_local]
+        return local, shared
 
 
 def _after_exchange(gradients: List[Any], sources: Any) -> List[Any]:

@@ -79,8 +79,12 @@ class _DistributedV1Optimizer(tf.compat.v1.train.Optimizer):
 
 
 def _is_keras_optimizer(optimizer: Any) -> bool:
-    keras = sys.modules.get("keras")
-    return keras is not None and isinstance(optimizer, keras.optimizers.Optimizer)
+    """A Keras 3 optimizer, or one of Keras 2's (tf_keras: its optimizers and its legacy ones)."""
+    keras, keras2 = sys.modules.get("keras"), sys.modules.get("tf_keras")
+    if keras is not None and isinstance(optimizer, keras.optimizers.Optimizer):
+        return True
+    return keras2 is not None and isinstance(optimizer, (keras2.optimizers.Optimizer,
+                                                         keras2.optimizers.legacy.Optimizer))
 
 
 def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking: bool = False,
@@ -92,7 +96,8 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
                          compression_params: Optional[Dict[str, Any]] = None) -> Any:
     """Wrap ``optimizer`` so that its updates use gradients averaged over all workers (Horovod's signature).
 
-    Keras 3 optimizers support every argument (see
+    Keras 3 optimizers support every argument, Keras 2's (with
+    TF_USE_LEGACY_KERAS=1) all but the compression and asynchronous ones (see
     :func:`byteps.tensorflow.keras.DistributedOptimizer`); TF1 optimizers
     support ``backward_passes_per_step=1`` only and no local variables.
     Device and group arguments are accepted and ignored.

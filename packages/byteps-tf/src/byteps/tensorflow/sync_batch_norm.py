@@ -1,4 +1,7 @@
-"""Horovod's ``SyncBatchNormalization`` for Keras 3: batch statistics over every worker's batch.
+"""Horovod's ``SyncBatchNormalization`` for Keras: batch statistics over every worker's batch.
+
+It subclasses the BatchNormalization of the Keras ``tf.keras`` names: Keras 3,
+or Keras 2 with TF_USE_LEGACY_KERAS=1 (:mod:`byteps.tensorflow.which_keras`).
 
 A drop-in for ``keras.layers.BatchNormalization`` when each worker's batch is
 too small for good statistics::
@@ -24,11 +27,11 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-import keras
 import tensorflow as tf
 
 from byteps.common.frontend.process import size
 from byteps.common.frontend.reductions import Sum
+from byteps.tensorflow.which_keras import KERAS2, keras
 
 __all__ = ["SyncBatchNormalization"]
 
@@ -43,23 +46,38 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             raise ValueError("SyncBatchNormalization synchronizes through byteps: leave synchronized out "
                              "(Keras's synchronized=True needs a tf.distribute strategy)")
         kwargs.setdefault("name", "sync_batch_normalization")
+        if KERAS2:
+            kwargs["fused"] = False  # Keras 2 would otherwise take its fused kernel, which never calls _moments
         super().__init__(**kwargs)
 
-    def _moments(self, inputs: tf.Tensor, mask: Optional[tf.Tensor]) -> Tuple[tf.Tensor, tf.Tensor]:
-        if size() == 1:
-            return super()._moments(inputs, mask)
-        from byteps.tensorflow.ops import allreduce
+    if KERAS2:
+        def _calculate_mean_and_var(self, inputs: tf.Tensor, reduction_axes: Any, keep_dims: bool,
+                                    mask: Optional[tf.Tensor] = None) -> Tuple[tf.Tensor, tf.Tensor]:
+            if size() == 1:
+                return super()._calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask=mask)
+            return _global_moments(inputs, list(reduction_axes), mask, self.name, keep_dims)
+    else:
+        def _moments(self, inputs: tf.Tensor, mask: Optional[tf.Tensor]) -> Tuple[tf.Tensor, tf.Tensor]:
+            if size() == 1:
+                return super()._moments(inputs, mask)
+            return _global_moments(inputs, self._reduction_axes, mask, self.name, False)
 
-        axes = self._reduction_axes
-        values = tf.cast(inputs, tf.float64)
-        if mask is None:
-            weights = tf.ones_like(values)
-        else:
-            weights = tf.cast(tf.broadcast_to(tf.expand_dims(tf.cast(mask, tf.bool), -1), tf.shape(values)),
-                              tf.float64)
-        local = tf.stack([tf.reduce_sum(weights, axes), tf.reduce_sum(values * weights, axes),
-                          tf.reduce_sum(tf.square(values) * weights, axes)])
-        count, total, squares = tf.unstack(allreduce(local, op=Sum, name=f"SyncBatchNormalization.{self.name}"))
-        mean = total / count
-        variance = tf.maximum(squares / count - tf.square(mean), 0.0)
-        return tf.cast(mean, inputs.dtype), tf.cast(variance, inputs.dtype)
+
+def _global_moments(inputs: tf.Tensor, axes: Any, mask: Optional[tf.Tensor], name: str,
+                    keep_dims: bool) -> Tuple[tf.Tensor, tf.Tensor]:
+    """Mean and variance over ``axes`` of every worker's ``inputs`` (masked entries left out), in one allreduce."""
+    from byteps.tensorflow.ops import allreduce
+
+    values = tf.cast(inputs, tf.float64)
+    if mask is None:
+        weights = tf.ones_like(values)
+    else:
+        weights = tf.cast(tf.broadcast_to(tf.expand_dims(tf.cast(mask, tf.bool), -1), tf.shape(values)),
+                          tf.float64)
+    local = tf.stack([tf.reduce_sum(weights, axes, keepdims=keep_dims),
+                      tf.reduce_sum(values * weights, axes, keepdims=keep_dims),
+                      tf.reduce_sum(tf.square(values) * weights, axes, keepdims=keep_dims)])
+    count, total, squares = tf.unstack(allreduce(local, op=Sum, name=f"SyncBatchNormalization.{name}"))
+    mean = total / count
+    variance = tf.maximum(squares / count - tf.square(mean), 0.0)
+    return tf.cast(mean, inputs.dtype), tf.cast(variance, inputs.dtype)

@@ -1,4 +1,7 @@
-"""byteps for Keras 3 (TensorFlow backend): a drop-in for ``horovod.tensorflow.keras``.
+"""byteps for Keras (TensorFlow backend): a drop-in for ``horovod.tensorflow.keras``.
+
+Keras 3, or Keras 2 (tf_keras) when ``TF_USE_LEGACY_KERAS=1`` makes it
+``tf.keras`` (:mod:`byteps.tensorflow.which_keras`).
 
 Change ``import horovod.tensorflow.keras as hvd`` (or ``horovod.keras``) to
 ``import byteps.tensorflow.keras as hvd`` (or ``byteps.keras``)::
@@ -16,17 +19,9 @@ Change ``import horovod.tensorflow.keras as hvd`` (or ``horovod.keras``) to
     $ bpslaunch --workers 2 --servers 1 -- python train.py
 """
 
-try:
-    import keras
-except ImportError as exc:
-    raise ImportError("byteps.tensorflow.keras needs Keras 3: pip install 'keras>=3'") from exc
+from byteps.tensorflow.which_keras import KERAS2, keras
 
-from byteps.common.frontend.versions import version_tuple
-
-if version_tuple(getattr(keras, "__version__", "0.0")) < (3, 0):
-    raise ImportError(f"byteps.tensorflow.keras needs Keras 3, but keras {getattr(keras, '__version__', '?')} "
-                      "is installed (tf_keras / Keras 2 is not supported): pip install --upgrade 'keras>=3'")
-if keras.backend.backend() != "tensorflow":
+if not KERAS2 and keras.backend.backend() != "tensorflow":
     raise ImportError(f"byteps.tensorflow.keras needs Keras's TensorFlow backend, this process uses "
                       f"{keras.backend.backend()!r}: set KERAS_BACKEND=tensorflow")
 

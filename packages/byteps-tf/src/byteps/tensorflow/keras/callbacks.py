@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Union
 
-import keras
 import numpy as np
 
 from byteps.common import api
 from byteps.common.frontend import size
 from byteps.tensorflow.functions import broadcast_variables
 from byteps.tensorflow.gradient_tape import source_key
+from byteps.tensorflow.keras.optimizer_state import build_optimizer, learning_rate, optimizer_variables
+from byteps.tensorflow.which_keras import keras
 
 __all__ = [
     "BroadcastGlobalVariablesCallback", "MetricAverageCallback",
@@ -59,15 +60,15 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         broadcast_variables(self._shared(model.variables), root_rank=self.root_rank)
         optimizer = getattr(model, "optimizer", None)
         if optimizer is not None:
-            broadcast_variables(self._shared(optimizer.variables), root_rank=self.root_rank)
+            broadcast_variables(self._shared(optimizer_variables(optimizer)), root_rank=self.root_rank)
         self.broadcast_done = True
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
         if self.broadcast_done or not self.model.built or not self.model.variables:
             return
         optimizer = getattr(self.model, "optimizer", None)
-        if optimizer is not None and not optimizer.built:
-            optimizer.build(self.model.trainable_variables)
+        if optimizer is not None:
+            build_optimizer(optimizer, self.model.trainable_variables)
         self._broadcast()
 
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
@@ -129,7 +130,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def _adjust_learning_rate(self, epoch: float) -> None:
         optimizer = self.model.optimizer
-        old_lr = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+        old_lr = learning_rate(optimizer)
         new_lr = self.initial_lr * self.multiplier(epoch)
         optimizer.learning_rate = new_lr  # a TypeError from Keras if the optimizer has a schedule
         momentums = getattr(optimizer, "momentums", None)
@@ -144,7 +145,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
         if self.initial_lr is None:
-            self.initial_lr = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+            self.initial_lr = learning_rate(self.model.optimizer)
         if not self.staircase and not self.steps_per_epoch:
             steps = (self.params or {}).get("steps")
             if not steps:
@@ -165,7 +166,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         if logs is not None:
-            logs["lr"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+            logs["lr"] = learning_rate(self.model.optimizer)
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
@@ -190,5 +191,5 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         super().on_epoch_end(epoch, logs)
         if epoch == self.end_epoch - 1 and self.verbose > 0:
-            lr = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+            lr = learning_rate(self.model.optimizer)
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {lr:g}.", flush=True)

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import keras
-
 from byteps.tensorflow.elastic import TensorFlowKerasState, run
+from byteps.tensorflow.which_keras import keras
 
 __all__ = ["run", "KerasState", "CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochStateCallback"]
 

@@ -15,18 +15,18 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, Optional
 
-import keras
-
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.keras.optimizer import DistributedOptimizer
+from byteps.tensorflow.which_keras import keras
 
 __all__ = ["load_model"]
 
 
 def _builtin_optimizers() -> Iterable[type]:
+    # Keras 2 keeps its LossScaleOptimizer in keras.mixed_precision (and its legacy optimizers apart: not here).
+    excluded = (keras.optimizers.Optimizer, getattr(keras.optimizers, "LossScaleOptimizer", None))
     for value in vars(keras.optimizers).values():
-        if isinstance(value, type) and issubclass(value, keras.optimizers.Optimizer) \
-                and value not in (keras.optimizers.Optimizer, keras.optimizers.LossScaleOptimizer):
+        if isinstance(value, type) and issubclass(value, keras.optimizers.Optimizer) and value not in excluded:
             yield value
 
 

@@ -1,4 +1,4 @@
-"""DistributedOptimizer for Keras 3 optimizers (TensorFlow backend).
+"""DistributedOptimizer for Keras optimizers (TensorFlow backend); Keras 2's in :mod:`.keras2_optimizer`.
 
 Example::
 
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-import keras
 import tensorflow as tf
 
 from byteps.common.frontend import check_passes
@@ -38,7 +37,9 @@ from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.gradient_compression import take_compression_params
 from byteps.tensorflow.gradients import GradientReducer
 from byteps.tensorflow.keras.accumulation import BackwardPassAccumulator
+from byteps.tensorflow.keras.keras2_optimizer import is_keras2_optimizer, wrap_keras2_optimizer
 from byteps.tensorflow.ops import check_process_set
+from byteps.tensorflow.which_keras import KERAS2, keras
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "distributed_class"]
 
@@ -153,13 +154,13 @@ def distributed_class(base: type) -> type:
     return cls
 
 
-def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[str] = None,
+def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
                          device_dense: str = "", device_sparse: str = "", compression: Any = Compression.none,
                          sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0, op: int = Average,
                          backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
                          num_groups: int = 0, groups: Any = None, process_set: Any = None,
                          scale_local_gradients: bool = True,
-                         compression_params: Optional[Dict[str, Any]] = None) -> keras.optimizers.Optimizer:
+                         compression_params: Optional[Dict[str, Any]] = None) -> Any:
     """A copy of ``optimizer`` (from its config) whose updates use gradients averaged over all workers.
 
     Horovod's signature. ``backward_passes_per_step=N`` sums N passes'
@@ -200,8 +201,20 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     """
     async_mode = asynchronous("DistributedOptimizer", compression, compression_params, process_set)
     check_process_set(process_set)
-    if isinstance(optimizer, _DistributedOptimizer):
+    if hasattr(optimizer, "_byteps_reducer"):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap the original optimizer once")
+    check_passes(backward_passes_per_step)
+    prefix = f"DistributedOptimizer.{name or getattr(optimizer, 'name', None) or type(optimizer).__name__}"
+    if KERAS2:
+        if not is_keras2_optimizer(optimizer):
+            raise TypeError(f"DistributedOptimizer wraps a Keras 2 optimizer (TF_USE_LEGACY_KERAS=1), got "
+                            f"{type(optimizer).__module__}.{type(optimizer).__name__}")
+        if async_mode or compression_params:
+            raise ValueError("with Keras 2 (TF_USE_LEGACY_KERAS=1) DistributedOptimizer averages gradients "
+                             "only: compression_params and BYTEPS_ENABLE_ASYNC=1 need Keras 3")
+        reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, None,
+                                  scale_local_gradients)
+        return wrap_keras2_optimizer(optimizer, reducer, backward_passes_per_step, average_aggregated_gradients)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a Keras optimizer, got {type(optimizer).__name__}")
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
@@ -209,9 +222,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     if optimizer.built:
         raise ValueError("the optimizer is already built and its state would be lost: wrap it before training, "
                          "or load a saved model with byteps.tensorflow.keras.load_model")
-    check_passes(backward_passes_per_step)
     wrapped = distributed_class(type(optimizer)).from_config(optimizer.get_config())
-    prefix = f"DistributedOptimizer.{name or optimizer.name}"
     compression, compressed = take_compression_params(compression_params, wrapped, compression, prefix,
                                                       "DistributedOptimizer")
     reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, compressed,
@@ -221,12 +232,12 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     return wrapped
 
 
-def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[str] = None,
+def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None,
                                 device_dense: str = "", device_sparse: str = "", compression: Any = Compression.none,
                                 sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
                                 op: int = Average, groups: Any = None, process_set: Any = None,
                                 local_layers: Any = None, scale_local_gradients: bool = True,
-                                **kwargs: Any) -> keras.optimizers.Optimizer:
+                                **kwargs: Any) -> Any:
     """Horovod's: a :func:`DistributedOptimizer` whose ``local_layers``' gradients stay on each worker
     (not sent; divided by ``size()`` when ``scale_local_gradients``). Other keyword arguments are
     :func:`DistributedOptimizer`'s."""
