@@ -25,7 +25,7 @@ What the Keras 3 wrapper has and this one refuses with a ValueError:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -34,9 +34,7 @@ from byteps.tensorflow.keras.accumulation import BackwardPassAccumulator
 from byteps.tensorflow.keras.optimizer_state import build_optimizer, optimizer_variables
 from byteps.tensorflow.which_keras import keras
 
-__all__ = ["is_keras2_optimizer", "wrap_keras2_optimizer"]
-
-_classes: Dict[type, type] = {}
+__all__ = ["Keras2DistributedOptimizer", "check_keras2_optimizer", "is_keras2_optimizer"]
 
 
 def is_keras2_optimizer(optimizer: Any) -> bool:
@@ -44,8 +42,8 @@ def is_keras2_optimizer(optimizer: Any) -> bool:
     return isinstance(optimizer, (keras.optimizers.Optimizer, keras.optimizers.legacy.Optimizer))
 
 
-class _Keras2DistributedOptimizer:
-    """Mixin put in front of a Keras 2 optimizer class; see :func:`wrap_keras2_optimizer`."""
+class Keras2DistributedOptimizer:
+    """Mixin put in front of a Keras 2 optimizer class by :func:`~byteps.tensorflow.keras.DistributedOptimizer`."""
 
     _byteps_reducer: GradientReducer
     _byteps_passes: int
@@ -103,23 +101,11 @@ class _Keras2DistributedOptimizer:
         return tf.cond(accumulator.add(grads, slots), update, lambda: tf.constant(False))
 
 
-def _distributed_class(base: type) -> type:
-    cls = _classes.get(base)
-    if cls is None:
-        cls = _classes[base] = type(base.__name__, (_Keras2DistributedOptimizer, base),
-                                    {"__module__": base.__module__, "__qualname__": base.__qualname__})
-    return cls
-
-
-def wrap_keras2_optimizer(optimizer: Any, reducer: GradientReducer, backward_passes_per_step: int,
-                          average_aggregated_gradients: bool) -> Any:
-    """The distributed copy of a Keras 2 ``optimizer`` (checked by the caller: a Keras 2 optimizer, not built)."""
+def check_keras2_optimizer(optimizer: Any) -> None:
+    """Refuse what cannot be wrapped: a LossScaleOptimizer, or an optimizer whose state exists already."""
     if isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer):
         raise NotImplementedError("wrap the inner optimizer, then build the LossScaleOptimizer around the result")
     built = getattr(optimizer, "_built", False) if isinstance(optimizer, keras.optimizers.Optimizer) \
         else bool(optimizer_variables(optimizer))
     if built:
         raise ValueError("the optimizer is already built and its state would be lost: wrap it before training")
-    wrapped = _distributed_class(type(optimizer)).from_config(optimizer.get_config())
-    wrapped._byteps_configure(reducer, backward_passes_per_step, average_aggregated_gradients)
-    return wrapped

@@ -37,7 +37,11 @@ from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.gradient_compression import take_compression_params
 from byteps.tensorflow.gradients import GradientReducer
 from byteps.tensorflow.keras.accumulation import BackwardPassAccumulator
-from byteps.tensorflow.keras.keras2_optimizer import is_keras2_optimizer, wrap_keras2_optimizer
+from byteps.tensorflow.keras.keras2_optimizer import (
+    Keras2DistributedOptimizer,
+    check_keras2_optimizer,
+    is_keras2_optimizer,
+)
 from byteps.tensorflow.ops import check_process_set
 from byteps.tensorflow.which_keras import KERAS2, keras
 
@@ -149,7 +153,8 @@ def distributed_class(base: type) -> type:
     """The distributed subclass of a Keras optimizer class (one per class), named and placed like it."""
     cls = _classes.get(base)
     if cls is None:
-        cls = _classes[base] = type(base.__name__, (_DistributedOptimizer, base),
+        mixin = Keras2DistributedOptimizer if KERAS2 else _DistributedOptimizer
+        cls = _classes[base] = type(base.__name__, (mixin, base),
                                     {"__module__": base.__module__, "__qualname__": base.__qualname__})
     return cls
 
@@ -212,9 +217,12 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
         if async_mode or compression_params:
             raise ValueError("with Keras 2 (TF_USE_LEGACY_KERAS=1) DistributedOptimizer averages gradients "
                              "only: compression_params and BYTEPS_ENABLE_ASYNC=1 need Keras 3")
-        reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, None,
-                                  scale_local_gradients)
-        return wrap_keras2_optimizer(optimizer, reducer, backward_passes_per_step, average_aggregated_gradients)
+        check_keras2_optimizer(optimizer)
+        wrapped = distributed_class(type(optimizer)).from_config(optimizer.get_config())
+        wrapped._byteps_configure(GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor,
+                                                  None, scale_local_gradients),
+                                  backward_passes_per_step, average_aggregated_gradients)
+        return wrapped
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a Keras optimizer, got {type(optimizer).__name__}")
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
