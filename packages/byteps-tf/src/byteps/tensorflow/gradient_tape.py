@@ -109,9 +109,10 @@ class _DistributedGradientTape(tf.GradientTape):
                                        output_gradients: Any = None) -> Tuple[List[Any], List[Any]]:
         """Horovod's: :meth:`gradient` of a flat list of ``sources``, split into ``(source, gradient)`` pairs
         of the local sources (registered with :meth:`register_local_source`) and of the others."""
-        pairs = list(zip(sources, self.gradient(target, list(sources), output_gradients)))
-        local = [(source, gradient) for source, gradient in pairs if source_key(source) in self._byteps_local]
-        shared = [(source, gradient) for source, gradient in pairs if source_key(source) not in self._byteps_local]
+        local: List[Any] = []
+        shared: List[Any] = []
+        for source, gradient in zip(sources, self.gradient(target, list(sources), output_gradients)):
+            (local if source_key(source) in self._byteps_local else shared).append((source, gradient))
         return local, shared
 
 

@@ -14,14 +14,12 @@ Example (what the optimizer does with it; ``slots[i]`` is the position of
 gradient *i*'s variable in the list the accumulator was built for)::
 
     accumulator = BackwardPassAccumulator(model.trainable_variables, passes=2)
-    if accumulator.add(gradients, slots):   # a tf.bool, in a graph: the condition of a tf.cond
-        apply(accumulator.totals(slots, present, average=False))
-        accumulator.reset()
+    accumulator.apply_every(gradients, slots, average=False, apply=optimizer_update)   # a tf.bool: applied
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -69,3 +67,16 @@ class BackwardPassAccumulator:
         for total in self.sums:
             total.assign(tf.zeros_like(total))
         self.count.assign(0)
+
+    def apply_every(self, gradients: Sequence[Optional[Any]], slots: Sequence[int], average: bool,
+                    apply: Callable[[List[Optional[tf.Tensor]]], Any]) -> tf.Tensor:
+        """Add ``gradients``; on every ``passes``-th call, ``apply(totals)`` and reset, inside one ``tf.cond``
+        (eager or in a graph). True when it applied."""
+        present = [g is not None for g in gradients]
+
+        def update() -> tf.Tensor:
+            apply(self.totals(slots, present, average))
+            self.reset()
+            return tf.constant(True)
+
+        return tf.cond(self.add(gradients, slots), update, lambda: tf.constant(False))

@@ -89,16 +89,8 @@ class Keras2DistributedOptimizer:
         if missing:
             raise ValueError(f"DistributedOptimizer first accumulated other variables than these: {missing}")
         slots = [self._byteps_slots[v.ref()] for v in variables]
-        present = [g is not None for g in grads]
-        accumulator = self._byteps_accumulator
-
-        def update() -> tf.Tensor:
-            totals = accumulator.totals(slots, present, self._byteps_average_passes)
-            apply(self._byteps_reducer.reduce(totals, local))
-            accumulator.reset()
-            return tf.constant(True)
-
-        return tf.cond(accumulator.add(grads, slots), update, lambda: tf.constant(False))
+        return self._byteps_accumulator.apply_every(grads, slots, self._byteps_average_passes,
+                                                    lambda totals: apply(self._byteps_reducer.reduce(totals, local)))
 
 
 def check_keras2_optimizer(optimizer: Any) -> None:

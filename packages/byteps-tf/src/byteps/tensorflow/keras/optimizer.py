@@ -28,8 +28,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-import tensorflow as tf
-
 from byteps.common.frontend import check_passes
 from byteps.common.frontend.reductions import Average
 from byteps.tensorflow.async_training import VariableExchange, asynchronous
@@ -137,16 +135,8 @@ class _DistributedOptimizer:
         if missing:
             raise ValueError(f"DistributedOptimizer was built without these variables: {missing}")
         slots = [self._byteps_slots[self._var_key(v)] for v in variables]
-        present = [g is not None for g in grads]
-        accumulator = self._byteps_accumulator
-
-        def update() -> tf.Tensor:
-            totals = accumulator.totals(slots, present, self._byteps_average_passes)
-            self._byteps_update(totals, given)
-            accumulator.reset()
-            return tf.constant(True)
-
-        tf.cond(accumulator.add(grads, slots), update, lambda: tf.constant(False))
+        self._byteps_accumulator.apply_every(grads, slots, self._byteps_average_passes,
+                                             lambda totals: self._byteps_update(totals, given))
 
 
 def distributed_class(base: type) -> type:
