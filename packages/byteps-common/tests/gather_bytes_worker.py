@@ -44,6 +44,7 @@ def main() -> None:
     got = np.asarray(gathered.data).view(np.float32)
     want = np.concatenate([np.arange(count, dtype=np.float32) + 1000 * r for r in range(size)])
     assert np.array_equal(got, want), (got[:3], want[:3])
+    assert not gathered.data.flags.owndata, "float32 parts lie end to end: the result is a view, not a copy"
     buffer = 1 << (size * count - 1).bit_length()  # the move buffer's int32 words, a power of two
     print(f"GATHER {me} sent {sent} received {received} buffer {buffer * 4}", flush=True)
     copied, summed, out = (now - then for now, then in zip(local_counts(), counted))

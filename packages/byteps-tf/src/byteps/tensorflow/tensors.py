@@ -128,7 +128,7 @@ def to_piece(tensor: tf.Tensor) -> Piece:
 
 
 def from_piece(piece: Piece, dtype: tf.DType, device: str = "") -> tf.Tensor:
-    """A new tensor of ``dtype`` from a piece's bytes (on ``device`` if given)."""
-    array = np.frombuffer(piece.data.tobytes(), dtype=tf.as_dtype(dtype).as_numpy_dtype).reshape(piece.shape)
+    """A new tensor of ``dtype`` from a piece's bytes (on ``device`` if given): TensorFlow's one copy."""
+    array = np.frombuffer(piece.data, dtype=tf.as_dtype(dtype).as_numpy_dtype).reshape(piece.shape)
     with tf.device(device or "/CPU:0"):
         return tf.convert_to_tensor(array, dtype=dtype)

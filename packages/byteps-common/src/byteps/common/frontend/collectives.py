@@ -63,7 +63,10 @@ _FIXED = 2 + _DTYPE_WORDS + _MAX_DIMS  # nbytes, ndim, dtype, dims
 
 @dataclasses.dataclass(frozen=True)
 class Piece:
-    """One rank's tensor as bytes: ``data`` (contiguous uint8), its ``shape`` and its framework dtype name."""
+    """One rank's tensor as bytes: ``data`` (contiguous uint8), its ``shape`` and its framework dtype name.
+
+    A piece a collective returns is the caller's to keep: its bytes are in memory nothing else reads or
+    writes (the adapters make their tensors from them without copying where they can)."""
 
     data: np.ndarray
     shape: Tuple[int, ...]
@@ -216,6 +219,23 @@ def move(name: str, mine: np.ndarray, sizes: Sequence[int], view: RankView,
     return Started(core, finish)
 
 
+def end_to_end(parts: List[np.ndarray]) -> np.ndarray:
+    """The 1-D byte ``parts`` joined: a view when they are slices of one buffer, each beginning where the one
+    before ends (as :func:`move`'s are when every size is a multiple of 4), else a copy. Copying 100 MB
+    costs about 0.3 s on the rig's cores."""
+    filled = [part for part in parts if part.nbytes]  # numpy may place an empty slice anywhere
+    if not filled:
+        return np.zeros(0, dtype=np.uint8)
+    first = filled[0]
+    start = address = first.__array_interface__["data"][0]
+    for part in filled:
+        if part.base is None or part.base is not first.base or part.ndim != 1 or part.itemsize != 1 \
+                or part.__array_interface__["data"][0] != address:
+            return np.concatenate(parts)
+        address += part.nbytes
+    return np.lib.stride_tricks.as_strided(first, shape=(address - start,), strides=(1,))
+
+
 def _mismatch(family: str, name: str, what: str, view: RankView, values: Sequence[Any]) -> None:
     """PushPullError (as for the servers' mismatches) naming the first rank whose ``what`` differs from the first's.
 
@@ -242,7 +262,7 @@ def allgather(name: str, piece: Piece, view: Optional[RankView] = None, family: 
         counts = tuple(d[1][0] for d in described)
 
         def then(parts: List[np.ndarray]) -> Piece:
-            return Piece(np.concatenate(parts), (sum(counts), *piece.shape[1:]), piece.dtype, counts)
+            return Piece(end_to_end(parts), (sum(counts), *piece.shape[1:]), piece.dtype, counts)
 
         return move(name, piece.data, [d[0] for d in described], view, then)
 
