@@ -19,7 +19,9 @@ from byteps.testkit import LAUNCHER, DiscoveryScript, WatchedJob, clean_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "..", "..", "examples", "torch", "train_digits_elastic.py")
-EPOCHS = "6"
+# Long enough that a worker started after epoch 3 (discovery's next poll, then starting Python and torch:
+# 3-6 s here) joins before the end: at 6 epochs a warm run left it 3 s and failed about 1 time in 3.
+EPOCHS = "12"
 
 
 def accuracy(output):
@@ -57,6 +59,6 @@ def test_the_digits_example_survives_a_lost_worker_and_takes_in_a_new_one(tmp_pa
     counted = [int(s) for s in re.findall(r"^\[worker 0\] step (\d+) ", output, re.M)]
     assert counted == sorted(set(counted)), counted
     # Every epoch ran to its end, the last with 3 workers again.
-    assert re.search(rf"^\[worker 0\] epoch  {EPOCHS}: .* with 3 worker\(s\)", output, re.M), output[-6000:]
+    assert re.search(rf"^\[worker 0\] epoch +{EPOCHS}: .* with 3 worker\(s\)", output, re.M), output[-6000:]
     # Reaching it is what counts: the replayed steps after the rollback may well end a little higher.
     assert accuracy(output) >= accuracy(undisturbed.stdout) - 0.02, (accuracy(output), accuracy(undisturbed.stdout))
