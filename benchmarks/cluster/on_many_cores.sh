@@ -25,8 +25,10 @@ SITE=${SITE:-/tmp/byteps-site}
         tc -n bpsprobe qdisc add dev vprobe0 root tbf rate 500mbit burst 256kb latency 100ms && echo "rig: ok"
     ip netns del bpsprobe 2>/dev/null
 } 2>&1 | tee "$OUT_DIR/machine.txt"
+wheels=()
+compgen -G ".whl/*.whl" >/dev/null && wheels=(.whl/*.whl)
 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install -q --no-index --no-deps --no-build-isolation \
-    --no-compile --target "$SITE" .whl/*.whl packages/byteps-transport packages/byteps-common \
+    --no-compile --target "$SITE" "${wheels[@]}" packages/byteps-transport packages/byteps-common \
     packages/byteps-server packages/byteps-launcher packages/byteps-torch || exit 3
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 [ $# -gt 0 ] || set -- "--workers 4,8 --workloads 100MB --no-e2e --systems gloo,byteps-colocated,byteps"
