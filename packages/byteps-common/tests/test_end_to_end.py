@@ -37,5 +37,13 @@ def test_parts_of_different_buffers_or_out_of_order_make_a_copy():
     assert np.array_equal(swapped, np.concatenate([raw[8:16], raw[0:8]]))
 
 
+def test_strided_parts_make_a_copy():
+    buffer, raw = _buffer_and_raw(8)
+    every_other = raw[0:16:2]  # 8 bytes at offsets 0, 2, ..., 14, though 8 bytes "end" at offset 8
+    joined = end_to_end([every_other, raw[8:16]])
+    assert not np.shares_memory(joined, buffer)
+    assert np.array_equal(joined, np.concatenate([every_other, raw[8:16]]))
+
+
 def test_no_parts_is_empty():
     assert end_to_end([]).nbytes == 0

@@ -229,7 +229,7 @@ def end_to_end(parts: List[np.ndarray]) -> np.ndarray:
     first = filled[0]
     start = address = first.__array_interface__["data"][0]
     for part in filled:
-        if part.base is None or part.base is not first.base or part.ndim != 1 or part.itemsize != 1 \
+        if part.base is None or part.base is not first.base or part.dtype != np.uint8 or part.strides != (1,) \
                 or part.__array_interface__["data"][0] != address:
             return np.concatenate(parts)
         address += part.nbytes
