@@ -61,7 +61,7 @@ def test_keras_2_under_bpslaunch():
     # TF_USE_LEGACY_KERAS=1: tf.keras is Keras 2 (tf_keras), and byteps wraps its optimizers, layers and callbacks.
     result = launch_tf_job(JOB_LAYOUTS["one-machine-np2"], f"{SCRIPTS}/keras2_checks.py",
                            env={"TF_USE_LEGACY_KERAS": "1"})
-    assert_all_ok(result, checks=11)
+    assert_all_ok(result, checks=12)
     for rank in range(2):
         reports = [line for line in rank_lines(result.stdout, rank) if line.startswith("equivalence")]
         assert len(reports) == 6, report(result)

@@ -7,7 +7,12 @@ is checked against references each rank computes itself:
 * DistributedOptimizer over both Keras 2 optimizer families (the current
   ``optimizers`` and the ``optimizers.legacy`` ones), 2 ranks on half
   batches against one process on whole batches, also with
-  backward_passes_per_step=2 on quarter batches;
+  backward_passes_per_step=2 on quarter batches (``iterations`` counting
+  every pass, as Horovod's does: the reference's is advanced to match);
+* where the averaging happens: ``compute_gradients``/``_compute_gradients``
+  (Horovod's place; ``apply_gradients`` then does not reduce again), or
+  ``apply_gradients`` for gradients from the caller's own tape; the
+  running sums and counter of N > 1 inside a ``tf.function``;
 * the callbacks (broadcast from different starting weights, metric
   averaging, learning-rate warmup);
 * SyncBatchNormalization as a Keras 2 layer against numpy on both ranks'
@@ -73,7 +78,15 @@ def equivalence(kind: str, passes: int) -> None:
     x, y = batches(UPDATES, BATCH)
     reference = make_model(100)
     compile_model(reference, OPTIMIZERS[kind]())
-    reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+
+    class CountPasses(keras.callbacks.Callback):
+        """The distributed optimizer's ``iterations`` counts every backward pass (Horovod's rule), so each of
+        its updates sees ``passes`` more than the last one: the reference's does too (Adam's bias correction)."""
+
+        def on_train_batch_begin(self, batch, logs=None):
+            reference.optimizer.iterations.assign_add(passes - 1)
+
+    reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[CountPasses()])
     xs, ys, batch = my_share(x, y, passes)
     model = make_model(100 + bps.rank())   # different weights: the broadcast callback must give rank 0's
     optimizer = bps.DistributedOptimizer(OPTIMIZERS[kind](), backward_passes_per_step=passes,
@@ -82,13 +95,46 @@ def equivalence(kind: str, passes: int) -> None:
     compile_model(model, optimizer)
     model.fit(xs, ys, batch_size=batch, epochs=1, shuffle=False, verbose=0,
               callbacks=[bps.callbacks.BroadcastGlobalVariablesCallback(0)])
-    assert int(optimizer.iterations.numpy()) == UPDATES, int(optimizer.iterations.numpy())
+    assert_equal(int(optimizer.iterations.numpy()), UPDATES * passes, "iterations: one per backward pass")
+    if passes > 1:
+        assert_equal(int(optimizer._agg_helper.counter.numpy()), 0, "no pass left in the sums")
     worst = 0.0
     for got, want, variable in zip(model.get_weights(), reference.get_weights(), model.weights):
         assert_close(got, want, f"{kind}, {passes} passes: {variable.name}")
         worst = max(worst, float(np.max(np.abs(got - want))))
     print(f"equivalence {kind} passes={passes}: largest difference from the single-process reference {worst:.2e}",
           flush=True)
+
+
+def where_gradients_are_summed():
+    r, n = bps.rank(), bps.size()
+    everyone = n * (n + 1) / 2   # the sum over ranks of (rank + 1)
+    v = tf.Variable([1.0, 2.0])
+    optimizer = bps.DistributedOptimizer(keras.optimizers.SGD(1.0), op=bps.Sum)   # Sum: a second reduction shows
+    pairs = optimizer.compute_gradients(lambda: (r + 1.0) * tf.reduce_sum(v), [v])
+    assert_close(pairs[0][0], np.full(2, everyone, "float32"), "compute_gradients reduces, as Horovod's does")
+    optimizer.apply_gradients(pairs)
+    assert_close(v, np.array([1.0, 2.0], "float32") - everyone, "apply_gradients takes them without reducing again")
+    with tf.GradientTape() as tape:
+        loss = (r + 1.0) * tf.reduce_sum(v)
+    optimizer.apply_gradients(zip(tape.gradient(loss, [v]), [v]))   # a custom loop: reduced here instead
+    assert_close(v, np.array([1.0, 2.0], "float32") - 2 * everyone, "apply_gradients reduces its caller's gradients")
+
+    w = tf.Variable([0.0])
+    legacy = bps.DistributedOptimizer(keras.optimizers.legacy.SGD(1.0), backward_passes_per_step=2)
+
+    @tf.function
+    def step():
+        grads_and_vars = legacy._compute_gradients(lambda: (r + 1.0) * tf.reduce_sum(w), var_list=[w])
+        legacy.apply_gradients(grads_and_vars)
+        return grads_and_vars[0][0]
+
+    assert_close(step(), np.array([r + 1.0], "float32"), "pass 1 of 2: this rank's running sum")
+    assert_equal((float(w.numpy()[0]), int(legacy.iterations.numpy()), int(legacy._agg_helper.counter.numpy())),
+                 (0.0, 1, 1), "pass 1 of 2: nothing applied, iterations and counter at 1")
+    assert_close(step(), np.array([n + 1.0], "float32"), "pass 2 of 2: the sums averaged over the ranks")
+    assert_equal((float(w.numpy()[0]), int(legacy.iterations.numpy()), int(legacy._agg_helper.counter.numpy())),
+                 (-(n + 1.0), 2, 0), "pass 2 of 2: applied once, iterations 2, counter back at 0")
 
 
 def callbacks():
@@ -165,6 +211,8 @@ for kind in OPTIMIZERS:
     for passes in (1, 2):
         checks.run(f"{kind}, {passes} pass(es): 2 ranks on parts of batches = 1 process on whole batches",
                    lambda kind=kind, passes=passes: equivalence(kind, passes))
+checks.run("compute_gradients reduces (Horovod's place), apply_gradients only what it was not given reduced",
+           where_gradients_are_summed)
 checks.run("callbacks: broadcast, metric average, learning-rate warmup", callbacks)
 checks.run("SyncBatchNormalization (Keras 2) against numpy", sync_batch_norm)
 checks.run("PartialDistributedGradientTape.get_local_and_global_gradients", local_and_global_gradients)

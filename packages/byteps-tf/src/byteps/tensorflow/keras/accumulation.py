@@ -10,11 +10,19 @@ into a distributed one with any ``backward_passes_per_step``; Keras skips
 the whole optimizer state when the counts of variables differ. Horovod
 keeps its aggregation variables outside the optimizer as well.
 
-Example (what the optimizer does with it; ``slots[i]`` is the position of
-gradient *i*'s variable in the list the accumulator was built for)::
+Two ways to use it (``slots[i]`` is the position of gradient *i*'s
+variable in the list the accumulator was built for)::
 
     accumulator = BackwardPassAccumulator(model.trainable_variables, passes=2)
+    # Keras 3: add, and every N-th pass reduce and apply, in one step
     accumulator.apply_every(gradients, slots, average=False, apply=optimizer_update)   # a tf.bool: applied
+    # Keras 2, Horovod's order: compute_gradients adds (and every N-th pass reduces),
+    # apply_gradients applies after a reducing pass and only counts the others
+    gradients = accumulator.reduce_every(gradients, slots, average=False, reduce=allreduce)
+    accumulator.apply_when_due(optimizer_update, optimizer.iterations)
+
+``counter`` is the number of passes added since the last reduction (the
+name Horovod's aggregation helper gives it).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ class BackwardPassAccumulator:
         with tf.init_scope():
             self.sums = [tf.Variable(tf.zeros(v.shape, dtype=tf.as_dtype(v.dtype)), trainable=False,
                                      name="byteps_accumulator") for v in variables]
-            self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="byteps_backward_passes")
+            self.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="byteps_backward_passes")
 
     def add(self, gradients: Sequence[Optional[Any]], slots: Sequence[int]) -> tf.Tensor:
         """Add ``gradients[i]`` to sum ``slots[i]`` (``None`` adds nothing); True once ``passes`` were added."""
@@ -49,8 +57,8 @@ class BackwardPassAccumulator:
                                                    gradient.dense_shape))
             else:
                 total.assign_add(tf.cast(gradient, total.dtype))
-        self.count.assign_add(1)
-        return tf.convert_to_tensor(self.count) >= self.passes
+        self.counter.assign_add(1)
+        return tf.convert_to_tensor(self.counter) >= self.passes
 
     def totals(self, slots: Sequence[int], present: Sequence[bool], average: bool) -> List[Optional[tf.Tensor]]:
         """The sums of ``slots`` (``None`` where no pass had a gradient), divided by ``passes`` if ``average``."""
@@ -66,7 +74,7 @@ class BackwardPassAccumulator:
     def reset(self) -> None:
         for total in self.sums:
             total.assign(tf.zeros_like(total))
-        self.count.assign(0)
+        self.counter.assign(0)
 
     def apply_every(self, gradients: Sequence[Optional[Any]], slots: Sequence[int], average: bool,
                     apply: Callable[[List[Optional[tf.Tensor]]], Any]) -> tf.Tensor:
@@ -80,3 +88,39 @@ class BackwardPassAccumulator:
             return tf.constant(True)
 
         return tf.cond(self.add(gradients, slots), update, lambda: tf.constant(False))
+
+    def reduce_every(self, gradients: Sequence[Optional[Any]], slots: Sequence[int], average: bool,
+                     reduce: Callable[[List[Any]], List[Any]]) -> List[Optional[Any]]:
+        """Add ``gradients``; on every ``passes``-th call return ``reduce(totals)`` and reset, on the others
+        the running sums (what Horovod's helper returns). ``None`` stays ``None``."""
+        present = [g is not None for g in gradients]
+        there = [i for i, p in enumerate(present) if p]
+        due = self.add(gradients, slots)
+
+        def reduced() -> List[tf.Tensor]:
+            totals = reduce(self.totals(slots, present, average))
+            self.reset()
+            return [tf.convert_to_tensor(totals[i]) for i in there] or [tf.constant(True)]
+
+        def running() -> List[tf.Tensor]:
+            totals = self.totals(slots, present, False)
+            return [totals[i] for i in there] or [tf.constant(False)]
+
+        # Only tensors go through the tf.cond (not None), and back to their places afterwards.
+        results: List[Optional[Any]] = [None] * len(gradients)
+        for i, value in zip(there, tf.cond(due, reduced, running)):
+            results[i] = value
+        return results
+
+    def apply_when_due(self, apply: Callable[[], Any], iterations: Any) -> tf.Tensor:
+        """After :meth:`reduce_every`: ``apply()`` on a pass that reduced (the counter is back at 0); on the
+        others add 1 to ``iterations`` instead, as Horovod does (it counts backward passes). True when applied."""
+        def update() -> tf.Tensor:
+            apply()
+            return tf.constant(True)
+
+        def count() -> tf.Tensor:
+            iterations.assign_add(1)
+            return tf.constant(False)
+
+        return tf.cond(tf.equal(self.counter, 0), update, count)

@@ -12,11 +12,22 @@ most Horovod scripts were written against)::
     model.compile(optimizer=opt, loss="mse")
 
 As with Keras 3 the result is a copy of the optimizer (from its config) of
-a subclass of its class. Every update of both families goes through
-``apply_gradients`` (``model.fit``, ``minimize``, ``train_on_batch`` and
-custom loops alike), so that is where the gradients are averaged, before
-the optimizer sees them. ``backward_passes_per_step=N`` sums N passes
-locally and applies every N-th one, as in the Keras 3 wrapper.
+a subclass of its class. The gradients are averaged where Horovod's Keras
+wrapper averages them, in ``compute_gradients``/``_compute_gradients``
+(and ``get_gradients``), which ``minimize``, ``model.fit`` and
+``train_on_batch`` go through; ``apply_gradients`` then applies them as
+they are. ``apply_gradients`` called with gradients that did not come from
+them (a custom loop with its own tape) averages them itself, where Horovod
+would apply this worker's own gradients.
+
+``backward_passes_per_step=N`` follows Horovod's helper as well: each pass
+adds its gradients to local sums (``_agg_helper``, whose ``counter`` is
+the passes since the last reduction) and returns the running sums; every
+N-th pass the sums are averaged over the workers and applied. The other
+passes apply nothing but add 1 to ``iterations``, so ``iterations``,
+learning-rate schedules and Adam's bias correction count backward passes,
+as with Horovod (the Keras 3 wrapper counts updates, as Keras 3's own
+``gradient_accumulation_steps`` does for ``iterations``).
 
 What the Keras 3 wrapper has and this one refuses with a ValueError:
 ``compression_params`` (BytePS's compressors) and asynchronous training
@@ -25,9 +36,7 @@ What the Keras 3 wrapper has and this one refuses with a ValueError:
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence
-
-import tensorflow as tf
+from typing import Any, List, Optional, Tuple
 
 from byteps.tensorflow.gradients import GradientReducer
 from byteps.tensorflow.keras.accumulation import BackwardPassAccumulator
@@ -48,7 +57,8 @@ class Keras2DistributedOptimizer:
     _byteps_reducer: GradientReducer
     _byteps_passes: int
     _byteps_average_passes: bool
-    _byteps_accumulator: Optional[BackwardPassAccumulator]
+    _agg_helper: Optional[BackwardPassAccumulator]   # Horovod's name; made at the first pass when N > 1
+    _byteps_reduced: bool
 
     def _byteps_configure(self, reducer: GradientReducer, backward_passes_per_step: int,
                           average_aggregated_gradients: bool) -> None:
@@ -56,41 +66,70 @@ class Keras2DistributedOptimizer:
         object.__setattr__(self, "_byteps_reducer", reducer)
         object.__setattr__(self, "_byteps_passes", backward_passes_per_step)
         object.__setattr__(self, "_byteps_average_passes", average_aggregated_gradients)
-        object.__setattr__(self, "_byteps_accumulator", None)
+        object.__setattr__(self, "_agg_helper", None)
         object.__setattr__(self, "_byteps_slots", {})
         object.__setattr__(self, "_byteps_local", set())  # refs of worker-local variables
+        # True between a compute_gradients that reduced and the apply_gradients that takes its result.
+        object.__setattr__(self, "_byteps_reduced", False)
 
     def register_local_var(self, var: Any) -> None:
         """Horovod's: ``var``'s gradient stays this worker's own (not sent)."""
         self._byteps_local.add(var.ref())
 
-    def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
-        """Average the gradients over all workers (every ``backward_passes_per_step`` calls), then apply them."""
-        pairs = list(grads_and_vars)
-        grads = [g for g, _ in pairs]
+    def compute_gradients(self, loss: Any, var_list: Any, tape: Any = None) -> List[Tuple[Any, Any]]:
+        """The gradients averaged over all workers (with N > 1: see the module docstring)."""
+        return self._compute_gradients(loss, var_list, None, tape)
+
+    def _compute_gradients(self, loss: Any, var_list: Any, grad_loss: Any = None,
+                           tape: Any = None) -> List[Tuple[Any, Any]]:
+        base = super()
+        if hasattr(base, "_compute_gradients"):   # the legacy family (OptimizerV2)
+            pairs = base._compute_gradients(loss, var_list, grad_loss=grad_loss, tape=tape)  # type: ignore[misc]
+        else:
+            pairs = base.compute_gradients(loss, var_list, tape=tape)  # type: ignore[misc]
         variables = [v for _, v in pairs]
-        local = [v.ref() in self._byteps_local for v in variables] if self._byteps_local else None
+        reduced = self._byteps_reduce([g for g, _ in pairs], variables)
+        object.__setattr__(self, "_byteps_reduced", True)
+        return list(zip(reduced, variables))
+
+    def get_gradients(self, loss: Any, params: Any) -> List[Any]:
+        """The legacy family's graph-mode entry point: its gradients, averaged over all workers."""
+        reduced = self._byteps_reduce(super().get_gradients(loss, params), list(params))  # type: ignore[misc]
+        object.__setattr__(self, "_byteps_reduced", True)
+        return reduced
+
+    def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        """Apply the gradients of ``compute_gradients`` as they are, or average others first; with N > 1
+        apply after every N-th pass only and count the other passes in ``iterations``."""
+        pairs = list(grads_and_vars)
+        variables = [v for _, v in pairs]
+        grads = [g for g, _ in pairs]
+        if not self._byteps_reduced:
+            grads = self._byteps_reduce(grads, variables)
+        object.__setattr__(self, "_byteps_reduced", False)
         apply = super().apply_gradients  # type: ignore[misc]
         if self._byteps_passes == 1:
-            return apply(list(zip(self._byteps_reducer.reduce(grads, local), variables)), *args, **kwargs)
-        return self._byteps_accumulate(grads, variables, local, lambda reduced: apply(
-            list(zip(reduced, variables)), *args, **kwargs))
+            return apply(list(zip(grads, variables)), *args, **kwargs)
+        return self._agg_helper.apply_when_due(lambda: apply(list(zip(grads, variables)), *args, **kwargs),
+                                               self.iterations)
 
-    def _byteps_accumulate(self, grads: List[Any], variables: List[Any], local: Optional[Sequence[bool]],
-                           apply: Callable[[List[Any]], Any]) -> tf.Tensor:
-        """Add this pass's gradients locally; every N-th pass reduce the sums and apply them once."""
-        if self._byteps_accumulator is None:
-            # The optimizer's slots and the sums are made here, outside the tf.cond below: a variable cannot
-            # be created in one of its branches.
+    def _byteps_reduce(self, grads: List[Any], variables: List[Any]) -> List[Any]:
+        """Averaged over the workers; with N > 1 added to the local sums, which are averaged every N-th pass."""
+        local = [v.ref() in self._byteps_local for v in variables] if self._byteps_local else None
+        if self._byteps_passes == 1:
+            return self._byteps_reducer.reduce(grads, local)
+        if self._agg_helper is None:
+            # The optimizer's slots and the sums are made here, outside the tf.cond that applies: a variable
+            # cannot be created in one of its branches.
             build_optimizer(self, variables)
-            object.__setattr__(self, "_byteps_accumulator", BackwardPassAccumulator(variables, self._byteps_passes))
+            object.__setattr__(self, "_agg_helper", BackwardPassAccumulator(variables, self._byteps_passes))
             object.__setattr__(self, "_byteps_slots", {v.ref(): i for i, v in enumerate(variables)})
         missing = [v.name for v in variables if v.ref() not in self._byteps_slots]
         if missing:
             raise ValueError(f"DistributedOptimizer first accumulated other variables than these: {missing}")
         slots = [self._byteps_slots[v.ref()] for v in variables]
-        return self._byteps_accumulator.apply_every(grads, slots, self._byteps_average_passes,
-                                                    lambda totals: apply(self._byteps_reducer.reduce(totals, local)))
+        return self._agg_helper.reduce_every(grads, slots, self._byteps_average_passes,
+                                             lambda totals: self._byteps_reducer.reduce(totals, local))
 
 
 def check_keras2_optimizer(optimizer: Any) -> None:
