@@ -136,6 +136,20 @@ def where_gradients_are_summed():
     assert_equal((float(w.numpy()[0]), int(legacy.iterations.numpy()), int(legacy._agg_helper.counter.numpy())),
                  (-(n + 1.0), 2, 0), "pass 2 of 2: applied once, iterations 2, counter back at 0")
 
+    # compute_gradients eagerly, apply_gradients in a tf.function: whether they are averaged cannot be told there
+    apart = bps.DistributedOptimizer(keras.optimizers.SGD(1.0))
+    pairs = apart.compute_gradients(lambda: (r + 1.0) * tf.reduce_sum(v), [v])
+    expect_error(ValueError, "same tf.function", lambda: tf.function(apart.apply_gradients)(pairs))
+
+    # a LossScaleOptimizer around it applies inside a tf.cond of model.fit's graph: accepted, the ranks agree
+    x, y = batches(2, 8, seed=3 + r)
+    model = make_model(300)
+    compile_model(model, keras.mixed_precision.LossScaleOptimizer(bps.DistributedOptimizer(keras.optimizers.SGD(0.1))))
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    for i, weight in enumerate(model.get_weights()):
+        assert_equal(byteps.tensorflow.broadcast(weight, 0, name=f"k2.lso.{i}"), weight,
+                     f"LossScaleOptimizer: weights equal across ranks ({i})")
+
 
 def callbacks():
     r = bps.rank()

@@ -18,7 +18,10 @@ wrapper averages them, in ``compute_gradients``/``_compute_gradients``
 ``train_on_batch`` go through; ``apply_gradients`` then applies them as
 they are. ``apply_gradients`` called with gradients that did not come from
 them (a custom loop with its own tape) averages them itself, where Horovod
-would apply this worker's own gradients.
+would apply this worker's own gradients. ``compute_gradients`` and the
+``apply_gradients`` that takes its result run in the same ``tf.function``
+(or both eagerly), as ``minimize`` and ``model.fit`` do; otherwise
+``apply_gradients`` raises a ValueError.
 
 ``backward_passes_per_step=N`` follows Horovod's helper as well: each pass
 adds its gradients to local sums (``_agg_helper``, whose ``counter`` is
@@ -37,6 +40,8 @@ What the Keras 3 wrapper has and this one refuses with a ValueError:
 from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
+
+import tensorflow as tf
 
 from byteps.tensorflow.gradients import GradientReducer
 from byteps.tensorflow.keras.accumulation import BackwardPassAccumulator
@@ -58,7 +63,7 @@ class Keras2DistributedOptimizer:
     _byteps_passes: int
     _byteps_average_passes: bool
     _agg_helper: Optional[BackwardPassAccumulator]   # Horovod's name; made at the first pass when N > 1
-    _byteps_reduced: bool
+    _byteps_reduced_in: Any
 
     def _byteps_configure(self, reducer: GradientReducer, backward_passes_per_step: int,
                           average_aggregated_gradients: bool) -> None:
@@ -69,8 +74,9 @@ class Keras2DistributedOptimizer:
         object.__setattr__(self, "_agg_helper", None)
         object.__setattr__(self, "_byteps_slots", {})
         object.__setattr__(self, "_byteps_local", set())  # refs of worker-local variables
-        # True between a compute_gradients that reduced and the apply_gradients that takes its result.
-        object.__setattr__(self, "_byteps_reduced", False)
+        # Between a compute_gradients that reduced and the apply_gradients that takes its result: where the
+        # reduction was traced (_EAGER, or the graph of a tf.function); _NONE otherwise.
+        object.__setattr__(self, "_byteps_reduced_in", _NONE)
 
     def register_local_var(self, var: Any) -> None:
         """Horovod's: ``var``'s gradient stays this worker's own (not sent)."""
@@ -89,13 +95,13 @@ class Keras2DistributedOptimizer:
             pairs = base.compute_gradients(loss, var_list, tape=tape)  # type: ignore[misc]
         variables = [v for _, v in pairs]
         reduced = self._byteps_reduce([g for g, _ in pairs], variables)
-        object.__setattr__(self, "_byteps_reduced", True)
+        object.__setattr__(self, "_byteps_reduced_in", _context())
         return list(zip(reduced, variables))
 
     def get_gradients(self, loss: Any, params: Any) -> List[Any]:
         """The legacy family's graph-mode entry point: its gradients, averaged over all workers."""
         reduced = self._byteps_reduce(super().get_gradients(loss, params), list(params))  # type: ignore[misc]
-        object.__setattr__(self, "_byteps_reduced", True)
+        object.__setattr__(self, "_byteps_reduced_in", _context())
         return reduced
 
     def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
@@ -104,9 +110,16 @@ class Keras2DistributedOptimizer:
         pairs = list(grads_and_vars)
         variables = [v for _, v in pairs]
         grads = [g for g, _ in pairs]
-        if not self._byteps_reduced:
+        reduced_in = self._byteps_reduced_in
+        object.__setattr__(self, "_byteps_reduced_in", _NONE)
+        if reduced_in is _NONE:
             grads = self._byteps_reduce(grads, variables)
-        object.__setattr__(self, "_byteps_reduced", False)
+        elif not _inside(_context(), reduced_in):
+            # The reduction ran once, while a tf.function was traced; later calls run the graph without
+            # Python, so whether these gradients are averaged cannot be told here: refuse rather than guess.
+            raise ValueError("compute_gradients and apply_gradients of a byteps DistributedOptimizer must run "
+                             "in the same tf.function, or both eagerly: call both in one function, or use "
+                             "minimize()")
         apply = super().apply_gradients  # type: ignore[misc]
         if self._byteps_passes == 1:
             return apply(list(zip(grads, variables)), *args, **kwargs)
@@ -130,6 +143,25 @@ class Keras2DistributedOptimizer:
         slots = [self._byteps_slots[v.ref()] for v in variables]
         return self._agg_helper.reduce_every(grads, slots, self._byteps_average_passes,
                                              lambda totals: self._byteps_reducer.reduce(totals, local))
+
+
+_NONE = object()
+_EAGER = object()
+
+
+def _context() -> Any:
+    """Where TensorFlow runs the ops being made now: eagerly, or into the graph being traced."""
+    return _EAGER if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+
+
+def _inside(here: Any, there: Any) -> bool:
+    """Whether ops made ``here`` run within ``there``: the same place, or a branch or body graph nested in it
+    (a ``LossScaleOptimizer`` applies inside a ``tf.cond``)."""
+    while here is not there:
+        here = getattr(here, "outer_graph", None)
+        if here is None:
+            return False
+    return True
 
 
 def check_keras2_optimizer(optimizer: Any) -> None:
