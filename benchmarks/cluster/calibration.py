@@ -22,7 +22,7 @@ from typing import Dict, List, Tuple
 
 from rig import ClusterRig
 
-__all__ = ["probe", "calibrate", "CAP_HOLDS"]
+__all__ = ["probe", "calibrate", "all_to_all", "CAP_HOLDS"]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CAP_HOLDS = 0.9  # every busy stream at >= 90% of the idle one: the cap, not the CPU, is the limit
@@ -65,3 +65,16 @@ def calibrate(rig: ClusterRig, workdir: str, seconds: float = 2.0) -> Dict[str, 
     return {"rate": rig.rate, "cap_bytes_per_s": cap, "hosts": hosts, "idle_bytes_per_s": idle,
             "busy_min_bytes_per_s": min(busy), "busy_median_bytes_per_s": sorted(busy)[len(busy) // 2],
             "cap_holds": min(busy) >= CAP_HOLDS * idle}
+
+
+def all_to_all(rig: ClusterRig, hosts: int, workdir: str, seconds: float = 4.0) -> Dict[str, List[float]]:
+    """Every one of the first ``hosts`` hosts streams to every other at once (n - 1 streams per NIC each way,
+    the pattern of parameter servers on the worker hosts, without its dependencies): each host's bytes/s out.
+
+    Against the ring of :func:`calibrate` this tells whether TCP keeps every NIC busy when flows share both
+    ends, apart from anything byteps does.
+    """
+    pairs = [(i, j) for i in range(hosts) for j in range(hosts) if i != j]
+    rates = probe(rig, pairs, workdir, seconds, port=6100)
+    return {"per_host_bytes_per_s": [sum(r for (src, _), r in zip(pairs, rates) if src == h) for h in range(hosts)],
+            "per_stream_bytes_per_s": rates}

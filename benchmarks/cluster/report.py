@@ -91,7 +91,8 @@ def markdown(results: dict) -> str:
             lines.append(f"\nbyteps (k = n) at n = 4 reaches {share:.0%} of the bound M/B.")
     if results.get("stages"):
         st = results["stages"]
-        lines += ["", f"Where the time goes: byteps, n = {st['n']}, k = {st['n']}, 100MB, "
+        servers = "servers on the worker hosts" if st.get("system") == "byteps-colocated" else f"k = {st['n']}"
+        lines += ["", f"Where the time goes: byteps, n = {st['n']}, {servers}, 100MB, "
                   f"{st['partition_bytes']}-byte partitions, seconds from the round's start "
                   "(median over the traced rounds):", "",
                   "| stage | s |", "|---|---:|"]
@@ -101,8 +102,10 @@ def markdown(results: dict) -> str:
                            ("first_answer_in", "first sum received by a worker"),
                            ("last_push_in", "last push received by a server"),
                            ("last_sum_out", "last partition summed, answer sent"),
-                           ("last_answer_in", "last sum received by a worker = round time")):
-            lines.append(f"| {label} | {st['median'][key]:.3f} |")
+                           ("last_answer_in", "last sum received by a worker = round time"),
+                           ("ack_delay_median", "a PUSH_ACK's way back (median, from the push's arrival)")):
+            if key in st["median"]:
+                lines.append(f"| {label} | {st['median'][key]:.3f} |")
     if results.get("e2e"):
         lines += ["", "End to end: examples/torch/synthetic_benchmark.py (resnet20, batch 16 per worker, "
                   "1 torch thread per worker) trained on the rig, total img/sec (mean ± 1.96 std):", "",

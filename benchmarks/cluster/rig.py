@@ -37,6 +37,8 @@ SUBNET = "10.77"
 # tbf: a bucket large enough for GSO segments at these rates, a queue of 100 ms (as ENVIRONMENT.md).
 TBF_BURST = "256kb"
 TBF_LATENCY = "100ms"
+#: The counters line of ``tc -s qdisc show``: " Sent 123 bytes 4 pkt (dropped 0, overlimits 5 requeues 0)".
+_TBF_STATS = re.compile(r"Sent (\d+) bytes \d+ pkt \(dropped (\d+), overlimits (\d+)")
 
 
 class RigError(RuntimeError):
@@ -230,6 +232,22 @@ class ClusterRig:
     def qdisc(self, host: int) -> str:
         """``tc qdisc show`` of a host's NIC (to check the cap is in place)."""
         return self._in(self.hosts[host].namespace, "tc", "qdisc", "show", "dev", NIC).stdout
+
+    def link_counters(self) -> Dict[str, int]:
+        """Every NIC's ``tbf`` counters summed over the hosts, both directions apart: bytes sent, packets
+        dropped (the queue was full) and overlimits (packets made to wait), e.g. ``{"up_dropped": 3, ...}``.
+        Two readings around a job give what its traffic did to the queues."""
+        totals = {f"{side}_{name}": 0 for side in ("up", "down") for name in ("bytes", "dropped", "overlimits")}
+        for host in self.hosts:
+            for side, namespace, dev in (("up", host.namespace, NIC), ("down", self.bridge_ns, f"h{host.index}")):
+                text = self._in(namespace, "tc", "-s", "qdisc", "show", "dev", dev).stdout
+                found = _TBF_STATS.search(text)
+                if found is None:
+                    raise RigError(f"no tbf counters on {dev} in {namespace}: {text!r}")
+                totals[f"{side}_bytes"] += int(found.group(1))
+                totals[f"{side}_dropped"] += int(found.group(2))
+                totals[f"{side}_overlimits"] += int(found.group(3))
+        return totals
 
     def set_rate(self, rate: str) -> None:
         """Change every NIC's cap (both directions) in place."""

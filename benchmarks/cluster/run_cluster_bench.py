@@ -28,7 +28,7 @@ import sys
 import tempfile
 from typing import Dict, List, Optional
 
-from calibration import calibrate, probe
+from calibration import all_to_all, calibrate, probe
 from jobs import DEFAULT_SYSTEMS, SYSTEMS, hosts_needed, layout, run_job
 from rig import ClusterRig, RigError, check_privileges, parse_rate_bits
 from workloads import WORKLOADS, workload_bytes
@@ -55,6 +55,11 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--mxnet-venv", default=os.path.join(ROOT, ".nox", "_cluster_mxnet"),
                    help="venv with mxnet 1.9.1 (created with mxnet==1.9.1 numpy==1.23.5 if missing)")
     p.add_argument("--trace-n", type=int, default=4, help="n of the traced byteps run (per-stage timings); 0: none")
+    p.add_argument("--all-to-all", action="store_true",
+                   help="after calibrating, stream from every worker host to every other at once and report "
+                        "each NIC's rate (the co-located pattern, raw TCP)")
+    p.add_argument("--trace-system", default="byteps", choices=["byteps", "byteps-colocated"],
+                   help="servers of the traced run: dedicated (byteps) or on the worker hosts")
     p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end training comparison")
     p.add_argument("--e2e-workers", default="2,4")
     p.add_argument("--e2e-iters", type=int, default=10, help="timed iterations of the synthetic benchmark")
@@ -129,10 +134,12 @@ class Bench:
         for n in [int(x) for x in args.workers.split(",")]:
             with ClusterRig(hosts_needed(n), args.rate, tag=f"n{n}") as rig:
                 self.calibrate(rig, n)
+                if args.all_to_all:
+                    self.all_to_all(rig, n)
                 for workload in self.results["settings"]["workloads"]:
                     for system in self.results["settings"]["systems"]:
                         self.measure(rig, n, workload, system)
-                if n == args.trace_n and "byteps" in self.results["settings"]["systems"]:
+                if n == args.trace_n and args.trace_system in self.results["settings"]["systems"]:
                     self.trace(rig, n)
                 if not args.no_e2e and str(n) in args.e2e_workers.split(","):
                     for system in args.e2e_systems.split(","):
@@ -154,6 +161,15 @@ class Bench:
             rig.set_rate(f"{int(rig.rate_bits / 2 / 1e6)}mbit")
             print(f"  the cores, not the cap, limit {report['hosts']} busy hosts: lowering the cap to {rig.rate}")
         self.results["calibration"][str(n)] = report
+        self.save()
+
+    def all_to_all(self, rig: ClusterRig, n: int) -> None:
+        report = all_to_all(rig, n, os.path.join(self.workdir, f"n{n}", "all-to-all"))
+        self.results.setdefault("all_to_all", {})[str(n)] = report
+        per_host = report["per_host_bytes_per_s"]
+        streams = report["per_stream_bytes_per_s"]
+        print(f"n={n} all-to-all, raw TCP: each NIC out {min(per_host) / 1e6:.1f}-{max(per_host) / 1e6:.1f} MB/s "
+              f"(streams {min(streams) / 1e6:.1f}-{max(streams) / 1e6:.1f} MB/s)", flush=True)
         self.save()
 
     def byteps_env(self, system: str) -> Dict[str, str]:
@@ -180,9 +196,13 @@ class Bench:
         roles = layout(system, n, ["--workload", workload, "--warmup", str(self.args.warmup), "--repeats",
                                    str(repeats), *extra], workdir, self.next_port(), len(rig.hosts) - 1, rig.address,
                        mxnet_python=self.mxnet_python, extra_env=self.byteps_env(system))
+        before = rig.link_counters()
         outcome = run_job(rig, roles, workdir, timeout=120 + (self.args.warmup + repeats) * unit * 4)
+        after = rig.link_counters()
+        # What the whole job (warm-up and timed rounds) did to the NICs' queues: drops cost TCP retransmissions.
+        links = {name: after[name] - before[name] for name in after}
         record = {"n": n, "rate": rig.rate, "rate_bits": rig.rate_bits, "workload": workload, "bytes": nbytes,
-                  "system": system, "op": self.args.op, "seconds_total": outcome.seconds}
+                  "system": system, "op": self.args.op, "seconds_total": outcome.seconds, "links": links}
         if outcome.ok:
             rounds = [max(r["times"][i] for r in outcome.results) for i in range(repeats)]
             record.update(times=rounds, **_summary(rounds), **outcome.cpu)
@@ -192,7 +212,9 @@ class Bench:
                 record["first_layer_median"] = statistics.median(firsts)
             first = f", first layer back {record['first_layer_median']:.3f} s" if "first_layer_median" in record else ""
             print(f"n={n} {workload:9} {system:17} {record['median']:7.3f} s ({record['min']:.3f}-"
-                  f"{record['max']:.3f}) machine busy {outcome.cpu.get('machine_busy', 0):.0%}{first}", flush=True)
+                  f"{record['max']:.3f}) machine busy {outcome.cpu.get('machine_busy', 0):.0%}{first}; "
+                  f"packets dropped up {links['up_dropped']} down {links['down_dropped']} of "
+                  f"{links['up_bytes'] / 1e6:.0f} MB sent", flush=True)
         else:
             record["error"] = outcome.error
             print(f"n={n} {workload:9} {system:17} FAILED: {outcome.error[:500]}", flush=True)
@@ -200,14 +222,15 @@ class Bench:
         self.save()
 
     def trace(self, rig: ClusterRig, n: int) -> None:
-        """byteps k = n on 100MB with every PUSH and answer timestamped: where the time goes."""
+        """byteps (--trace-system) on 100MB with every PUSH and answer timestamped: where the time goes."""
         import stage_probe
 
+        system = self.args.trace_system
         workdir = os.path.join(self.workdir, f"n{n}", "trace")
         rounds = 4
-        roles = layout("byteps", n, ["--workload", "100MB", "--warmup", "1", "--repeats", str(rounds)], workdir,
+        roles = layout(system, n, ["--workload", "100MB", "--warmup", "1", "--repeats", str(rounds)], workdir,
                        self.next_port(), len(rig.hosts) - 1, rig.address, trace=True,
-                       extra_env=self.byteps_env("byteps"))
+                       extra_env=self.byteps_env(system))
         outcome = run_job(rig, roles, workdir, timeout=300)
         if not outcome.ok:
             print(f"traced run failed: {outcome.error[:500]}", flush=True)
@@ -218,16 +241,20 @@ class Bench:
             for i in range(count):
                 with open(os.path.join(workdir, f"trace-{kind}{i}.json")) as f:
                     traces[kind].append(json.load(f))
-        per_round = []
+        per_round, profiles = [], []
         for i in range(rounds):
             start = min(r["starts"][i] for r in outcome.results)
             per_round.append(stage_probe.stages(traces["worker"], traces["server"], 1 + i, start))
+            profiles.append(stage_probe.profile(traces["worker"], traces["server"], 1 + i, start))
         median = {k: statistics.median(r[k] for r in per_round) for k in per_round[0]}
         from byteps.common.config import Config
 
-        self.results["stages"] = {"n": n, "partition_bytes": Config.from_env({}).partition_bytes,
-                                  "rounds": per_round, "median": median}
-        print("stages (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in median.items()), flush=True)
+        self.results["stages"] = {"n": n, "system": system, "partition_bytes": Config.from_env({}).partition_bytes,
+                                  "rounds": per_round, "median": median, "profiles": profiles}
+        print(f"stages of {system} (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in median.items()), flush=True)
+        for i, counts in enumerate(profiles):
+            print(f"  round {i + 1}, partitions per 0.1 s: pushes in {counts['pushes_in']}; "
+                  f"answers in {counts['answers_in']}", flush=True)
         self.save()
 
     def e2e(self, rig: ClusterRig, n: int, system: str) -> None:
@@ -274,9 +301,14 @@ def smoke(workdir: str) -> int:
             return 1
         roles = layout("byteps-colocated", 2, ["--workload", "tiny", "--warmup", "1", "--repeats", "2"],
                        os.path.join(workdir, "byteps"), 9100, 1, rig.address)
+        before = rig.link_counters()
         outcome = run_job(rig, roles, os.path.join(workdir, "byteps"), timeout=60)
         if not outcome.ok:
             print(f"smoke: byteps job failed: {outcome.error}", file=sys.stderr)
+            return 1
+        after = rig.link_counters()
+        if not after["up_bytes"] > before["up_bytes"] or not after["down_bytes"] > before["down_bytes"]:
+            print(f"smoke: the NICs' counters did not move ({before} -> {after})", file=sys.stderr)
             return 1
         times = [max(r["times"][i] for r in outcome.results) for i in range(2)]
         print(f"smoke: byteps push_pull on 2 hosts (servers co-located): OK, rounds {times[0]:.3f} s "
