@@ -15,6 +15,8 @@ Each job runs one worker script that checks many things on every rank
   tf.function;
 * scripts/keras2_checks.py: the same for Keras 2 (tf_keras, TF_USE_LEGACY_KERAS=1), both of its optimizer
   families, SyncBatchNormalization as a Keras 2 layer;
+* scripts/keras2_graph_checks.py: Keras 2 in a TF1 graph (eager execution disabled), backward passes
+  accumulated, against one process;
 * scripts/keras_checks.py with two servers: equivalence of 2 workers on half
   batches with 1 process on whole batches, Keras model.fit with every
   callback, load_model, the Keras API.
@@ -67,6 +69,13 @@ def test_keras_2_under_bpslaunch():
         assert len(reports) == 6, report(result)
         for line in reports:
             assert float(re.search(r"reference (\S+)$", line).group(1)) < 1e-5, line
+
+
+def test_keras_2_in_a_tf1_graph_under_bpslaunch():
+    # Eager execution disabled: Keras 2's graph loop runs only what the fetched update depends on.
+    result = launch_tf_job(JOB_LAYOUTS["one-machine-np2"], f"{SCRIPTS}/keras2_graph_checks.py",
+                           env={"TF_USE_LEGACY_KERAS": "1"})
+    assert_all_ok(result, checks=1)
 
 
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)

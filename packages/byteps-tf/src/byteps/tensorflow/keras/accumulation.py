@@ -34,6 +34,27 @@ import tensorflow as tf
 __all__ = ["BackwardPassAccumulator"]
 
 
+def _track_in_keras_session(variables: Sequence[Any]) -> None:
+    """A TF1 graph (eager execution disabled, Keras 2's graph training): Keras initializes in its session
+    only the variables it tracks, and these are outside the optimizer's. Keras 3 has no such mode."""
+    try:
+        from tf_keras.src.backend import track_variable  # Keras 2's own, not in its public API
+    except ImportError:
+        return
+    for variable in variables:
+        track_variable(variable)
+
+
+def _after(effects: Sequence[Any], value: tf.Tensor) -> tf.Tensor:
+    """``value``, once ``effects`` have run. Inside ``tf.function`` TensorFlow orders side effects itself; a
+    TF1 graph (Keras 2 with eager execution disabled) runs only what a fetched tensor depends on."""
+    effects = [e for e in effects if e is not None and not isinstance(e, bool)]
+    if tf.executing_eagerly() or not effects:
+        return value
+    with tf.control_dependencies(effects):
+        return tf.identity(value)
+
+
 class BackwardPassAccumulator:
     """One zero-initialised sum per model variable and a count of the passes added since the last reset."""
 
@@ -45,20 +66,25 @@ class BackwardPassAccumulator:
             self.sums = [tf.Variable(tf.zeros(v.shape, dtype=tf.as_dtype(v.dtype)), trainable=False,
                                      name="byteps_accumulator") for v in variables]
             self.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="byteps_backward_passes")
+            if not tf.executing_eagerly():
+                _track_in_keras_session((*self.sums, self.counter))
 
     def add(self, gradients: Sequence[Optional[Any]], slots: Sequence[int]) -> tf.Tensor:
         """Add ``gradients[i]`` to sum ``slots[i]`` (``None`` adds nothing); True once ``passes`` were added."""
+        updates = []
         for gradient, slot in zip(gradients, slots):
             if gradient is None:
                 continue
             total = self.sums[slot]
             if isinstance(gradient, tf.IndexedSlices):
-                total.scatter_add(tf.IndexedSlices(tf.cast(gradient.values, total.dtype), gradient.indices,
-                                                   gradient.dense_shape))
+                updates.append(total.scatter_add(tf.IndexedSlices(tf.cast(gradient.values, total.dtype),
+                                                                  gradient.indices, gradient.dense_shape)))
             else:
-                total.assign_add(tf.cast(gradient, total.dtype))
-        self.counter.assign_add(1)
-        return tf.convert_to_tensor(self.counter) >= self.passes
+                updates.append(total.assign_add(tf.cast(gradient, total.dtype), read_value=False))
+        updates.append(self.counter.assign_add(1, read_value=False))
+        # Explicit: a TF1 graph (Keras 2 with eager execution disabled) orders nothing by itself.
+        with tf.control_dependencies(updates):
+            return self.counter.read_value() >= self.passes
 
     def totals(self, slots: Sequence[int], present: Sequence[bool], average: bool) -> List[Optional[tf.Tensor]]:
         """The sums of ``slots`` (``None`` where no pass had a gradient), divided by ``passes`` if ``average``."""
@@ -71,10 +97,10 @@ class BackwardPassAccumulator:
             totals.append(total / tf.cast(self.passes, total.dtype) if average else total)
         return totals
 
-    def reset(self) -> None:
-        for total in self.sums:
-            total.assign(tf.zeros_like(total))
-        self.counter.assign(0)
+    def reset(self) -> List[Any]:
+        """Zero the sums and the counter; the assignments (for a graph to depend on)."""
+        updates = [total.assign(tf.zeros_like(total), read_value=False) for total in self.sums]
+        return updates + [self.counter.assign(0, read_value=False)]
 
     def apply_every(self, gradients: Sequence[Optional[Any]], slots: Sequence[int], average: bool,
                     apply: Callable[[List[Optional[tf.Tensor]]], Any]) -> tf.Tensor:
@@ -99,8 +125,10 @@ class BackwardPassAccumulator:
 
         def reduced() -> List[tf.Tensor]:
             totals = reduce(self.totals(slots, present, average))
-            self.reset()
-            return [tf.convert_to_tensor(totals[i]) for i in there] or [tf.constant(True)]
+            outputs = [tf.convert_to_tensor(totals[i]) for i in there] or [tf.constant(True)]
+            with tf.control_dependencies(outputs):   # zeroed once read
+                cleared = self.reset()
+            return [_after(cleared, output) for output in outputs]
 
         def running() -> List[tf.Tensor]:
             totals = self.totals(slots, present, False)
@@ -112,15 +140,16 @@ class BackwardPassAccumulator:
             results[i] = value
         return results
 
-    def apply_when_due(self, apply: Callable[[], Any], iterations: Any) -> tf.Tensor:
-        """After :meth:`reduce_every`: ``apply()`` on a pass that reduced (the counter is back at 0); on the
-        others add 1 to ``iterations`` instead, as Horovod does (it counts backward passes). True when applied."""
+    def apply_when_due(self, apply: Callable[[], Any], iterations: Any, after: Sequence[Any] = ()) -> tf.Tensor:
+        """After :meth:`reduce_every` (whose results are ``after``): ``apply()`` on a pass that reduced (the
+        counter is back at 0); on the others add 1 to ``iterations`` instead, as Horovod does (it counts
+        backward passes). True when applied."""
         def update() -> tf.Tensor:
-            apply()
-            return tf.constant(True)
+            return _after([apply()], tf.constant(True))
 
         def count() -> tf.Tensor:
-            iterations.assign_add(1)
-            return tf.constant(False)
+            return _after([iterations.assign_add(1, read_value=False)], tf.constant(False))
 
-        return tf.cond(tf.equal(self.counter, 0), update, count)
+        with tf.control_dependencies([t for t in after if isinstance(t, tf.Tensor)]):
+            due = tf.equal(self.counter.read_value(), 0)
+        return tf.cond(due, update, count)

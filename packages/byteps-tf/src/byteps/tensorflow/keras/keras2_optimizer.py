@@ -124,7 +124,7 @@ class Keras2DistributedOptimizer:
         if self._byteps_passes == 1:
             return apply(list(zip(grads, variables)), *args, **kwargs)
         return self._agg_helper.apply_when_due(lambda: apply(list(zip(grads, variables)), *args, **kwargs),
-                                               self.iterations)
+                                               self.iterations, after=grads)
 
     def _byteps_reduce(self, grads: List[Any], variables: List[Any]) -> List[Any]:
         """Averaged over the workers; with N > 1 added to the local sums, which are averaged every N-th pass."""
