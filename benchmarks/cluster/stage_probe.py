@@ -52,6 +52,12 @@ def install(path: str) -> None:
     atexit.register(dump)
 
 
+def _times(traces: List[list], direction: str, kind: str, round_: int, start: float) -> List[float]:
+    """Seconds from ``start`` of every ``direction`` ("sent"/"received") record of ``kind`` in ``round_``."""
+    return [r[0] - start for trace in traces for r in trace
+            if r[1] == direction and r[2] == kind and r[4] == round_]
+
+
 def stages(worker_traces: List[list], server_traces: List[list], round_: int, start: float) -> Dict[str, float]:
     """Seconds from ``start`` (the round's barrier release) to each stage of one round.
 
@@ -61,8 +67,7 @@ def stages(worker_traces: List[list], server_traces: List[list], round_: int, st
     its first / last sum.
     """
     def times(traces, direction, kind):
-        return [r[0] - start for trace in traces for r in trace
-                if r[1] == direction and r[2] == kind and r[4] == round_]
+        return _times(traces, direction, kind, round_, start)
 
     def delays(first, second):
         """Per (worker, key): ``second`` at the worker minus ``first`` at the server, for this round."""
@@ -95,8 +100,7 @@ def profile(worker_traces: List[list], server_traces: List[list], round_: int, s
     (the fill at the start, the drain at the end, or a stall between).
     """
     def binned(traces, direction, kind):
-        times = [r[0] - start for trace in traces for r in trace
-                 if r[1] == direction and r[2] == kind and r[4] == round_]
+        times = _times(traces, direction, kind, round_, start)
         counts = [0] * (int(max(times) / bin_s) + 1 if times else 0)
         for t in times:
             counts[max(0, int(t / bin_s))] += 1

@@ -48,7 +48,7 @@ def _track_in_keras_session(variables: Sequence[Any]) -> None:
 def _after(effects: Sequence[Any], value: tf.Tensor) -> tf.Tensor:
     """``value``, once ``effects`` have run. Inside ``tf.function`` TensorFlow orders side effects itself; a
     TF1 graph (Keras 2 with eager execution disabled) runs only what a fetched tensor depends on."""
-    effects = [e for e in effects if e is not None and not isinstance(e, bool)]
+    effects = [e for e in effects if e is not None]
     if tf.executing_eagerly() or not effects:
         return value
     with tf.control_dependencies(effects):
