@@ -58,7 +58,7 @@ def test_many_tensors_many_rounds_async():
 def test_local_processes_on_two_machines():
     spec = {"rounds": 2, "tensors": tensors([3, 3000], ["float32", "int64"])}
     result = run_job(WORKER + [json.dumps(spec)], 2, 1, local_size=2,
-                     env={"BYTEPS_PARTITION_BYTES": str(PARTITION_BYTES)})
+                     env={"BYTEPS_PARTITION_BYTES": str(PARTITION_BYTES), "BYTEPS_FORCE_DISTRIBUTED": "1"})
     assert_ok(result)
     assert "rank 3 of 4" in result.outputs["worker3"]
 
@@ -132,3 +132,39 @@ def test_same_bytes_in_another_shape_fail_on_every_rank():
         out = result.outputs[f"worker{rank}"]
         assert result.codes[f"worker{rank}"] == 1, out
         assert "shape 2x3" in out and "shape 3x2" in out, out
+
+
+PUSH_CARRIES_PULL = r"""
+import json
+import numpy as np
+import byteps.common as bps
+from byteps.common.api import worker
+bps.init()
+rank, size = bps.rank(), bps.size()
+for round_ in range(3):
+    for name, count in (("a", 2500), ("b", 7)):        # 2500 float32 in 4000-byte partitions: 3 keys, "b": 1
+        x = np.arange(count, dtype=np.float32) * (rank + 1) + round_
+        bps.push_pull(x, name=name, average=False)
+        expected = np.arange(count, dtype=np.float32) * sum(r + 1 for r in range(size)) + size * round_
+        assert np.array_equal(x, expected), (name, round_, x[:4], expected[:4])
+counters = [c.counters for c in worker()._comm.exchange.connections]
+print("COUNTS", json.dumps({"sent": sum(c.messages_sent for c in counters),
+                            "received": sum(c.messages_received for c in counters)}), flush=True)
+bps.shutdown()
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_push_carries_its_pull_and_the_push_answered_at_once_is_not_acknowledged(workers):
+    # 4 keys x 3 rounds per worker. Sent: one INIT_KEY per key, then one PUSH per key and round, no PULL
+    # (the push carries it, FLAG_PULL). Received: one answer per push, and a PUSH_ACK for every push but
+    # the one that completes its round (answered at once): 12 rounds of 4 keys across the workers.
+    result = run_job([sys.executable, "-c", PUSH_CARRIES_PULL], workers, 1, timeout=60,
+                     env={"BYTEPS_PARTITION_BYTES": str(PARTITION_BYTES), "BYTEPS_FORCE_DISTRIBUTED": "1"})
+    assert_ok(result)
+    counts = [json.loads(re.search(r"COUNTS (.*)", result.outputs[f"worker{rank}"]).group(1))
+              for rank in range(workers)]
+    keys, rounds = 4, 3
+    assert all(c["sent"] == keys + keys * rounds for c in counts), counts
+    acks = sum(c["received"] for c in counts) - workers * keys * rounds
+    assert acks == (workers - 1) * keys * rounds, counts

@@ -34,7 +34,7 @@ namespace py = pybind11;
 namespace {
 
 constexpr uint32_t kMagic = 0x31535042u;  // bytes "BPS1" read little-endian
-constexpr uint16_t kProtocolVersion = 2;  // 2: PUSH_ACK after every accepted PUSH
+constexpr uint16_t kProtocolVersion = 3;  // 2: PUSH_ACK after every accepted PUSH; 3: a PUSH may carry its PULL
 constexpr size_t kHeaderBytes = 40;
 
 template <typename T>

@@ -19,7 +19,7 @@ from byteps.common.interface import require_interface
 # (Config.gpu_local_aggregation, CopyEngine.shared_memory/open_shared/reduce)
 INTERFACE_VERSION = (2, 6)
 
-require_interface("byteps-transport", "byteps.transport", (2, 5), requirer="byteps-common")
+require_interface("byteps-transport", "byteps.transport", (2, 7), requirer="byteps-common")
 
 from byteps.common.api import (  # noqa: E402
     barrier,

@@ -9,7 +9,9 @@ held as the received message.
 
 Pipelined (the default), PUSH is done once sent, so its PULL follows at
 once and a partition's sum comes back while later partitions are still
-being pushed: both directions of the NIC work at the same time. With
+being pushed: both directions of the NIC work at the same time. The push
+itself carries the pull (FLAG_PULL): one message where two were, and the
+server leaves out the PUSH_ACK when it answers at once. With
 BYTEPS_PIPELINE=0 (a switch for measurements) PUSH is done when
 acknowledged and a task's PULLs wait until every one of its pushes was:
 push everything, then pull everything, like MXNet's KVStore.
@@ -26,6 +28,7 @@ from byteps.common.tensor_description import PartitionSpec, split_quorum_aux
 from byteps.transport import (
     FLAG_AVERAGE,
     FLAG_BARE,
+    FLAG_PULL,
     FLAG_SKIPPED,
     FLAG_ZEROS,
     Command,
@@ -106,6 +109,9 @@ class ServerExchange:
         flags, payload = FLAG_AVERAGE if task.average_over else 0, trip.data
         if self._all_zeros(trip):
             flags, payload = flags | FLAG_ZEROS, None  # the server counts zeros; nothing crosses the wire
+        if self.pipeline:  # the PULL stage follows at once (plan_route puts it right after PUSH): send it here
+            self._mark_bare(trip)
+            flags |= FLAG_PULL if trip.pull_nbytes else FLAG_PULL | FLAG_BARE
         connection.send(Command.PUSH, self.rank, part.key, task.round, payload=payload,
                         dtype=int(task.source.dtype), flags=flags, aux=task.tag)
         if self.pipeline:
@@ -113,17 +119,15 @@ class ServerExchange:
 
     # --- the PULL stage -----------------------------------------------------------------
     def pull(self, trip: PartitionTrip) -> None:
-        if trip.task.skip_pull and trip.part.inside(trip.task.skip_pull):
-            trip.pull_nbytes = 0  # only the round's completion is asked for: a bare pull
-        trip.landing = self._landing(trip)
+        self._mark_bare(trip)
+        trip.landing = self._landing(trip)  # before any answer is received: this thread sent the pull just now
         if trip.task.skipped:  # a closed round, pulled without a push: no credit, no INIT_KEY to send
             trip.acked = True
             self._in_flight[(trip.part.key, trip.task.round)] = trip
             self._send_pull(trip, FLAG_SKIPPED)
             return
         if self.pipeline:
-            self._send_pull(trip)
-            return
+            return  # the push carried this pull (FLAG_PULL)
         task = trip.task
         held = self._held_pulls.setdefault(id(task), [])
         held.append(trip)
@@ -131,6 +135,11 @@ class ServerExchange:
             del self._held_pulls[id(task)]
             for waiting in held:
                 self._send_pull(waiting)
+
+    @staticmethod
+    def _mark_bare(trip: PartitionTrip) -> None:
+        if trip.task.skip_pull and trip.part.inside(trip.task.skip_pull):
+            trip.pull_nbytes = 0  # only the round's completion is asked for: a bare pull
 
     def _send_pull(self, trip: PartitionTrip, flags: int = 0) -> None:
         if not trip.pull_nbytes:
@@ -199,8 +208,10 @@ class ServerExchange:
             task = trip.task
             task.closed_after = closed_after if task.closed_after is None else min(task.closed_after, closed_after)
         del self._in_flight[entry]
-        if not trip.acked:  # the ack is sent before the answer; tolerate it anyway
+        if not trip.acked:  # a push that carried its pull and was answered at once is not acknowledged
+            trip.acked = True
             self.queue.release(self._credit(trip))
+            self.send_ready()
         if bare:
             trip.data = trip.output  # the output keeps what it holds: COPY_OUT leaves it
         else:

@@ -46,6 +46,12 @@ rounds had closed after it; a machine that knows it is behind may then
 skip a closed round: its PULL, flagged FLAG_SKIPPED and with no push, is
 answered with that round's sum and counts as having moved past it.
 
+A push flagged FLAG_PULL is also its sender's pull of that round, handled
+right after the push: pipelined workers send one message per partition
+where they sent two. Its PUSH_ACK is left out when the pull is answered at
+once (the push completed the round, or closed it late): the answer returns
+the same scheduling credit a moment later.
+
 Server-side scheduling (BYTEPS_SERVER_ENABLE_SCHEDULE=1): the messages
 waiting at the listener are read together and their pushes handled in key
 order (earlier-declared tensors, lower partitions first), so the sums the
@@ -84,6 +90,7 @@ from byteps.transport.addressing import resolve_host
 from byteps.transport.frames import (
     FLAG_AVERAGE,
     FLAG_BARE,
+    FLAG_PULL,
     FLAG_SKIPPED,
     FLAG_ZEROS,
     command_name,
@@ -254,8 +261,9 @@ class ParameterServer:
 
         Reordering is safe: a push needs its key's INIT_KEY (which came
         before it); a pull comes after its own push (an asynchronous key's
-        must) and may wait for its round's other pushes anyway; a worker's
-        JOIN or ERROR follows its own pushes in both orders.
+        must; one a push carries is handled with it) and may wait for its
+        round's other pushes anyway; a worker's JOIN or ERROR follows its
+        own pushes in both orders.
         """
         batch: List[Message] = []
         while len(batch) < _SCHEDULE_BATCH and (not batch or self.listener.wait_readable(0)):
@@ -277,6 +285,8 @@ class ParameterServer:
         try:
             if header.command == Command.PUSH:
                 self._push(message)
+                if header.flags & FLAG_PULL:
+                    self._pull_after_push(message)
             elif header.command == Command.PULL:
                 self._pull(message)
             elif header.command == Command.INIT_KEY:
@@ -367,7 +377,7 @@ class ParameterServer:
                 return
         if message.identity in state.pushed:
             raise ValueError(f"second push of round {header.round} for {state.spec.describe()}")
-        flags = header.flags & ~FLAG_ZEROS
+        flags = header.flags & ~(FLAG_ZEROS | FLAG_PULL | FLAG_BARE)  # what the round's pushes must agree on
         if state.pushed and (flags, header.aux) != (state.round_flags, state.round_tag):
             self._refuse_round(header.key, state, message)
         payload = message.payload if message.payload is not None else b""
@@ -389,7 +399,7 @@ class ParameterServer:
                              partition=state.spec.partition, worker=header.sender, step=header.round + 1)
         # The ack frees the worker's scheduling credit; it depends on nothing
         # but this push, so no worker's credit waits on another worker.
-        self.listener.send(Command.PUSH_ACK, self.rank, header.key, header.round, identity=message.identity)
+        self._acknowledge(message)
         if not state.pushed:
             state.round_started, state.round_flags, state.round_tag = time.monotonic(), flags, header.aux
         state.pushed.add(message.identity)
@@ -401,6 +411,22 @@ class ParameterServer:
             state.round_after_join = True
         elif self.joined and not state.round_after_join:
             self._add_joined_zeros(header.key, state)
+
+    def _acknowledge(self, message: Message) -> None:
+        """PUSH_ACK for one push, except to a push that carries its pull: :meth:`_pull_after_push` decides."""
+        if not message.header.flags & FLAG_PULL:
+            header = message.header
+            self.listener.send(Command.PUSH_ACK, self.rank, header.key, header.round, identity=message.identity)
+
+    def _pull_after_push(self, message: Message) -> None:
+        """The pull a push carried (FLAG_PULL), as if it had come right after it; acknowledged unless answered."""
+        header = message.header
+        self._pull(Message(header._replace(command=Command.PULL, payload_bytes=0, flags=header.flags & FLAG_BARE),
+                           None, message.identity))
+        state = self.keys[header.key]
+        waiting = (message.identity, header.round)
+        if waiting in state.pending_pulls or waiting in state.held_pulls:
+            self.listener.send(Command.PUSH_ACK, self.rank, header.key, header.round, identity=message.identity)
 
     def _round_complete(self, key: int, state: KeyState) -> None:
         round_ = self.engine.completed_round(key)
@@ -490,7 +516,7 @@ class ParameterServer:
         self.engine.reduce_into(state.store, payload, state.spec.dtype)
         state.applied[message.identity] = header.round
         self.async_pushes += 1
-        self.listener.send(Command.PUSH_ACK, self.rank, header.key, header.round, identity=message.identity)
+        self._acknowledge(message)
         if state.held_pulls:
             self._answer_async_pulls(header.key, state)
 
@@ -521,7 +547,7 @@ class ParameterServer:
         self.late_pushes += 1
         log.debug("dropped the late push of round %d for %s from worker %d (round %d closed)", header.round,
                   state.spec.describe(), header.sender, self.engine.completed_round(header.key))
-        self.listener.send(Command.PUSH_ACK, self.rank, header.key, header.round, identity=message.identity)
+        self._acknowledge(message)
         if state.pending_pulls:  # a lagging machine moved: held sums may go
             self._answer_pulls(header.key, state)
 

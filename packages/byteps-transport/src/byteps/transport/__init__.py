@@ -17,6 +17,7 @@ from byteps.transport.errors import NodeFailure, RemoteError, RendezvousTimeout,
 from byteps.transport.frames import (
     FLAG_AVERAGE,
     FLAG_BARE,
+    FLAG_PULL,
     FLAG_SKIPPED,
     FLAG_ZEROS,
     HEADER_BYTES,
@@ -41,7 +42,8 @@ from byteps.transport.zmq_endpoints import Connection, Listener, tcp_address
 # 2.1: NodeInfo.settings (job-wide settings checked at rendezvous), FLAG_SKIPPED
 # 2.2: FLAG_ZEROS; 2.3: FLAG_BARE; 2.4: SchedulerOptions.lost_node_file
 # 2.5: Context(shared_memory=...), payloads through shared memory on one host
-INTERFACE_VERSION = (2, 6)  # 2.6: Context(rdma=RdmaSettings(...)): payloads by RDMA WRITE; ByteCounters.rdma_*
+# 2.6: Context(rdma=RdmaSettings(...)): payloads by RDMA WRITE; ByteCounters.rdma_*
+INTERFACE_VERSION = (2, 7)  # 2.7: FLAG_PULL, wire protocol v3 (a PUSH that is also its PULL)
 
 __all__ = [
     "INTERFACE_VERSION",
@@ -51,6 +53,7 @@ __all__ = [
     "FLAG_SKIPPED",
     "FLAG_ZEROS",
     "FLAG_BARE",
+    "FLAG_PULL",
     "AddressBook",
     "AuthenticationError",
     "ByteCounters",

@@ -25,6 +25,7 @@ __all__ = [
     "FLAG_SKIPPED",
     "FLAG_ZEROS",
     "FLAG_BARE",
+    "FLAG_PULL",
     "MAX_CONTROL_PAYLOAD",
     "command_name",
     "encode_header",
@@ -84,6 +85,10 @@ FLAG_ZEROS = 4
 #: Header flag of a PULL: the worker already holds the round's sum (a gather's own bytes or its padding, a
 #: broadcast's root): the server answers with a header alone once the round is complete.
 FLAG_BARE = 8
+#: Header flag of a PUSH: the push is also its sender's PULL of the same key and round (with FLAG_BARE, a bare
+#: one). A pipelined worker pulls every partition right after pushing it, so one message does both; the server
+#: leaves out the PUSH_ACK when it answers the pull at once (the answer frees the same credit). Protocol v3.
+FLAG_PULL = 16
 
 
 class Header(NamedTuple):
