@@ -58,7 +58,7 @@ def test_many_tensors_many_rounds_async():
 def test_local_processes_on_two_machines():
     spec = {"rounds": 2, "tensors": tensors([3, 3000], ["float32", "int64"])}
     result = run_job(WORKER + [json.dumps(spec)], 2, 1, local_size=2,
-                     env={"BYTEPS_PARTITION_BYTES": str(PARTITION_BYTES), "BYTEPS_FORCE_DISTRIBUTED": "1"})
+                     env={"BYTEPS_PARTITION_BYTES": str(PARTITION_BYTES)})
     assert_ok(result)
     assert "rank 3 of 4" in result.outputs["worker3"]
 

@@ -111,7 +111,7 @@ class ServerExchange:
             flags, payload = flags | FLAG_ZEROS, None  # the server counts zeros; nothing crosses the wire
         if self.pipeline:  # the PULL stage follows at once (plan_route puts it right after PUSH): send it here
             self._mark_bare(trip)
-            flags |= FLAG_PULL if trip.pull_nbytes else FLAG_PULL | FLAG_BARE
+            flags |= FLAG_PULL | self._bare_flag(trip)
         connection.send(Command.PUSH, self.rank, part.key, task.round, payload=payload,
                         dtype=int(task.source.dtype), flags=flags, aux=task.tag)
         if self.pipeline:
@@ -141,9 +141,13 @@ class ServerExchange:
         if trip.task.skip_pull and trip.part.inside(trip.task.skip_pull):
             trip.pull_nbytes = 0  # only the round's completion is asked for: a bare pull
 
+    @staticmethod
+    def _bare_flag(trip: PartitionTrip) -> int:
+        """FLAG_BARE for a pull that asks only for the round's completion, else 0."""
+        return 0 if trip.pull_nbytes else FLAG_BARE
+
     def _send_pull(self, trip: PartitionTrip, flags: int = 0) -> None:
-        if not trip.pull_nbytes:
-            flags |= FLAG_BARE
+        flags |= self._bare_flag(trip)
         self.connections[trip.part.server].send(Command.PULL, self.rank, trip.part.key, trip.task.round,
                                                 dtype=int(trip.task.source.dtype), flags=flags)
 
@@ -209,7 +213,6 @@ class ServerExchange:
             task.closed_after = closed_after if task.closed_after is None else min(task.closed_after, closed_after)
         del self._in_flight[entry]
         if not trip.acked:  # a push that carried its pull and was answered at once is not acknowledged
-            trip.acked = True
             self.queue.release(self._credit(trip))
             self.send_ready()
         if bare:

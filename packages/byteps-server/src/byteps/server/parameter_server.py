@@ -415,8 +415,11 @@ class ParameterServer:
     def _acknowledge(self, message: Message) -> None:
         """PUSH_ACK for one push, except to a push that carries its pull: :meth:`_pull_after_push` decides."""
         if not message.header.flags & FLAG_PULL:
-            header = message.header
-            self.listener.send(Command.PUSH_ACK, self.rank, header.key, header.round, identity=message.identity)
+            self._send_ack(message)
+
+    def _send_ack(self, message: Message) -> None:
+        header = message.header
+        self.listener.send(Command.PUSH_ACK, self.rank, header.key, header.round, identity=message.identity)
 
     def _pull_after_push(self, message: Message) -> None:
         """The pull a push carried (FLAG_PULL), as if it had come right after it; acknowledged unless answered."""
@@ -426,7 +429,7 @@ class ParameterServer:
         state = self.keys[header.key]
         waiting = (message.identity, header.round)
         if waiting in state.pending_pulls or waiting in state.held_pulls:
-            self.listener.send(Command.PUSH_ACK, self.rank, header.key, header.round, identity=message.identity)
+            self._send_ack(message)
 
     def _round_complete(self, key: int, state: KeyState) -> None:
         round_ = self.engine.completed_round(key)
