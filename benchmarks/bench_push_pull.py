@@ -10,7 +10,10 @@ ratio of at least 0.7.
 Small partitions (``--partition-bytes 4096``) take the bytes out of the
 picture and show what the per-partition path costs: the line then also
 gives partitions per second in each direction (a round pushes and pulls
-each partition once).
+each partition once), next to a second baseline: a bare pyzmq server loop
+that polls once per message and answers each request, fed every request
+at once by a client in this process (the shape of the per-partition path
+with nothing of byteps in it).
 
     python benchmarks/bench_push_pull.py [--mb 100] [--repeats 5] [--partition-bytes N] [--json out.json]
 """
@@ -43,6 +46,50 @@ for _ in range(rounds):
         data.recv(copy=False)
     ack.send(b"done")
 """
+
+ECHO_SERVER = r"""
+import sys, zmq
+ctx = zmq.Context()
+listener = ctx.socket(zmq.ROUTER); listener.bind(f"tcp://127.0.0.1:{sys.argv[1]}")
+listener.setsockopt(zmq.SNDHWM, 0); listener.setsockopt(zmq.RCVHWM, 0)
+poller = zmq.Poller(); poller.register(listener, zmq.POLLIN)
+for _ in range(int(sys.argv[2])):
+    poller.poll()  # one poll per message, as a server loop that also watches other sockets
+    identity, header, payload = listener.recv_multipart(copy=False)
+    listener.send_multipart([identity, header, payload], copy=False)
+"""
+
+
+def raw_zmq_echo(messages: int, message_bytes: int, repeats: int) -> list:
+    """Seconds for ``messages`` request/answer pairs through a bare pyzmq server loop, per repeat.
+
+    The server polls once per message and answers each with a message of the
+    same size, the shape of byteps' per-partition path with nothing of
+    byteps in it; the client sends every request at once, then receives
+    the answers.
+    """
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(port), str(messages * (repeats + 1))])
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.SNDHWM, 0)
+    dealer.setsockopt(zmq.RCVHWM, 0)
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+    header, payload = bytes(48), np.ones(message_bytes, dtype=np.uint8)
+    times = []
+    try:
+        for _ in range(repeats + 1):  # the first round warms up
+            start = time.perf_counter()
+            for _ in range(messages):
+                dealer.send_multipart([header, payload], copy=False)
+            for _ in range(messages):
+                dealer.recv_multipart(copy=False)
+            times.append(time.perf_counter() - start)
+    finally:
+        dealer.close(0)
+        ctx.term()
+        server.wait(timeout=30)
+    return times[1:]
 
 
 def raw_zmq_stream(total_bytes: int, message_bytes: int, repeats: int) -> list:
@@ -104,9 +151,11 @@ def main() -> None:
     bps_times = byteps_push_pull(nbytes, args.repeats, args.partition_bytes)
     ours = statistics.median(bps_times)
     partitions = -(-nbytes // args.partition_bytes)
+    echo = statistics.median(raw_zmq_echo(partitions, args.partition_bytes, args.repeats))
     figures = {
         "tensor_mb": args.mb, "partition_bytes": args.partition_bytes, "partitions": partitions,
         "partitions_per_s": partitions / ours, "raw_messages_per_s": 2 * partitions / raw,
+        "raw_echo_per_s": partitions / echo,
         "raw_pyzmq_gbps": moved / raw / 1e9, "byteps_gbps": moved / ours / 1e9,
         "byteps_seconds_median": ours, "byteps_seconds_min": min(bps_times), "byteps_seconds_max": max(bps_times),
         "ratio": raw / ours,
@@ -116,7 +165,8 @@ def main() -> None:
           f"| byteps push_pull, {args.mb} MB float32, 1 worker + 1 server | {figures['byteps_gbps']:.2f} | "
           f"{figures['ratio']:.2f} |\n\n{partitions} partitions of {args.partition_bytes} bytes: "
           f"{figures['partitions_per_s']:.0f} pushed and pulled per second; the raw stream sends "
-          f"{figures['raw_messages_per_s']:.0f} messages per second")
+          f"{figures['raw_messages_per_s']:.0f} messages per second; a bare pyzmq server loop (one poll per "
+          f"message) answers {figures['raw_echo_per_s']:.0f} per second")
     if args.json:
         with open(args.json, "w") as out:
             json.dump(figures, out, indent=2)

@@ -247,7 +247,7 @@ class _SharedPayloads:
                 reference = None
             if reference is not None:
                 frames = [header, _MARKER, reference] if identity is None else [identity, header, _MARKER, reference]
-                self.socket.send_multipart(frames)
+                self._send_parts(frames)
                 self.counters.shared_sent += 1
                 return
         super()._send_frames(identity, header, payload)

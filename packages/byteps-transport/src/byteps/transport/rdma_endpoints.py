@@ -202,7 +202,7 @@ class _RdmaPayloads:
         handshake = hello or self._pending_handshake(identity)
         if handshake is not None:
             frames += [_MARKER, handshake]
-        self.socket.send_multipart(frames, copy=False)
+        self._send_parts(frames)
 
     def _pending_handshake(self, identity: Optional[bytes]) -> Optional[bytes]:
         return None
