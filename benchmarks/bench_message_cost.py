@@ -6,8 +6,10 @@ listener in this process over loopback TCP and times the sending and the
 receiving thread's side separately, each against raw pyzmq moving the same
 frames between a DEALER and a ROUTER in the same run:
 ``send_multipart(copy=False)`` and ``recv_multipart(copy=False)``, the
-calls a pyzmq program would write. The payload is small (4000 bytes by
-default) so that the per-message path, not the bytes, is what is timed.
+calls a pyzmq program would write (the byteps receive also copies the
+payload into a buffer, as a worker receives a sum). The payload is small
+(4000 bytes by default) so that the per-message path, not the bytes, is
+what is timed.
 
     python benchmarks/bench_message_cost.py [--messages 50000] [--payload-bytes 4000] [--repeats 5]
 """
@@ -21,9 +23,7 @@ import time
 import numpy as np
 import zmq
 
-from byteps.transport import Command, Context
-
-HEADER_BYTES = 48  # about a byteps header; the raw baseline sends a frame of this size
+from byteps.transport import HEADER_BYTES, Command, Context
 
 
 def _time(action, count: int) -> float:

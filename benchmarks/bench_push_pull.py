@@ -32,6 +32,7 @@ import zmq
 from loopback_job import free_port, one_worker_job
 
 from byteps.common.config import Config
+from byteps.transport import HEADER_BYTES
 
 PARTITION_BYTES = Config.from_env({}).partition_bytes  # the default, as users run it
 
@@ -60,6 +61,16 @@ for _ in range(int(sys.argv[2])):
 """
 
 
+def _stop(process: subprocess.Popen) -> None:
+    """Wait for a baseline's helper process to finish its rounds; kill it if it does not (a round failed)."""
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
+
+
 def raw_zmq_echo(messages: int, message_bytes: int, repeats: int) -> list:
     """Seconds for ``messages`` request/answer pairs through a bare pyzmq server loop, per repeat.
 
@@ -75,7 +86,7 @@ def raw_zmq_echo(messages: int, message_bytes: int, repeats: int) -> list:
     dealer.setsockopt(zmq.SNDHWM, 0)
     dealer.setsockopt(zmq.RCVHWM, 0)
     dealer.connect(f"tcp://127.0.0.1:{port}")
-    header, payload = bytes(48), np.ones(message_bytes, dtype=np.uint8)
+    header, payload = bytes(HEADER_BYTES), np.ones(message_bytes, dtype=np.uint8)
     times = []
     try:
         for _ in range(repeats + 1):  # the first round warms up
@@ -88,7 +99,7 @@ def raw_zmq_echo(messages: int, message_bytes: int, repeats: int) -> list:
     finally:
         dealer.close(0)
         ctx.term()
-        server.wait(timeout=30)
+        _stop(server)
     return times[1:]
 
 
@@ -116,7 +127,7 @@ def raw_zmq_stream(total_bytes: int, message_bytes: int, repeats: int) -> list:
         push.close(0)
         ack.close(0)
         ctx.term()
-        receiver.wait(timeout=30)
+        _stop(receiver)
     return times[1:]
 
 
