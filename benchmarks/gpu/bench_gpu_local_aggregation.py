@@ -45,7 +45,7 @@ def worker(mb: int, repeats: int) -> None:
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     assert tensor[0].item() == 1.0 and tensor[-1].item() == 1.0, "the average of ones is not one"
-    on_gpu = len(core()._device_staging._shared)
+    on_gpu = len(core().tasks.staging._shared)
     print(f"TIMES rank {bps.rank()} on_gpu={on_gpu} " + " ".join(f"{t:.6f}" for t in times[2:]), flush=True)
     bps.shutdown()
 

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 import byteps.common as bps
-from byteps.common import device_staging
+from byteps.common import PushPullOptions, device_staging
 from byteps.common.api import worker
 from byteps.testkit import device_stand_in
 from byteps.testkit.push_pull_worker import check, generate
@@ -42,7 +42,8 @@ def main() -> None:
             data = generate(name, dtype, count, rank, round_)
             tensor = device_stand_in.StandInCudaTensor(data)
             output = None if in_place else device_stand_in.StandInCudaTensor(np.zeros_like(data))
-            handle = worker().push_pull_async(tensor, name, average, output, dtype, stream=1234)
+            handle = worker().push_pull_async(tensor, name, PushPullOptions(average=average, output=output, dtype=dtype,
+                                                                             stream=1234))
             pending.append(((name, dtype, count, average), data if in_place else output.host_array, handle))
         for (name, dtype, count, average), result, handle in pending:
             handle.wait()

@@ -22,6 +22,7 @@ import byteps.common as bps
 from byteps.common.api import worker
 from byteps.common.dtypes import DType
 from byteps.common.frontend import collectives as front
+from byteps.common.options import PushPullOptions
 
 
 def main() -> None:
@@ -30,10 +31,11 @@ def main() -> None:
     rank, size = bps.rank(), bps.size()
     me = os.environ["DMLC_WORKER_ID"]
     mine = np.arange(count, dtype=np.float32) + 1000 * rank
-    comm = worker()._comm  # with local peers: what this rank copied into shared memory, summed, copied out
+    engine = worker()._comm.engine  # with local peers: what this rank copied into shared memory, summed, copied out
 
     def local_counts() -> tuple:
-        return (comm.local.copied_in, comm.local.sums, comm.copied_out) if comm.local is not None else (0, 0, 0)
+        local = engine.local
+        return (local.copied_in, local.sums, engine.copy_out.copied_out) if local is not None else (0, 0, 0)
 
     before, before_received = worker().bytes_sent, worker().bytes_received
     counted = local_counts()
@@ -53,7 +55,7 @@ def main() -> None:
     before, before_received = worker().bytes_sent, worker().bytes_received
     counted = local_counts()
     x = mine.copy() if rank == 0 else np.zeros(count, np.float32)
-    worker().push_pull_async(x, "broadcast", average=False, root=0).wait()
+    worker().push_pull_async(x, "broadcast", PushPullOptions(average=False, root=0)).wait()
     assert np.array_equal(x, np.arange(count, dtype=np.float32)), x[:3]
     print(f"BROADCAST {me} sent {worker().bytes_sent - before} received "
           f"{worker().bytes_received - before_received}", flush=True)

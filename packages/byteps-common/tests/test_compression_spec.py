@@ -61,13 +61,15 @@ def test_compression_of_an_integer_tensor_fails_at_the_call():
     import numpy as np
 
     from byteps.common.config import Config
+    from byteps.common.options import PushPullOptions
     from byteps.common.worker import Worker
 
     worker = Worker(Config.from_env({}))
     try:
         spec = parse_compression_params({"compressor": "onebit"})
         with pytest.raises(ValueError, match="'onebit' takes float16, float32 or float64 tensors, not int32"):
-            worker.push_pull_async(np.ones(10, np.int32), "counts", compression=spec)
-        assert worker.push_pull_async(np.ones(10, np.float32), "grads", compression=spec).wait()[0] == 1
+            worker.push_pull_async(np.ones(10, np.int32), "counts", PushPullOptions(compression=spec))
+        handle = worker.push_pull_async(np.ones(10, np.float32), "grads", PushPullOptions(compression=spec))
+        assert handle.wait()[0] == 1
     finally:
         worker.shutdown()

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from byteps.common.device_staging import DeviceStaging, device_of
-from byteps.common.route import Stage, plan_route
+from byteps.common.engine.route import Placement, Role, Stage, plan_route
 from byteps.testkit import run_job
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -29,11 +29,12 @@ def assert_ok(result):
 
 
 def test_a_cuda_route_starts_and_ends_on_the_device():
-    for args in [(None, True), (True, True), (False, True), (None, True, True), (True, False)]:
-        route = plan_route(*args, on_device=True)
+    for args in [(Role.ALONE, True), (Role.ROOT, True), (Role.PEER, True), (Role.ALONE, True, True),
+                 (Role.ROOT, False)]:
+        route = plan_route(*args, placement=Placement.STAGED).stages
         assert route[0] is Stage.DEVICE_TO_HOST and route[-1] is Stage.HOST_TO_DEVICE
-        assert route[1:-1] == plan_route(*args)
-    assert plan_route(None, True) == (Stage.PUSH, Stage.PULL, Stage.COPY_OUT)
+        assert route[1:-1] == plan_route(*args).stages
+    assert plan_route(Role.ALONE, True).stages == (Stage.EXCHANGE, Stage.COPY_OUT)
 
 
 @pytest.mark.parametrize("workers,servers,local_size,delay,copy_bytes", [
@@ -148,7 +149,7 @@ def test_local_ranks_that_disagree_on_gpu_sums_fail_naming_it():
             "bps.init()\n"
             "tensor = device_stand_in.StandInCudaTensor(np.ones(5000, np.float32))\n"
             "try:\n"
-            "    worker().push_pull_async(tensor, 'w', True).wait()\n"
+            "    worker().push_pull_async(tensor, 'w').wait()\n"
             "except Exception as exc:\n"
             "    print('FAILED:', exc, flush=True)\n"
             "else:\n"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from byteps.common.scheduling import CreditQueue
+from byteps.common.engine.credit_queue import CreditQueue
 
 
 def test_priority_order_then_arrival_order():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import byteps.common as bps
-from byteps.common import Config, Worker
+from byteps.common import Config, PushPullOptions, Worker
 
 
 @pytest.fixture
@@ -16,9 +16,9 @@ def worker():
 
 def test_single_worker_push_pull_is_identity(worker):
     x = np.arange(10, dtype=np.float32)
-    assert worker.push_pull(x, name="x") is x and np.array_equal(x, np.arange(10))
+    assert worker.push_pull(x, "x") is x and np.array_equal(x, np.arange(10))
     out = np.empty_like(x)
-    worker.push_pull(x, name="y", output=out, average=False)
+    worker.push_pull(x, "y", PushPullOptions(output=out, average=False))
     assert np.array_equal(out, x)
     assert (worker.rank, worker.size, worker.is_distributed) == (0, 1, False)
 
@@ -31,22 +31,22 @@ def test_names_get_ids_in_declaration_order(worker):
 
 def test_bad_inputs_are_clear_errors(worker):
     with pytest.raises(ValueError, match="not contiguous"):
-        worker.push_pull(np.zeros((4, 4), np.float32)[:, 1], name="t")
+        worker.push_pull(np.zeros((4, 4), np.float32)[:, 1], "t")
     with pytest.raises(ValueError, match="unsupported dtype 'uint8'"):
-        worker.push_pull(np.zeros(4, np.uint8), name="t")
+        worker.push_pull(np.zeros(4, np.uint8), "t")
     with pytest.raises(ValueError, match="read-only"):
-        worker.push_pull(b"\0" * 16, name="t", dtype="float32")
+        worker.push_pull(b"\0" * 16, "t", PushPullOptions(dtype="float32"))
     with pytest.raises(ValueError, match="output has 8 bytes"):
-        worker.push_pull(np.zeros(4, np.float32), name="t", output=np.zeros(2, np.float32))
+        worker.push_pull(np.zeros(4, np.float32), "t", PushPullOptions(output=np.zeros(2, np.float32)))
     with pytest.raises(ValueError, match="dtype=float64 needs 8-byte elements"):
-        worker.push_pull(np.zeros(4, np.float32), name="t", dtype="float64")
+        worker.push_pull(np.zeros(4, np.float32), "t", PushPullOptions(dtype="float64"))
     with pytest.raises(ValueError, match="neither a numpy array, a buffer nor a DLPack"):
-        worker.push_pull(object(), name="t")
+        worker.push_pull(object(), "t")
 
 
 def test_buffer_protocol_and_dlpack_inputs(worker):
     data = bytearray(np.arange(4, dtype=np.int32).tobytes())
-    out = worker.push_pull(memoryview(data).cast("i"), name="mv")
+    out = worker.push_pull(memoryview(data).cast("i"), "mv")
     assert out.tolist() == [0, 1, 2, 3]
 
     class DLPackOnly:
@@ -60,12 +60,12 @@ def test_buffer_protocol_and_dlpack_inputs(worker):
             return self.array.__dlpack_device__()
 
     src = np.ones(3, dtype=np.float64)
-    assert worker.push_pull(DLPackOnly(src), name="dl", output=np.zeros(3)).tolist() == [1, 1, 1]
+    assert worker.push_pull(DLPackOnly(src), "dl", PushPullOptions(output=np.zeros(3))).tolist() == [1, 1, 1]
 
 
 def test_bfloat16_over_uint16_storage(worker):
     bits = np.array([0x3F80, 0x4000], dtype=np.uint16)  # 1.0, 2.0
-    assert worker.push_pull(bits, name="bf", dtype="bfloat16") is bits
+    assert worker.push_pull(bits, "bf", PushPullOptions(dtype="bfloat16")) is bits
 
 
 def test_module_api_handles():
@@ -87,7 +87,7 @@ def test_module_api_handles():
 
 def test_done_callbacks_run_once_with_the_handle(worker):
     seen = []
-    handle = worker.push_pull_async(np.ones(3, np.float32), name="cb")
+    handle = worker.push_pull_async(np.ones(3, np.float32), "cb")
     handle.add_done_callback(lambda h: seen.append(("late", h.error)))
     assert seen == [("late", None)]  # already done: runs at once
 

@@ -147,7 +147,7 @@ for round_ in range(3):
         bps.push_pull(x, name=name, average=False)
         expected = np.arange(count, dtype=np.float32) * sum(r + 1 for r in range(size)) + size * round_
         assert np.array_equal(x, expected), (name, round_, x[:4], expected[:4])
-counters = [c.counters for c in worker()._comm.exchange.connections]
+counters = [c.counters for c in worker()._comm.connections]
 print("COUNTS", json.dumps({"sent": sum(c.messages_sent for c in counters),
                             "received": sum(c.messages_received for c in counters)}), flush=True)
 bps.shutdown()

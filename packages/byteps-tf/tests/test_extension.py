@@ -283,10 +283,10 @@ def test_too_old_tensorflow_is_an_import_error():
 def test_byteps_common_interface_mismatch_is_an_import_error():
     result = run_python("import sys, types; fake = types.ModuleType('tensorflow'); fake.__version__ = '2.21.0'\n"
                         "sys.modules['tensorflow'] = fake\n"
-                        "import byteps.common; byteps.common.INTERFACE_VERSION = (3, 0)\nimport byteps.tensorflow")
+                        "import byteps.common; byteps.common.INTERFACE_VERSION = (4, 0)\nimport byteps.tensorflow")
     assert result.returncode != 0
     assert "InterfaceVersionError" in result.stderr and "byteps-tf" in result.stderr, result.stderr
-    assert "byteps-common" in result.stderr and "(>= 2.1)" in result.stderr, result.stderr
+    assert "byteps-common" in result.stderr and "(>= 3.0)" in result.stderr, result.stderr
 
 
 def test_keras_2_as_keras_missing_tf_keras_and_other_backends_are_import_errors():

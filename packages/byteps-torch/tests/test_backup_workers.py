@@ -10,9 +10,8 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "ba
 STEPS, SLEEP_S = 16, 0.25
 
 
-def results(env):
-    result = launch_job(["--workers", "3", "--servers", "1"], SCRIPT, [str(STEPS), str(SLEEP_S)], env=env,
-                        timeout=120)
+def results(env, layout=("--workers", "3", "--servers", "1")):
+    result = launch_job(list(layout), SCRIPT, [str(STEPS), str(SLEEP_S)], env=env, timeout=120)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     found = [json.loads(line) for line in re.findall(r"RESULT (\{.*\})", result.stdout)]
     return {r["rank"]: r for r in found}
@@ -34,3 +33,14 @@ def test_without_backup_workers_nothing_is_skipped():
     assert all(r["computed"] == STEPS for r in ranks.values()), ranks
     assert ranks[0]["parameters"] == ranks[2]["parameters"]
     assert ranks[2]["seconds"] >= STEPS * SLEEP_S
+
+
+def test_with_two_processes_per_machine_the_slow_machine_skips_together():
+    """The machine is what is late: its local root's push is the machine's, and every local rank learns from
+    the root's answers how far behind the machine is, so both ranks skip the same rounds."""
+    ranks = results({"BYTEPS_BACKUP_WORKERS": "1"}, ("-np", "2", "--workers", "3", "--servers", "1"))
+    assert len(ranks) == 6
+    assert all(r["parameters"] == ranks[0]["parameters"] for r in ranks.values()), ranks
+    assert all(ranks[r]["computed"] == STEPS for r in range(4))
+    assert ranks[4]["computed"] == ranks[5]["computed"] <= STEPS // 2, (ranks[4], ranks[5])
+    assert max(ranks[4]["seconds"], ranks[5]["seconds"]) < 0.6 * STEPS * SLEEP_S, (ranks[4], ranks[5])

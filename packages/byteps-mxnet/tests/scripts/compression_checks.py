@@ -102,10 +102,10 @@ def small_gradients_fuse() -> None:
     loss.backward()
     params = list(net.collect_params().values())
     local = {p.name: p.grad().asnumpy() for p in params}
-    before = {name for name in api.worker()._tensor_ids if name.startswith(BUCKET_PREFIX)}
+    before = {name for name in api.worker().registry.tensor_ids if name.startswith(BUCKET_PREFIX)}
     trainer.allreduce_grads()
     mx.nd.waitall()
-    buckets = {name for name in api.worker()._tensor_ids if name.startswith(BUCKET_PREFIX)} - before
+    buckets = {name for name in api.worker().registry.tensor_ids if name.startswith(BUCKET_PREFIX)} - before
     assert len(buckets) == 2, buckets
     scales = []
     for index, p in enumerate(params):

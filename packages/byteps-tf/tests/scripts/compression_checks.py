@@ -211,10 +211,10 @@ def small_gradients_fuse() -> None:
     with tf.GradientTape(persistent=True) as tape:
         loss = tf.reduce_sum((tf.matmul(x, kernel) + bias) * gain + 3.0 * tf.matmul(x, kernel2))
     local = tape.gradient(loss, [bias, gain])
-    before = {name for name in api.worker()._tensor_ids if name.startswith(BUCKET_PREFIX)}
+    before = {name for name in api.worker().registry.tensor_ids if name.startswith(BUCKET_PREFIX)}
     synced = bps.DistributedGradientTape(tape, compression_params={"compressor": "onebit", "scaling": True}).gradient(
         loss, [kernel, kernel2, bias, gain])
-    buckets = {name for name in api.worker()._tensor_ids if name.startswith(BUCKET_PREFIX)} - before
+    buckets = {name for name in api.worker().registry.tensor_ids if name.startswith(BUCKET_PREFIX)} - before
     assert len(buckets) == 2, buckets
     scales = [np.unique(np.abs(g.numpy())) for g in synced[:2]]
     assert [len(s) for s in scales] == [1, 1] and scales[0][0] != scales[1][0], scales  # a scale per kernel

@@ -1,9 +1,10 @@
-"""DistributedOptimizer with backup workers: the last rank is slow and skips the rounds that closed without it.
+"""DistributedOptimizer with backup workers: the last machine is slow and skips the rounds that closed without it.
 
 Usage: python backup_training.py STEPS SLEEP_S
 Every rank trains a small model on its own data for STEPS batches, asking
-``optimizer.skip_step()`` first; the last rank sleeps SLEEP_S in each
-batch it computes. Prints one JSON line per rank: the batches it computed,
+``optimizer.skip_step()`` first; the ranks of the last machine (the last
+rank, with one process per machine) sleep SLEEP_S in each batch they
+compute. Prints one JSON line per rank: the batches it computed,
 its time, and its parameters (all ranks must hold the same ones).
 """
 
@@ -26,7 +27,7 @@ def main() -> None:
     optimizer = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                          named_parameters=model.named_parameters())
     generator = torch.Generator().manual_seed(bps.rank())
-    slow = bps.rank() == bps.size() - 1
+    slow = bps.rank() // bps.local_size() == bps.size() // bps.local_size() - 1  # the last machine's ranks
     computed, started = 0, time.monotonic()
     for _ in range(steps):
         x = torch.randn(16, 8, generator=generator)

@@ -216,10 +216,10 @@ def unnamed_calls_reuse_names():
     """Unnamed calls cycle through a few names: the worker declares a bounded number of tensors."""
     from byteps.common import api
     worker = api.worker()
-    before = len(worker._tensor_ids)
+    before = len(worker.registry.tensor_ids)
     for i in range(200):
         bps.allreduce(torch.tensor([float(i)]))
-    grown = len(worker._tensor_ids) - before
+    grown = len(worker.registry.tensor_ids) - before
     assert grown <= 16, f"200 unnamed allreduces declared {grown} tensors"
 
 

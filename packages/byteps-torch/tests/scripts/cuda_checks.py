@@ -84,7 +84,7 @@ def main() -> None:
         assert torch.equal(root.cpu(), torch.arange(10_000, dtype=torch.float32)), root[:4]
     torch.cuda.synchronize()
     from byteps.common.api import worker
-    slots = len(worker()._device_staging._shared)  # tensors summed with the local peers on the GPU
+    slots = len(worker().tasks.staging._shared)  # tensors summed with the local peers on the GPU
     print(f"CUDA OK rank {rank} of {size} on {device}: {rounds} rounds of {len(CASES)} tensors, "
           f"{slots} summed on the GPU", flush=True)
     bps.shutdown()

@@ -9,9 +9,18 @@ Horovod refuses while a rank has joined (allgather, broadcast); and that
 after join() ranks agree again on what the others declared meanwhile (a
 tensor first used while a rank had joined, unnamed ops). Prints ``OK
 <check>`` per check and ``ALL OK <n>``; the first failure exits 1.
+
+With ``--backup`` (BYTEPS_BACKUP_WORKERS set): rounds close without the
+late machines, so each rank pushes 2^(its machine) and the average says
+which machines a round holds: exactly min(quorum, machines still running),
+each still running, the same sequence on every rank; then the agreement
+after join.
 """
 
 from __future__ import annotations
+
+import os
+import sys
 
 import numpy as np
 import torch
@@ -97,8 +106,36 @@ def agreement_after_join():
     assert gathered.shape == (n * (n + 1) // 2, 2), gathered.shape
 
 
+def backup_allreduce():
+    """Backup workers and join together: which machines each closed round holds, the same on every rank."""
+    r, n, local = bps.rank(), bps.size(), bps.local_size()
+    machines = n // local
+    quorum = machines - int(os.environ["BYTEPS_BACKUP_WORKERS"])
+    steps = max(batches(k) for k in range(n))
+    seen = torch.zeros(steps, dtype=torch.float64)
+    for step in range(batches(r)):
+        y = bps.allreduce(torch.full((4,), float(1 << r // local), dtype=torch.float64), name="backup.grad")
+        held = int(round(float(y[0]) * quorum))
+        live = {k // local for k in range(n) if batches(k) > step}
+        members = {m for m in range(machines) if held >> m & 1}
+        assert members <= live and len(members) == min(quorum, len(live)), (step, held, live)
+        seen[step] = held
+    last = bps.join()
+    assert last == n - 1, f"join() returned {last}; rank {n - 1} has the most batches"
+    histories = bps.allgather(seen.unsqueeze(0), name="backup.seen")
+    for k in range(n):
+        count = batches(k)
+        assert_equal(histories[k, :count], histories[n - 1, :count], f"rank {k}'s closed rounds")
+
+
 def main():
     bps.init()
+    if "--backup" in sys.argv:
+        checks.run("backup workers with uneven data", backup_allreduce)
+        checks.run("agreement after join", agreement_after_join)
+        bps.shutdown()
+        checks.done()
+        return
     checks.run("uneven allreduce loop", uneven_allreduce)
     checks.run("uneven DistributedOptimizer training", uneven_training)
     checks.run("allgather and broadcast refused while a rank joined", refused_while_joined)

@@ -153,7 +153,7 @@ def check_native_ddp_hook() -> None:
                 loss_of(model, bps.rank(), step).backward()
                 assert_gradients(model.module, expected, f"native DDP, step {step}")
         # the buckets really went through byteps, under each model's own names
-        declared = api.worker()._tensor_ids
+        declared = api.worker().registry.tensor_ids
         for prefix in ("byteps_hook.bucket", "second-model.bucket"):
             assert any(name.startswith(prefix) for name in declared), (prefix, sorted(declared))
         model = models[0]

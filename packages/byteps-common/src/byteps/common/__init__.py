@@ -16,8 +16,11 @@ from byteps.common.interface import require_interface
 # 2.3: push_pull_async(skip_pull=); 2.4: elastic membership boards (a worker on another host reads its epoch
 # from bpslaunch's rendezvous service; epoch secrets derived from the elastic key); 2.5: Config.enable_ipc,
 # frontend.process_sets.reduction_spec and broadcast_spec; 2.6: local aggregation of CUDA tensors on the GPU
-# (Config.gpu_local_aggregation, CopyEngine.shared_memory/open_shared/reduce)
-INTERFACE_VERSION = (2, 6)
+# (Config.gpu_local_aggregation, CopyEngine.shared_memory/open_shared/reduce);
+# 3.0: Worker.push_pull_async(tensor, name, PushPullOptions) (every caller's choices in one options object), the
+# engine package byteps.common.engine (comm_loop, route, server_exchange, local_aggregation, device_local and
+# compression.stages moved there), Config.max_partition_bytes
+INTERFACE_VERSION = (3, 0)
 
 require_interface("byteps-transport", "byteps.transport", (2, 7), requirer="byteps-common")
 
@@ -41,6 +44,7 @@ from byteps.common.config import Config, ConfigError  # noqa: E402
 from byteps.common.dtypes import DType  # noqa: E402
 from byteps.common.handle import Handle, JobLost, PushPullError  # noqa: E402
 from byteps.common.native import get_include  # noqa: E402
+from byteps.common.options import PushPullOptions  # noqa: E402
 from byteps.common.worker import Worker  # noqa: E402
 
 __all__ = [
@@ -50,6 +54,7 @@ __all__ = [
     "DType",
     "Handle",
     "PushPullError",
+    "PushPullOptions",
     "JobLost",
     "Worker",
     "barrier",

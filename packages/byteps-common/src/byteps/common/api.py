@@ -31,6 +31,7 @@ from byteps.common.elastic import membership
 from byteps.common.fusion import push_pull_group_async as _push_pull_group_async
 from byteps.common.handle import Handle
 from byteps.common.logging_setup import configure_logging
+from byteps.common.options import PushPullOptions
 from byteps.common.worker import Worker
 from byteps.transport import TransportError
 
@@ -222,8 +223,8 @@ def push_pull_async(tensor: Any, name: str, average: bool = True, output: Any = 
     ``compression_params`` is BytePS's gradient compression (docs/compression.md; without Nesterov
     momentum, which belongs to an optimizer), ``lr`` the learning rate error feedback rescales by.
     """
-    compression = parse_compression_params(compression_params)
-    handle = worker().push_pull_async(tensor, name, average, output, dtype, compression=compression, lr=lr)
+    handle = worker().push_pull_async(tensor, name, PushPullOptions(
+        average=average, output=output, dtype=dtype, compression=parse_compression_params(compression_params), lr=lr))
     handle_id = next(_handle_ids)
     _handles[handle_id] = handle
     return handle_id
@@ -277,5 +278,6 @@ def push_pull(tensor: Any, name: str, average: bool = True, output: Any = None,
               dtype: Optional[Union[str, DType]] = None, *,
               compression_params: Optional[Mapping[str, Any]] = None, lr: Optional[float] = None) -> Any:
     """Sum or average ``tensor`` over all workers (in place unless ``output``); see push_pull_async."""
-    return worker().push_pull_async(tensor, name, average, output, dtype,
-                                    compression=parse_compression_params(compression_params), lr=lr).wait()
+    return worker().push_pull_async(tensor, name, PushPullOptions(
+        average=average, output=output, dtype=dtype, compression=parse_compression_params(compression_params),
+        lr=lr)).wait()

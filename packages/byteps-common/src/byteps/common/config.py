@@ -39,6 +39,8 @@ LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 # still moves 512 KB partitions at 2.5+ GB/s on loopback, more than a 10 Gbit/s NIC carries
 # (docs/performance.md, "Scheduling").
 DEFAULT_PARTITION_BYTES = 512000
+#: The receive limit of a payload is never below this (Config.max_partition_bytes).
+MIN_PAYLOAD_LIMIT = 1 << 20
 DEFAULT_SERVER_ENGINE_THREADS = 4
 # A worker gives up on a job that does not assemble after this long; servers and the scheduler wait
 # for late nodes as long as it takes unless BYTEPS_RENDEZVOUS_TIMEOUT is set (Config.rendezvous_timeout).
@@ -323,6 +325,12 @@ class Config:
         if self.rendezvous_timeout_s is not None:
             return float(self.rendezvous_timeout_s)
         return float(DEFAULT_WORKER_RENDEZVOUS_TIMEOUT_S) if self.role == "worker" else None
+
+    @property
+    def max_partition_bytes(self) -> int:
+        """The largest payload a worker or server receives: one partition, and never less than 1 MiB, so that
+        control messages and partitions of any size the job's processes use still fit."""
+        return max(self.partition_bytes, MIN_PAYLOAD_LIMIT)
 
     @property
     def is_distributed(self) -> bool:

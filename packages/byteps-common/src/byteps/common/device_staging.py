@@ -2,7 +2,7 @@
 
 byteps sums on CPUs (the servers, the local aggregation's shared memory), so
 a CUDA tensor travels through a pinned host buffer. Its route gains two
-stages (:mod:`byteps.common.route`): DEVICE_TO_HOST first, HOST_TO_DEVICE
+stages (:mod:`byteps.common.engine.route`): DEVICE_TO_HOST first, HOST_TO_DEVICE
 last. Who does what:
 
 * the API thread (``push_pull_async``) reads the tensor through DLPack with
@@ -23,7 +23,7 @@ last. Who does what:
   waits.
 
 With local peers (several worker processes on the machine), a CUDA tensor
-is summed on the GPU instead (:mod:`byteps.common.device_local`): each
+is summed on the GPU instead (:mod:`byteps.common.engine.device`): each
 process copies its input into a *device slot*, device memory it shares with
 the others through CUDA IPC, and only the partition's root copies the sum to
 the host and the result back (BYTEPS_GPU_LOCAL_AGGREGATION, docs/gpu.md).
@@ -128,7 +128,7 @@ class CopyEngine:
         """Queue a device-to-device copy (the single-process push_pull with an output)."""
         raise NotImplementedError
 
-    # --- GPU-side local aggregation (byteps.common.device_local) --------------------------------
+    # --- GPU-side local aggregation (byteps.common.engine.device) --------------------------------
     def shared_memory(self, nbytes: int) -> Tuple[int, bytes]:
         """``nbytes`` of device memory that the other processes of this machine can map: (pointer, handle);
         it lives as long as the process."""
@@ -306,7 +306,7 @@ class StagedTensor:
 
     @property
     def local(self) -> bool:
-        """Whether this push_pull's local aggregation runs on the GPU (byteps.common.device_local)."""
+        """Whether this push_pull's local aggregation runs on the GPU (byteps.common.engine.device)."""
         return self.shared is not None
 
     def start(self, partitions: List[Any],

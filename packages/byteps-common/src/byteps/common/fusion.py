@@ -29,7 +29,7 @@ import dataclasses
 import hashlib
 import threading
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -37,6 +37,8 @@ from byteps.common.buffers import TensorView, input_and_output_views
 from byteps.common.compression import CompressionSpec
 from byteps.common.dtypes import DType, dtype_of
 from byteps.common.handle import Handle, failure
+from byteps.common.in_flight import NamesInFlight
+from byteps.common.options import PushPullOptions
 
 __all__ = ["FusionGroup", "plan_fusion", "push_pull_group_async"]
 
@@ -212,7 +214,7 @@ class _FusionState:
         self.lock = threading.Lock()
         self.plans: Dict[tuple, List[FusionGroup]] = {}
         self.buckets: Dict[str, _Bucket] = {}
-        self.in_flight: Set[str] = set()  # push_pull names (buckets and lone tensors) of grouped calls
+        self.in_flight = NamesInFlight()  # push_pull names (buckets and lone tensors) of grouped calls
 
     def plan(self, key: tuple, threshold: int, max_tensor_bytes: int, compressed: Tuple[bool, ...],
              partition_bytes: int) -> List[FusionGroup]:
@@ -233,18 +235,12 @@ class _FusionState:
         after some of its push_pulls were sent (a mismatch for the other
         ranks), or would overwrite a bucket's staging buffer in flight.
         """
-        with self.lock:
-            busy = next((name for name in names if name in self.in_flight), None)
-            if busy is not None:
-                what = "bucket" if busy.startswith(BUCKET_PREFIX) else "tensor"
-                raise ValueError(
-                    f"push_pull_group: {what} {busy!r} is still in flight; wait for the handles of the "
-                    "previous call with these tensors before submitting them again")
-            self.in_flight.update(names)
+        self.in_flight.reserve(names, lambda busy: (
+            f"push_pull_group: {'bucket' if busy.startswith(BUCKET_PREFIX) else 'tensor'} {busy!r} is still in "
+            "flight; wait for the handles of the previous call with these tensors before submitting them again"))
 
     def release(self, name: str) -> None:
-        with self.lock:
-            self.in_flight.discard(name)
+        self.in_flight.release(name)
 
     def staging(self, group: FusionGroup) -> _Bucket:
         with self.lock:
@@ -321,8 +317,9 @@ def push_pull_group_async(worker: Any, tensors: Sequence[Any], names: Sequence[s
     config = worker.config
     if not worker.is_distributed:
         # One worker alone: push_pull is a copy, and packing would only add one.
-        return [worker.push_pull_async(source.array, name, average, None if target is source else target.array,
-                                       source.dtype, root=root) for name, (source, target) in zip(names, views)]
+        return [worker.push_pull_async(source.array, name, PushPullOptions(
+                    average=average, output=None if target is source else target.array, dtype=source.dtype,
+                    root=root)) for name, (source, target) in zip(names, views)]
     state = _state_of(worker)
     key = tuple((name, source.nbytes, source.dtype) for name, (source, _) in zip(names, views))
     compressed = tuple(compression is not None and worker.compresses(source.nbytes, True, compression)
@@ -343,9 +340,9 @@ def push_pull_group_async(worker: Any, tensors: Sequence[Any], names: Sequence[s
                 continue
             index = group.members[0]
             source, target = views[index]
-            handle = worker.push_pull_async(
-                source.array, names[index], average, None if target is source else target.array, source.dtype,
-                root=root, **({"compression": compression, "lr": lr} if compressed[index] else {}))
+            handle = worker.push_pull_async(source.array, names[index], PushPullOptions(
+                average=average, output=None if target is source else target.array, dtype=source.dtype, root=root,
+                compression=compression if compressed[index] else None, lr=lr if compressed[index] else None))
         except BaseException:
             for name in push_pull_names[position:]:
                 state.release(name)
@@ -362,11 +359,11 @@ def _submit_bucket(worker: Any, state: _FusionState, group: FusionGroup,
     bucket = state.staging(group)
     for offset, (_, (source, _)) in zip(group.offsets, members):
         bucket.data[offset:offset + source.nbytes] = source.data
-    squeezed = {}
+    options = PushPullOptions(average=average, dtype=group.dtype, root=root)
     if compression is not None:  # each member compressed alone: its element count is a segment
-        squeezed = {"compression": compression, "lr": lr,
-                    "segments": [source.nbytes // group.dtype.itemsize for _, (source, _) in members]}
-    core = worker.push_pull_async(bucket.typed, group.name, average, dtype=group.dtype, root=root, **squeezed)
+        options = options.replace(compression=compression, lr=lr, segments=tuple(
+            source.nbytes // group.dtype.itemsize for _, (source, _) in members))
+    core = worker.push_pull_async(bucket.typed, group.name, options)
     shared = _BucketDone()
     handles: List[Handle] = [_MemberHandle(name, target.array, shared) for name, (_, target) in members]
 

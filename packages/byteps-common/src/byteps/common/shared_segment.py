@@ -1,7 +1,7 @@
 """Named POSIX shared-memory segments for local aggregation, named per job.
 
 Worker processes of one machine sum their tensors through one segment per
-tensor (see :mod:`byteps.common.local_aggregation`). Names carry the job
+tensor (see :mod:`byteps.common.engine.local`). Names carry the job
 id, so two jobs on one machine never collide (BytePS named its segments by
 tensor key alone), and the worker machine, so simulated machines sharing a
 kernel stay apart::

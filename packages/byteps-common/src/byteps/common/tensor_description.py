@@ -46,7 +46,7 @@ class TensorDescription:
     nbytes: int
     dtype: int
     rank: int = -1  # the worker that describes it; not compared
-    on_gpu: bool = False  # summed on the GPU inside the machine (byteps.common.device_local)
+    on_gpu: bool = False  # summed on the GPU inside the machine (byteps.common.engine.device)
 
     def same_tensor(self, other: TensorDescription) -> bool:
         return (self.name, tuple(self.shape), self.nbytes, self.dtype, self.on_gpu) == \

@@ -17,7 +17,7 @@ Example::
     bridge = EngineBridge()
     bridge.open()
     bridge.submit(reads=[], writes=[x], token=t, priority=0, name="x", what="push_pull('x')",
-                  start=lambda arrays, dtype: worker.push_pull_async(arrays[0], "x", True, None, dtype))
+                  start=lambda arrays, dtype: worker.push_pull_async(arrays[0], "x", PushPullOptions(dtype=dtype)))
 """
 
 from __future__ import annotations

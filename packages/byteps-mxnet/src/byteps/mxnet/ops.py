@@ -142,12 +142,11 @@ def submit(tensor: mx.nd.NDArray, spec: OpSpec, inplace: bool, contribute: bool 
     else:
         source = zeros_like(work) if not contribute else scaled(work, spec.prescale)
         reads, result = [source], empty_like(work)
-    average = spec.average
+    options = spec.push_pull_options(compression=compression_spec, lr=lr)
 
     def start(arrays, dtype):
         output = arrays[1] if len(arrays) > 1 else None
-        return worker.push_pull_async(arrays[0], key, average, output, dtype, compression=compression_spec, lr=lr,
-                                      members=spec.members, set_id=spec.set_id, root=spec.root)
+        return worker.push_pull_async(arrays[0], key, options.replace(output=output, dtype=dtype))
 
     _bridge.submit(reads, [result], _token(key), spec.priority, key, what, start)
     scale_(result, spec.postscale)

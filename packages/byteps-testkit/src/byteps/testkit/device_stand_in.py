@@ -8,7 +8,7 @@ reuse and copy waiter as a real CUDA tensor, with copies that run in order
 on one thread ("the side stream"), ``delay_s`` each, so partitions really
 become ready one by one.
 
-For GPU-side local aggregation (byteps.common.device_local) its "device
+For GPU-side local aggregation (byteps.common.engine.device) its "device
 slots" are memfds that the other local processes map through
 ``/proc/<pid>/fd`` (where CUDA IPC hands them a handle), and its "kernel"
 sums with byteps' host kernels on the same thread.

@@ -31,10 +31,8 @@ class AsyncDistributedOptimizer:
         self._async_parameters: List[Tuple[str, torch.Tensor]] = []
         for group in self.param_groups:
             for p in group["params"]:
-                if p.device.type != "cpu":
-                    raise NotImplementedError(
-                        f"BYTEPS_ENABLE_ASYNC=1: parameter {names[id(p)]!r} is on {p.device}; asynchronous "
-                        "training exchanges CPU parameters only (the GPU path is not built yet)")
+                # A CUDA parameter goes through pinned host memory partition by partition, as every CUDA
+                # push_pull does (docs/gpu.md); its snapshot and delta stay on its device.
                 self._async_parameters.append((names[id(p)], p))
         self._exchange = ParameterExchange([name for name, _ in self._async_parameters], _SNAPSHOTS)
 

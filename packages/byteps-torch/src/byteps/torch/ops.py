@@ -37,6 +37,7 @@ its own ordered after the caller's (docs/gpu.md).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -140,14 +141,15 @@ def submit(tensor: torch.Tensor, spec: OpSpec, inplace: bool, compression: Any =
         average = spec.average and not truncate
         start = time.time()
         worker = api.worker()
-        options = dict(members=spec.members, set_id=spec.set_id, root=spec.root, compression=compression_spec, lr=lr)
+        options = dataclasses.replace(spec, average=average).push_pull_options(
+            dtype=dtype, compression=compression_spec, lr=lr)
         if on_device:
-            core = worker.push_pull_async(_bytes(sent), key, average, None if result is sent else _bytes(result),
-                                          dtype, stream=torch.cuda.current_stream(sent.device).cuda_stream,
-                                          **options)
+            core = worker.push_pull_async(_bytes(sent), key, options.replace(
+                output=None if result is sent else _bytes(result),
+                stream=torch.cuda.current_stream(sent.device).cuda_stream))
         else:
-            core = worker.push_pull_async(numpy_view(sent, what), key, average,
-                                          None if result is sent else numpy_view(result, what), dtype, **options)
+            core = worker.push_pull_async(numpy_view(sent, what), key, options.replace(
+                output=None if result is sent else numpy_view(result, what)))
     except BaseException:
         _names.release(name, token)
         raise

@@ -348,9 +348,10 @@ class _DistributedOptimizer:
         it), this takes that round's averaged gradients from the servers,
         steps with them, and returns True: skip this batch's forward and
         backward, as the others applied that round without it. Otherwise
-        (in time, no backup workers, one worker, several processes per
-        machine, compression, a process set) it returns False: compute as
-        usual. A slow worker then computes only the rounds it can still
+        (in time, no backup workers, one worker, compression, a process
+        set) it returns False: compute as usual. With several processes per
+        machine the machine is what is late: every local rank learns the same
+        rounds behind and skips the same steps. A slow worker then computes only the rounds it can still
         join, and the job goes at the pace of the others::
 
             for x, y in loader:
@@ -361,7 +362,7 @@ class _DistributedOptimizer:
                 optimizer.step()
         """
         worker = api.worker()
-        if (self._rounds_behind < 1 or not self._communicate or self._view.set_id or worker.local_size > 1
+        if (self._rounds_behind < 1 or not self._communicate or self._view.set_id
                 or self._compression_spec is not None or self._pending):
             return False
         with torch.no_grad():

@@ -29,6 +29,7 @@ import dataclasses
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from byteps.common import api
+from byteps.common.options import PushPullOptions
 
 __all__ = ["ASYNC_PREFIX", "Snapshots", "ParameterExchange", "async_enabled", "check_async_compression"]
 
@@ -77,8 +78,8 @@ class ParameterExchange:
         for name in self.names:
             tensor = tensors[name]
             source = tensor if worker.rank == 0 else self.ops.zeros_like(tensor)
-            pending.append((source, worker.push_pull_async(source, ASYNC_PREFIX + name, average=False, output=tensor,
-                                                           root=0, asynchronous=True)))
+            pending.append((source, worker.push_pull_async(source, ASYNC_PREFIX + name, PushPullOptions(
+                average=False, output=tensor, root=0, asynchronous=True))))
         self._wait(pending)
         self.started = True
 
@@ -94,8 +95,8 @@ class ParameterExchange:
         pending = []
         for name in self.names:
             delta = self.ops.subtract(tensors[name], before[name])
-            pending.append((delta, worker.push_pull_async(delta, ASYNC_PREFIX + name, average=False,
-                                                          output=tensors[name], asynchronous=True)))
+            pending.append((delta, worker.push_pull_async(delta, ASYNC_PREFIX + name, PushPullOptions(
+                average=False, output=tensors[name], asynchronous=True))))
         self._wait(pending)
         self.steps += 1
 

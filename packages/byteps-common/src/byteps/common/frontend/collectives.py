@@ -52,6 +52,7 @@ from byteps.common import api
 from byteps.common.frontend.adasum import adasum_tree, check_adasum
 from byteps.common.frontend.reductions import BY_GATHER, Adasum, Max, Min, Product, op_name
 from byteps.common.handle import Handle, PushPullError
+from byteps.common.options import PushPullOptions
 
 __all__ = ["Piece", "RankView", "Started", "allgather", "gather_all", "alltoall", "reducescatter", "reduce_by_gather",
            "split_rows", "row_counts"]
@@ -104,9 +105,9 @@ class RankView:
         ``skip_pull``: byte ranges whose sum need not come back: held already, or not read).
         These sums gather: while a rank has joined they fail (see Worker.push_pull_async's ``joinable``)."""
         members = None if self.set_id == 0 else self.ranks
-        return api.worker().push_pull_async(array, name, average=average, output=output, dtype=dtype,
-                                            members=members, set_id=self.set_id, root=root, tensor_id=tensor_id,
-                                            joinable=False, nonzero=nonzero, skip_pull=skip_pull)
+        return api.worker().push_pull_async(array, name, PushPullOptions(
+            average=average, output=output, dtype=dtype, members=members, set_id=self.set_id, root=root,
+            tensor_id=tensor_id, joinable=False, nonzero=nonzero, skip_pull=tuple(skip_pull)))
 
     def push_pull(self, name: str, array: np.ndarray, average: bool = False, output: Any = None,
                   dtype: Any = None, root: Optional[int] = None) -> np.ndarray:

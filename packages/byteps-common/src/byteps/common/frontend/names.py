@@ -32,6 +32,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Dict, Hashable, List, Optional
 
+from byteps.common.in_flight import NamesInFlight
+
 __all__ = ["TensorNames", "check_name", "DEFAULT_NAME_WINDOW", "join_state", "adopt_join_states"]
 
 #: How many default names each op family cycles through.
@@ -80,10 +82,9 @@ class TensorNames:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._released = threading.Condition(self._lock)
         self._defaults: set = set()  # the default names handed out (at most DEFAULT_NAME_WINDOW per family)
         self._layouts: Dict[str, List[str]] = {}  # name -> repr() of each layout, in order of first use
-        self._busy: Dict[str, object] = {}  # name -> token of its op in flight
+        self._busy = NamesInFlight()  # names of the ops in flight
         with _counter_lock:
             _instances.append(self)
 
@@ -130,24 +131,15 @@ class TensorNames:
         flight is an error.
         """
         with self._lock:
-            if name in self._defaults:
-                self._released.wait_for(lambda: name not in self._busy)
-            if name in self._busy:
-                raise ValueError(f"{what}: an op of this name is still in flight; synchronize() its handle "
-                                 "before submitting the name again")
-            token = self._busy[name] = object()
-        return token
+            waits = name in self._defaults
+        return self._busy.reserve([name], lambda _: f"{what}: an op of this name is still in flight; synchronize() "
+                                  "its handle before submitting the name again", (name,) if waits else ())
 
     def release(self, name: str, token: object) -> None:
         """Free ``name`` unless a later op holds it already (a late done-callback of an earlier one)."""
-        with self._lock:
-            if self._busy.get(name) is token:
-                del self._busy[name]
-                self._released.notify_all()
+        self._busy.release(name, token)
 
     def forget(self) -> None:
         """Forget names in flight (at shutdown). Layouts stay: a later init() resumes the same worker,
         whose tensors keep their sizes (see :func:`byteps.common.api.suspend`)."""
-        with self._lock:
-            self._busy.clear()
-            self._released.notify_all()
+        self._busy.clear()

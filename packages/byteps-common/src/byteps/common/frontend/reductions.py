@@ -19,6 +19,8 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
+from byteps.common.options import PushPullOptions
+
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "OP_NAMES", "op_name", "average_of",
            "check_gradient_op", "OpSpec", "divide_towards_zero", "BY_GATHER"]
 
@@ -73,6 +75,12 @@ class OpSpec:
     members: Optional[Tuple[int, ...]] = None  # a process set's ranks; None: every rank
     set_id: int = 0                            # that process set's id
     root: Optional[int] = None                 # a broadcast's root rank
+
+    def push_pull_options(self, **more: Any) -> PushPullOptions:
+        """The worker's options for this op (averaging, process set, root), with ``more`` (output, dtype,
+        compression, lr, stream)."""
+        return PushPullOptions(average=self.average, members=self.members, set_id=self.set_id, root=self.root,
+                               **more)
 
     def for_gradient(self) -> OpSpec:
         """The same reduction of the gradient, under ``"<name>.grad"``."""

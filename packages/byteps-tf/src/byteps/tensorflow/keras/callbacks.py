@@ -18,6 +18,7 @@ import numpy as np
 
 from byteps.common import api
 from byteps.common.frontend import size
+from byteps.common.options import PushPullOptions
 from byteps.tensorflow.functions import broadcast_variables
 from byteps.tensorflow.gradient_tape import source_key
 from byteps.tensorflow.keras.optimizer_state import build_optimizer, learning_rate, optimizer_variables
@@ -94,7 +95,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
         if not names:
             return
         values = np.array([float(logs[k]) for k in names], dtype=np.float64)
-        api.worker().push_pull(values, f"MetricAverageCallback.{len(names)}", average=True)
+        api.worker().push_pull(values, f"MetricAverageCallback.{len(names)}", PushPullOptions(average=True))
         logs.update({k: float(v) for k, v in zip(names, values)})
 
 

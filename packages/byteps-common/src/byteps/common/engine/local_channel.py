@@ -36,7 +36,7 @@ from byteps.transport import (
 
 __all__ = ["LocalChannel", "local_address"]
 
-log = logging.getLogger("byteps.common.local_channel")
+log = logging.getLogger("byteps.common.engine.local_channel")
 _LINGER_MS = 2000  # an ERROR sent just before this process exits must still reach the peers
 _MAX_CONTROL_BYTES = 1 << 20
 
