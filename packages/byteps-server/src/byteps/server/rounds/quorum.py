@@ -81,6 +81,7 @@ class QuorumSum(SyncSum):
             self.codec.keep(round_, self.engine.result(self.key, round_))
         self.history[round_] = bytes(answer)
         self._release(round_)  # pulls are answered from the copy
+        self._forget_history(self.slowest_round())
 
     def _add_joined_zeros(self) -> None:
         if self.takes_joined_zeros:
@@ -106,7 +107,11 @@ class QuorumSum(SyncSum):
         completed = self.engine.completed_round(self.key)
         slowest = self.slowest_round()
         self._answer_through(min(completed, slowest + BACKUP_MAX_LAG), completed)
-        for old in [r for r in self.history if r < slowest]:  # every machine pushed past it: never pulled again
+        self._forget_history(slowest)
+
+    def _forget_history(self, slowest: int) -> None:
+        """Drop the closed rounds every machine pushed past: they are never pulled again."""
+        for old in [r for r in self.history if r < slowest]:
             del self.history[old]
 
     def slowest_round(self) -> int:

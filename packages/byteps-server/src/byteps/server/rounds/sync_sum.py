@@ -155,7 +155,8 @@ class SyncSum:
         self._keep(round_)
         self.pushed.clear()
         self.round_after_join = False
-        self.answer_pulls()
+        if self.pending_pulls:
+            self.answer_pulls()
 
     def _keep(self, round_: int) -> None:
         """What a closed round leaves for its pulls: the engine's sum itself, or its compressed copy (the
