@@ -74,7 +74,16 @@ class StallShutdown(TransportError):
 
 
 class ParameterServer:
-    """One server process: register, then hand pushes and pulls to their keys' rounds until told to stop."""
+    """One server process: register, then hand pushes and pulls to their keys' rounds until told to stop.
+
+    What ``byteps-server`` runs with DMLC_ROLE=server::
+
+        server = ParameterServer(Config.from_env())   # registers with the scheduler
+        try:
+            server.run()                              # until the scheduler's TERMINATE
+        finally:
+            server.close()
+    """
 
     def __init__(self, config: Config) -> None:
         self.config = config
