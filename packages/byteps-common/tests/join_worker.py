@@ -8,9 +8,9 @@ tensor that says which machine it is on and a count of its batch:
 * synchronous (no backup workers): the average over all n ranks, joined
   ranks as zeros, must equal the numpy reference exactly;
 * with backup workers (quorum q machines): rounds close without the late
-  machines, so the sum says which machines it holds (machine m pushes
-  2^m per process): exactly min(q, machines still running) of them, each
-  one still running, and every rank saw the same sequence of sums.
+  machines, so the sum says which ranks it holds (rank r pushes 2^r):
+  every running rank of exactly min(q, machines still running) machines,
+  and every rank saw the same sequence of sums.
 
 Then join() returns the last rank to join on every rank, and a tensor first
 used after the join sums as usual. Prints ``JOIN OK rank R`` at the end.
@@ -44,12 +44,14 @@ def main() -> None:
     for step in range(batches(me)):
         running = [r for r in range(n) if batches(r) > step]
         if backup:
-            x = np.full(6, float(1 << (me // local)), dtype=np.float64)
+            x = np.full(6, float(1 << me), dtype=np.float64)
             y = bps.push_pull(x, name="grad")  # averaged over quorum * local processes
-            held = int(round(y[0] * quorum))
+            held = int(round(y[0] * quorum * local))  # the ranks whose pushes the round holds, as bits
             live = {r // local for r in running}
-            members = {m for m in range(machines) if held >> m & 1}
-            assert held < 1 << machines and members <= live, (step, held, live)
+            members = {r // local for r in range(n) if held >> r & 1}
+            assert held < 1 << n and members <= live, (step, held, live)
+            assert {r for r in range(n) if held >> r & 1} == {r for r in running if r // local in members}, \
+                (step, held, running)
             assert len(members) == min(quorum, len(live)), (step, held, live, quorum)
             seen[step] = held
         else:

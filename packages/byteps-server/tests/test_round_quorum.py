@@ -142,3 +142,14 @@ def test_a_join_closes_the_quorum_rounds_that_only_joined_machines_held_open():
     server.join(2)  # now 2 left, and both pushed round 0: it closes with zeros for the quorum
     assert server.answers() == {0: [11.0]}
     assert policy.partial_round() is None
+
+
+def test_a_quorum_key_refuses_a_round_that_sums_or_broadcasts():
+    """Only averages over every worker may close without the late machines: anything else is an error, never a
+    round that silently misses machines (workers give such rounds a tensor of their own)."""
+    server, _ = quorum_server()
+    with pytest.raises(ValueError, match="a push that sums from worker 0.* only averages over every worker may"):
+        server.push(0, 0, 0, [1.0])
+    with pytest.raises(ValueError, match="a push that broadcasts from rank 1 from worker 0"):
+        server.push(0, 0, 0, [1.0], flags=FLAG_AVERAGE, aux=2)
+    assert not server.take(Command.PUSH_ACK)

@@ -11,9 +11,9 @@ tensor first used while a rank had joined, unnamed ops). Prints ``OK
 <check>`` per check and ``ALL OK <n>``; the first failure exits 1.
 
 With ``--backup`` (BYTEPS_BACKUP_WORKERS set): rounds close without the
-late machines, so each rank pushes 2^(its machine) and the average says
-which machines a round holds: exactly min(quorum, machines still running),
-each still running, the same sequence on every rank; then the agreement
+late machines, so rank r pushes 2^r and the average says which ranks a
+round holds: the running ranks of exactly min(quorum, machines still
+running) machines, the same sequence on every rank; then the agreement
 after join.
 """
 
@@ -114,11 +114,13 @@ def backup_allreduce():
     steps = max(batches(k) for k in range(n))
     seen = torch.zeros(steps, dtype=torch.float64)
     for step in range(batches(r)):
-        y = bps.allreduce(torch.full((4,), float(1 << r // local), dtype=torch.float64), name="backup.grad")
-        held = int(round(float(y[0]) * quorum))
-        live = {k // local for k in range(n) if batches(k) > step}
-        members = {m for m in range(machines) if held >> m & 1}
+        y = bps.allreduce(torch.full((4,), float(1 << r), dtype=torch.float64), name="backup.grad")
+        held = int(round(float(y[0]) * quorum * local))  # the ranks whose pushes the round holds, as bits
+        running = [k for k in range(n) if batches(k) > step]
+        live = {k // local for k in running}
+        members = {k // local for k in range(n) if held >> k & 1}
         assert members <= live and len(members) == min(quorum, len(live)), (step, held, live)
+        assert {k for k in range(n) if held >> k & 1} == {k for k in running if k // local in members}, (step, held)
         seen[step] = held
     last = bps.join()
     assert last == n - 1, f"join() returned {last}; rank {n - 1} has the most batches"

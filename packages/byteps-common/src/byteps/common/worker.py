@@ -72,7 +72,7 @@ class Worker:
         self.registry = TensorRegistry(ServerAssigner(max(1, len(servers)), config.partition_bytes,
                                                       config.server_assignment, config.key_hash_fn)
                                        if self._comm is not None else None)
-        has_servers = self._comm is not None and self._comm.engine.exchange is not None
+        has_servers = self._comm is not None and self._comm.engine.has_servers
         self.tasks = TaskMaker(config, self.registry, self.rank, self.size, has_servers,
                                self._comm.post if self._comm is not None else None)
         if self._comm is not None:
@@ -194,7 +194,7 @@ class Worker:
         """An id for a tensor that belongs to the declared tensor ``name`` (of process set ``set_id``), e.g. a
         collective's buffer of one size class (``variant`` < 64): the same on every rank, whatever the order
         in which ranks start such tensors, and never an id that declaration order gives out."""
-        return self.registry.derived_id(name, variant, set_id)
+        return self.registry.derived_id(self.tasks.name_for(name, closes_early=False), variant, set_id)
 
     def join(self, extra: Any = None) -> Tuple[int, List[Any]]:
         """Horovod's ``join()``: this rank has no more data. Until every rank has joined, the others' rounds
@@ -242,8 +242,7 @@ class Worker:
         return [c.address for c in self._comm.connections] if self._comm else []
 
     def _exchange_counter(self, name: str) -> int:
-        exchange = self._comm.engine.exchange if self._comm is not None else None
-        return getattr(exchange, name) if exchange is not None else 0
+        return self._comm.engine.counter(name) if self._comm is not None else 0
 
     @property
     def bytes_sent(self) -> int:

@@ -90,7 +90,7 @@ class ParameterServer:
         self.context = config.transport_context()
         host = resolve_host(config.node_host, config.interface, config.root_uri)
         # A push is at most one partition; leave room for any partition size workers use.
-        self.max_partition_bytes = max(config.partition_bytes, 1 << 20)
+        self.max_partition_bytes = config.max_partition_bytes
         self.listener = self.context.listen(tcp_address(host, 0), max_payload_bytes=self.max_partition_bytes)
         self.scheduler = SchedulerClient(self.context, config.root_uri, config.root_port,
                                          config.rendezvous_timeout, config.heartbeat_interval_s,

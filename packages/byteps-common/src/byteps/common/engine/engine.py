@@ -130,10 +130,19 @@ class Engine:
     def stage_done(self, done: StageDone) -> None:
         self.dispatcher.finished_elsewhere(done)
 
-    # --- counters -----------------------------------------------------------------------
+    # --- what the worker reads ----------------------------------------------------------
     @property
     def connections(self) -> list:
         return self.exchange.connections if self.exchange is not None else []
+
+    @property
+    def has_servers(self) -> bool:
+        return self.exchange is not None
+
+    def counter(self, name: str) -> int:
+        """One of the server exchange's byte and payload counters (bytes_sent, bytes_received,
+        shared_payloads, rdma_payloads); 0 without servers."""
+        return getattr(self.exchange, name) if self.exchange is not None else 0
 
     def close(self, linger_ms: Optional[int] = None) -> None:
         self.dispatcher.close()

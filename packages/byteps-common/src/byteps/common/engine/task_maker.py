@@ -63,6 +63,14 @@ class TaskMaker:
         return bool(self.config.backup_workers and options.average and options.members is None
                     and options.root is None and options.joinable and self.has_servers)
 
+    def name_for(self, name: str, closes_early: bool) -> str:
+        """The tensor behind ``name`` for a round that closes early or not. A key's rounds all close alike at
+        the servers (its first INIT_KEY says how), so with backup workers a sum, broadcast or gather of a
+        name whose averages close without the late machines is a tensor of its own."""
+        if self.config.backup_workers and not closes_early and self.has_servers:
+            return f"{name} (every machine)"
+        return name
+
     def compresses(self, nbytes: int, crosses_machines: bool, options: PushPullOptions) -> bool:
         """Whether a push_pull of ``nbytes`` is compressed: it must go through servers (between machines) and
         be at least BYTEPS_MIN_COMPRESS_BYTES, as in BytePS."""
@@ -87,6 +95,7 @@ class TaskMaker:
                              "without the slowest machines (BYTEPS_BACKUP_WORKERS), so only such a round can be "
                              "skipped")
         ranks, machines, set_id = options.members, 0, options.set_id
+        name = self.name_for(name, closes_early)
         if ranks is not None:
             if self.rank not in ranks or ranks[-1] >= self.size:
                 raise ValueError(f"{what}: members {list(ranks)} (set {set_id}) must be ranks of this job "

@@ -30,11 +30,11 @@ from __future__ import annotations
 import logging
 from typing import Dict
 
-from byteps.common.tensor_description import quorum_aux
+from byteps.common.tensor_description import describe_op, quorum_aux
 from byteps.server.rounds.key_state import KeyState, RoundServices
 from byteps.server.rounds.sync_sum import SyncSum, _cannot_skip
 from byteps.transport import Command, Message
-from byteps.transport.frames import FLAG_PULL, FLAG_SKIPPED
+from byteps.transport.frames import FLAG_AVERAGE, FLAG_PULL, FLAG_SKIPPED
 
 __all__ = ["BACKUP_MAX_LAG", "QuorumSum"]
 
@@ -56,6 +56,13 @@ class QuorumSum(SyncSum):
 
     def push(self, message: Message) -> None:
         header = message.header
+        if not header.flags & FLAG_AVERAGE or header.aux:
+            # Only averages over every worker may close without the late machines; a worker names the rounds
+            # that must wait for every machine apart (byteps.common.engine.task_maker), so this is a worker
+            # of another kind, and its round would silently miss machines.
+            raise ValueError(f"{self.spec.describe()}: a push that {describe_op(False, header.aux)} from worker "
+                             f"{header.sender}, but the key's rounds close at {self.quorum} machines' pushes "
+                             "(backup workers): only averages over every worker may")
         self.last_round[header.sender // self.local_size] = header.round
         if header.round <= self.engine.completed_round(self.key):
             self._drop_late_push(message)
