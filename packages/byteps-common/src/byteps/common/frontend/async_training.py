@@ -12,8 +12,9 @@ worker is at most s steps behind.
 
 An adapter's DistributedOptimizer (or trainer) does, around its local step::
 
-    exchange = ParameterExchange(names, Snapshots(copy=..., subtract=..., zeros_like=...))
-    exchange.start(tensors)                 # once: the servers' store from rank 0's values
+    exchange = ParameterExchange(names, Snapshots(copy=..., subtract=..., zeros_like=...),
+                                 at_commit=lambda: exchange.pull(live_tensors()))
+    exchange.start(tensors)                 # once per job: the servers' store from rank 0's values
     before = exchange.snapshot(tensors)
     local_optimizer_step()
     exchange.exchange(before, tensors)      # deltas out, the servers' parameters into ``tensors``
@@ -21,19 +22,34 @@ An adapter's DistributedOptimizer (or trainer) does, around its local step::
 ``tensors`` maps each name to a buffer byteps reads and writes in place (a
 numpy array, a CPU torch tensor); every rank passes the same names in the
 same order.
+
+Elastic training (docs/elastic.md, "Asynchronous training"): an exchange
+belongs to the job it started in. Each membership epoch is a new job with
+fresh servers whose stores are empty, so there ``start()`` broadcasts rank
+0's parameters again (as they stand after ``state.sync()``). At every
+``state.commit()`` the elastic State calls :func:`commit_exchanges`: every
+rank takes the servers' store, which then holds every delta pushed before
+the commit, so what is committed is the same on every rank and includes
+each of those deltas once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
 
 from byteps.common import api
 
-__all__ = ["ASYNC_PREFIX", "Snapshots", "ParameterExchange", "async_enabled", "check_async_compression"]
+__all__ = ["ASYNC_PREFIX", "Snapshots", "ParameterExchange", "async_enabled", "check_async_compression",
+           "commit_exchanges"]
 
 #: Prefix of every parameter's asynchronous exchange, apart from gradients ("Gradient.") and broadcasts.
 ASYNC_PREFIX = "AsyncParameter."
+#: The name of the (synchronous) sums that serve commit_exchanges() as barriers.
+COMMIT_BARRIER = "ParameterExchange.commit"
 
 
 def async_enabled() -> bool:
@@ -58,18 +74,36 @@ class Snapshots:
 
 
 class ParameterExchange:
-    """One optimizer's parameters in asynchronous training: the initial broadcast, then a delta per step."""
+    """One optimizer's parameters in asynchronous training: the initial broadcast, then a delta per step.
 
-    def __init__(self, names: Sequence[str], ops: Snapshots) -> None:
+    ``at_commit`` is what its owner does at an elastic ``state.commit()``
+    (:func:`commit_exchanges`): exchange a zero change, leaving the
+    servers' parameters where the parameters live, e.g.
+    ``lambda: exchange.pull(live_tensors())``. An exchange without one
+    cannot take part in elastic training's commits.
+    """
+
+    def __init__(self, names: Sequence[str], ops: Snapshots, at_commit: Optional[Callable[[], None]] = None) -> None:
         if len(set(names)) != len(names):
             raise ValueError("asynchronous training needs unique parameter names")
         self.names: List[str] = list(names)
         self.ops = ops
-        self.started = False
-        self.steps = 0  # exchanges done (the servers' round of each parameter, less the broadcast)
+        self.at_commit = at_commit
+        self.steps = 0  # exchanges done since start() in this job (the servers' round of each parameter)
+        # The Worker whose servers hold this exchange's store; weak, so a job left behind is not kept alive.
+        self._job: Optional[weakref.ref] = None
+
+    @property
+    def started(self) -> bool:
+        """Whether the current job's servers hold this exchange's store (start() ran in this job).
+
+        False again in an elastic job's next membership epoch: a new Worker,
+        whose servers start empty.
+        """
+        return self._job is not None and api.is_initialized() and self._job() is api.worker()
 
     def start(self, tensors: Mapping[str, Any]) -> None:
-        """Once, before the first step: rank 0's values become the servers' store, and every rank's."""
+        """Once per job, before its first step: rank 0's values become the servers' store, and every rank's."""
         if self.started:
             return
         worker = api.worker()
@@ -80,7 +114,9 @@ class ParameterExchange:
             pending.append((source, worker.push_pull_async(source, ASYNC_PREFIX + name, average=False, output=tensor,
                                                            root=0, asynchronous=True)))
         self._wait(pending)
-        self.started = True
+        self._job = weakref.ref(worker)
+        self.steps = 0
+        _started_in_order(self)
 
     def snapshot(self, tensors: Mapping[str, Any]) -> Dict[str, Any]:
         """Copies of the parameters as they are before the local step."""
@@ -88,9 +124,10 @@ class ParameterExchange:
 
     def exchange(self, before: Mapping[str, Any], tensors: Mapping[str, Any]) -> None:
         """Push each parameter's change since ``before``; leave the servers' parameters in ``tensors``."""
-        if not self.started:
-            raise RuntimeError("ParameterExchange.exchange() before start()")
         worker = api.worker()
+        if not self.started:
+            raise RuntimeError("ParameterExchange.exchange() before start() in this job (after a change of "
+                               "membership the next epoch's servers start empty: start() again)")
         pending = []
         for name in self.names:
             delta = self.ops.subtract(tensors[name], before[name])
@@ -98,6 +135,11 @@ class ParameterExchange:
                                                           output=tensors[name], asynchronous=True)))
         self._wait(pending)
         self.steps += 1
+
+    def pull(self, tensors: Mapping[str, Any]) -> None:
+        """The servers' parameters into ``tensors``, through an exchange of a zero change (a push the servers
+        count, adding nothing)."""
+        self.exchange(self.snapshot(tensors), tensors)
 
     @staticmethod
     def _wait(pending: List[Any]) -> None:
@@ -109,3 +151,49 @@ class ParameterExchange:
                 error = error or exc
         if error is not None:
             raise error
+
+
+# Every exchange this process started, in the order of its latest start(). Starts are collectives
+# that every rank makes in the same order, so the exchanges started in the current job come in the
+# same order on every rank, which commit_exchanges() relies on.
+_started: List[weakref.ref] = []
+
+
+def _started_in_order(exchange: ParameterExchange) -> None:
+    global _started
+    _started = [ref for ref in _started if ref() is not None and ref() is not exchange] + [weakref.ref(exchange)]
+
+
+def commit_exchanges() -> None:
+    """At an elastic ``state.commit()``: every rank's parameters become the servers' store, the same everywhere.
+
+    Nothing to do (and nothing sent) unless an exchange started in the
+    current job. Else: a barrier, so every rank has finished its last
+    exchange (a worker's push is applied before its pull is answered, so
+    the store holds every delta pushed before the commit); then each
+    exchange's ``at_commit`` (a zero change out, the store in); then a
+    barrier again, so no rank pushes its next delta before every rank has
+    pulled. Every rank exchanges as often as the others, so a staleness
+    bound (BYTEPS_ASYNC_MAX_STALENESS) sees no rank run ahead.
+
+    The barriers are sums over every rank, which wait as long as it takes:
+    asynchronous workers may arrive a whole commit interval apart, longer
+    than the scheduler's barrier waits (BYTEPS_RENDEZVOUS_TIMEOUT).
+    """
+    exchanges = [ref() for ref in _started]
+    current = [exchange for exchange in exchanges if exchange is not None and exchange.started]
+    if not current:
+        return
+    unable = [exchange.names[0] for exchange in current if exchange.at_commit is None]
+    if unable:
+        raise RuntimeError(f"asynchronous training: the exchange of {unable} has no at_commit, so a commit cannot "
+                           "bring its parameters to the servers' store; elastic training with BYTEPS_ENABLE_ASYNC=1 "
+                           "is built for byteps.torch, byteps.tensorflow and byteps.common")
+    _all_arrive()
+    for exchange in current:
+        exchange.at_commit()
+    _all_arrive()
+
+
+def _all_arrive() -> None:
+    api.push_pull(np.zeros(1, dtype=np.int32), name=COMMIT_BARRIER, average=False)
