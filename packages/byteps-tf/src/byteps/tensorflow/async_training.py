@@ -128,7 +128,7 @@ class VariableExchange:
         _prefix_uses[prefix] = uses + 1
         base = f"{prefix}#{uses}" if uses else prefix
         self.names = [f"{base}.{i}" for i in range(len(self.variables))]
-        self.parameters = ParameterExchange(self.names, NUMPY_SNAPSHOTS)
+        self.parameters = ParameterExchange(self.names, NUMPY_SNAPSHOTS, at_commit=self._take_store)
         self._previous: Optional[Dict[str, np.ndarray]] = None  # since_last(): the values it left last time
         _live.add(self)
 
@@ -156,8 +156,22 @@ class VariableExchange:
 
     def reset(self) -> None:
         """A new job (after shutdown and init): its servers hold nothing, so start with a broadcast again."""
-        self.parameters = ParameterExchange(self.names, self.parameters.ops)
+        self.parameters = ParameterExchange(self.names, self.parameters.ops, at_commit=self._take_store)
         self._previous = None
+
+    def _take_store(self) -> None:
+        """At an elastic ``state.commit()`` (eager): the servers' values into the variables.
+
+        A tape's exchange first pushes the update applied since its last
+        ``gradient()`` call (it would push it at the next one): what is
+        committed then holds it, and the next call pushes only what comes
+        after. An optimizer's exchange has nothing unpushed: it exchanges a
+        zero change.
+        """
+        if self._previous is not None:
+            self.since_last()
+        else:
+            self.around(lambda: None)
 
     # The bodies run eagerly: directly, or inside the py_function op of a graph.
 
