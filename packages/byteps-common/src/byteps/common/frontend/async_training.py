@@ -36,6 +36,7 @@ each of those deltas once.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import weakref
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -80,7 +81,11 @@ class ParameterExchange:
     (:func:`commit_exchanges`): exchange a zero change, leaving the
     servers' parameters where the parameters live, e.g.
     ``lambda: exchange.pull(live_tensors())``. An exchange without one
-    cannot take part in elastic training's commits.
+    cannot take part in elastic training's commits. A bound method is held
+    weakly: its object (an optimizer) owns the exchange, so no cycle keeps
+    a dropped optimizer alive until the garbage collector runs, at another
+    moment on each rank; once the object is gone, commits leave its
+    parameters alone.
     """
 
     def __init__(self, names: Sequence[str], ops: Snapshots, at_commit: Optional[Callable[[], None]] = None) -> None:
@@ -88,10 +93,17 @@ class ParameterExchange:
             raise ValueError("asynchronous training needs unique parameter names")
         self.names: List[str] = list(names)
         self.ops = ops
-        self.at_commit = at_commit
+        self.takes_commits = at_commit is not None
+        self._at_commit: Callable[[], Optional[Callable[[], None]]] = (
+            weakref.WeakMethod(at_commit) if inspect.ismethod(at_commit) else lambda: at_commit)
         self.steps = 0  # exchanges done since start() in this job (the servers' round of each parameter)
         # The Worker whose servers hold this exchange's store; weak, so a job left behind is not kept alive.
         self._job: Optional[weakref.ref] = None
+
+    @property
+    def at_commit(self) -> Optional[Callable[[], None]]:
+        """What to call at an elastic commit; None without one, or once the object that gave it is gone."""
+        return self._at_commit()
 
     @property
     def started(self) -> bool:
@@ -184,14 +196,16 @@ def commit_exchanges() -> None:
     current = [exchange for exchange in exchanges if exchange is not None and exchange.started]
     if not current:
         return
-    unable = [exchange.names[0] for exchange in current if exchange.at_commit is None]
+    unable = [exchange.names for exchange in current if not exchange.takes_commits]
     if unable:
-        raise RuntimeError(f"asynchronous training: the exchange of {unable} has no at_commit, so a commit cannot "
-                           "bring its parameters to the servers' store; elastic training with BYTEPS_ENABLE_ASYNC=1 "
-                           "is built for byteps.torch, byteps.tensorflow and byteps.common")
+        raise RuntimeError(f"asynchronous training: a commit cannot bring parameters {unable[0]} to the servers' "
+                           "store: their ParameterExchange was made without at_commit (elastic training with "
+                           "BYTEPS_ENABLE_ASYNC=1 is built for byteps.torch, byteps.tensorflow and byteps.common)")
     _all_arrive()
     for exchange in current:
-        exchange.at_commit()
+        take_store = exchange.at_commit
+        if take_store is not None:  # None: the optimizer that owned it is gone, and nothing steps these any more
+            take_store()
     _all_arrive()
 
 
