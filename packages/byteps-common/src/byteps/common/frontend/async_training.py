@@ -78,30 +78,35 @@ class ParameterExchange:
     """One optimizer's parameters in asynchronous training: the initial broadcast, then a delta per step.
 
     ``at_commit`` is what its owner does at an elastic ``state.commit()``
-    (:func:`commit_exchanges`): exchange a zero change, leaving the
-    servers' parameters where the parameters live, e.g.
-    ``lambda: exchange.pull(live_tensors())``. An exchange without one
-    cannot take part in elastic training's commits. A bound method is held
+    (:func:`commit_exchanges`): push what it has not pushed yet, if
+    anything, and leave the servers' parameters where the parameters live,
+    e.g. ``lambda: exchange.pull(live_tensors())`` for an optimizer that
+    exchanges within its step. It returns True when it pushed a change of
+    its own (a gradient tape's last update): the others may have pulled
+    before that push arrived, so it is called once more, after a barrier,
+    with nothing left to push. An exchange without one cannot take part in
+    elastic training's commits. A bound method is held
     weakly: its object (an optimizer) owns the exchange, so no cycle keeps
     a dropped optimizer alive until the garbage collector runs, at another
     moment on each rank; once the object is gone, commits leave its
     parameters alone.
     """
 
-    def __init__(self, names: Sequence[str], ops: Snapshots, at_commit: Optional[Callable[[], None]] = None) -> None:
+    def __init__(self, names: Sequence[str], ops: Snapshots,
+                 at_commit: Optional[Callable[[], Optional[bool]]] = None) -> None:
         if len(set(names)) != len(names):
             raise ValueError("asynchronous training needs unique parameter names")
         self.names: List[str] = list(names)
         self.ops = ops
         self.takes_commits = at_commit is not None
-        self._at_commit: Callable[[], Optional[Callable[[], None]]] = (
+        self._at_commit: Callable[[], Optional[Callable[[], Optional[bool]]]] = (
             weakref.WeakMethod(at_commit) if inspect.ismethod(at_commit) else lambda: at_commit)
         self.steps = 0  # exchanges done since start() in this job (the servers' round of each parameter)
         # The Worker whose servers hold this exchange's store; weak, so a job left behind is not kept alive.
         self._job: Optional[weakref.ref] = None
 
     @property
-    def at_commit(self) -> Optional[Callable[[], None]]:
+    def at_commit(self) -> Optional[Callable[[], Optional[bool]]]:
         """What to call at an elastic commit; None without one, or once the object that gave it is gone."""
         return self._at_commit()
 
@@ -183,7 +188,9 @@ def commit_exchanges() -> None:
     current job. Else: a barrier, so every rank has finished its last
     exchange (a worker's push is applied before its pull is answered, so
     the store holds every delta pushed before the commit); then each
-    exchange's ``at_commit`` (a zero change out, the store in); then a
+    exchange's ``at_commit`` (a zero change out, the store in). An
+    exchange whose ``at_commit`` pushed a change of its own takes the store
+    again after another barrier, once every rank's push has arrived. Then a
     barrier again, so no rank pushes its next delta before every rank has
     pulled. Every rank exchanges as often as the others, so a staleness
     bound (BYTEPS_ASYNC_MAX_STALENESS) sees no rank run ahead.
@@ -202,11 +209,19 @@ def commit_exchanges() -> None:
                            "store: their ParameterExchange was made without at_commit (elastic training with "
                            "BYTEPS_ENABLE_ASYNC=1 is built for byteps.torch, byteps.tensorflow and byteps.common)")
     _all_arrive()
-    for exchange in current:
-        take_store = exchange.at_commit
-        if take_store is not None:  # None: the optimizer that owned it is gone, and nothing steps these any more
-            take_store()
+    pushed_own = [exchange for exchange in current if _take_store(exchange)]
+    if pushed_own:  # the same exchanges on every rank: whether one pushes is its kind's, not its data's
+        _all_arrive()
+        for exchange in pushed_own:
+            _take_store(exchange)  # nothing left to push: the store holds every rank's change now
     _all_arrive()
+
+
+def _take_store(exchange: ParameterExchange) -> bool:
+    """``exchange``'s at_commit; True when it pushed a change of its own. Nothing when the object that gave it
+    is gone (nothing steps those parameters any more)."""
+    take_store = exchange.at_commit
+    return bool(take_store()) if take_store is not None else False
 
 
 def _all_arrive() -> None:
