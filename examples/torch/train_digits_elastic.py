@@ -10,7 +10,10 @@ Kill one worker (``kill -9``) and the other two roll back to their last
 commit and go on; give bpslaunch a ``--host-discovery-script`` that
 reports more slots and new workers join at the next commit, getting the
 current weights from rank 0. The learning rate follows the number of
-workers (Horovod's rule), reset after every change of membership.
+workers (Horovod's rule), reset after every change of membership; in
+asynchronous training (``BYTEPS_ENABLE_ASYNC=1``), where every worker's own
+step lands on the servers' parameters, it stays each worker's own and
+every delta counts once (docs/elastic.md, "Asynchronous training").
 
 Every rank prints one ``joined:`` line each time it (re)enters training;
 rank 0 prints one line per epoch and the held-out accuracy. ``--log-steps``
@@ -37,7 +40,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
-    parser.add_argument("--lr", type=float, default=0.05, help="per worker; times the number of workers")
+    parser.add_argument("--lr", type=float, default=0.05,
+                        help="per worker; times the number of workers when they average gradients (not in "
+                             "asynchronous training, BYTEPS_ENABLE_ASYNC=1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--min-accuracy", type=float, default=0.9)
     parser.add_argument("--log-steps", action="store_true", help="one line per rank after every commit")
@@ -48,14 +53,19 @@ def main() -> int:
     torch.set_num_threads(1)
     train_set, test_set = load_data(args.seed)
     model = DigitsNet()
-    optimizer = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr * bps.size(), momentum=0.9),
+    asynchronous = os.environ.get("BYTEPS_ENABLE_ASYNC", "0") == "1"
+
+    def rate() -> float:  # averaged gradients take n workers' data per step; an asynchronous step, one worker's
+        return args.lr if asynchronous else args.lr * bps.size()
+
+    optimizer = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=rate(), momentum=0.9),
                                          named_parameters=model.named_parameters())
     sampler = bps.elastic.ElasticSampler(train_set, shuffle=True, seed=args.seed)
     state = bps.elastic.TorchState(model, optimizer, sampler=sampler, epoch=1, batch=0, steps=0)
 
     def follow_membership() -> None:  # after every change: the rate of the new number of workers
         for group in optimizer.param_groups:
-            group["lr"] = args.lr * bps.size()
+            group["lr"] = rate()
 
     state.register_reset_callbacks([follow_membership])
 

@@ -62,3 +62,30 @@ def test_the_digits_example_survives_a_lost_worker_and_takes_in_a_new_one(tmp_pa
     assert re.search(rf"^\[worker 0\] epoch +{EPOCHS}: .* with 3 worker\(s\)", output, re.M), output[-6000:]
     # Reaching it is what counts: the replayed steps after the rollback may well end a little higher.
     assert accuracy(output) >= accuracy(undisturbed.stdout) - 0.02, (accuracy(output), accuracy(undisturbed.stdout))
+
+
+def test_the_digits_example_trains_asynchronously_through_a_lost_and_an_added_worker(tmp_path):
+    # BYTEPS_ENABLE_ASYNC=1 (docs/elastic.md, "Asynchronous training"): every commit takes the servers'
+    # parameters; each epoch's fresh servers start from the last commit, broadcast from rank 0.
+    discovery = DiscoveryScript(tmp_path, "localhost:3")  # keeps the lost worker's slot: a new worker takes it
+    flags = ["-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", discovery.path]
+    with WatchedJob(flags, EXAMPLE, ["--epochs", "4", "--log-steps", "--min-accuracy", "0.85"],
+                    env={"BYTEPS_ENABLE_ASYNC": "1"}) as job:
+        job.wait_for(r"^\[worker 1\] step \d+ epoch 2 samples [1-9]", timeout=240)
+        os.kill(job.child_pid("BYTEPS_ELASTIC_WORKER", "w1"), signal.SIGKILL)
+        job.wait_for(r"^\[worker 0\] joined: rank 0 of 2 at epoch 2", timeout=60)
+        newcomer = job.wait_for(r"^\[worker 3\] joined: rank 2 of 3 at epoch (\d+) batch (\d+), (\d+) steps so far, "
+                                r"weights checksum (\S+)", timeout=120)
+        result = job.finish(timeout=300)
+    output = result.stdout
+    assert result.returncode == 0, output[-6000:]
+    assert "worker w1 was killed by SIGKILL (signal 9); going on with 2 worker(s)" in output, output[-6000:]
+    epoch, batch, steps, checksum = newcomer.groups()
+    assert (f"[worker 0] joined: rank 0 of 3 at epoch {epoch} batch {batch}, {steps} steps so far, "
+            f"weights checksum {checksum}") in output, output[-6000:]
+    counted = [int(s) for s in re.findall(r"^\[worker 0\] step (\d+) ", output, re.M)]
+    assert counted == sorted(set(counted)), counted
+    assert re.search(r"^\[worker 0\] epoch +4: .* with 3 worker\(s\)", output, re.M), output[-6000:]
+    assert accuracy(output) >= 0.85, output[-3000:]
+    assert re.search(r"servers applied asynchronous pushes: \d+ in membership epoch 1, \d+ in membership epoch 2",
+                     output), output[-3000:]

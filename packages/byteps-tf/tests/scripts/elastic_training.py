@@ -2,7 +2,9 @@
 
 ``tape``: one variable of 64 values; each step every rank's gradient is
 (rank + 1) * step (from a tf.function, so a lost job comes out of a graph),
-averaged by DistributedGradientTape and subtracted; every step committed.
+averaged by DistributedGradientTape and subtracted (with BYTEPS_ENABLE_ASYNC=1
+each rank subtracts its own and the servers sum the updates); every step
+committed.
 Prints ``joined <epoch> rank R of N at step S w W`` and ``step S size N w W``.
 
 ``fit``: a small Keras model fits random data with Horovod's elastic

@@ -16,7 +16,8 @@ from byteps.common.interface import require_interface
 # 2.3: push_pull_async(skip_pull=); 2.4: elastic membership boards (a worker on another host reads its epoch
 # from bpslaunch's rendezvous service; epoch secrets derived from the elastic key); 2.5: Config.enable_ipc,
 # frontend.process_sets.reduction_spec and broadcast_spec; 2.6: local aggregation of CUDA tensors on the GPU
-# (Config.gpu_local_aggregation, CopyEngine.shared_memory/open_shared/reduce);
+# (Config.gpu_local_aggregation, CopyEngine.shared_memory/open_shared/reduce); 2.7: asynchronous training across
+# elastic membership epochs (ParameterExchange(at_commit=), .pull, .started per job, commit_exchanges);
 # 3.0: Worker.push_pull_async(tensor, name, PushPullOptions) (every caller's choices in one options object), the
 # engine package byteps.common.engine (comm_loop, route, server_exchange, local_aggregation, device_local and
 # compression.stages moved there), Config.max_partition_bytes

@@ -319,6 +319,10 @@ def _run_elastic(args: argparse.Namespace, command: List[str], report_dir: str, 
         changes = f"; membership changed {supervisor.resets} time(s)" if supervisor.resets else ""
         if outcome.ok:
             console.note(f"elastic job finished in {wall_s:.1f} s{changes}")
+            applied = supervisor.async_pushes_by_epoch()
+            if any(applied.values()):
+                console.note("servers applied asynchronous pushes: " + ", ".join(
+                    f"{count} in membership epoch {number}" for number, count in sorted(applied.items())))
         else:
             console.note(f"job failed after {wall_s:.1f} s with exit status {outcome.exit_code}{changes}")
     return outcome.exit_code

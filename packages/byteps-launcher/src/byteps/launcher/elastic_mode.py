@@ -57,7 +57,7 @@ import tempfile
 import time
 from typing import Dict, List, Mapping, Optional, Sequence, Set
 
-from byteps.common.config import Config
+from byteps.common.config import Config, ConfigError
 from byteps.common.elastic.membership import (
     ELASTIC_DIR,
     ELASTIC_KEY,
@@ -69,6 +69,7 @@ from byteps.common.elastic.membership import (
     write_epoch,
 )
 from byteps.common.interface import distribution_version
+from byteps.common.job_report import REPORT_DIR_VARIABLE, read_reports
 from byteps.common.shared_segment import sweep
 from byteps.launcher.child_process import ChildProcess, describe_exit, exit_status
 from byteps.launcher.embedded_mode import LOCALHOST, OWNED_VARIABLES
@@ -184,9 +185,24 @@ class ElasticSupervisor(Supervisor):
     # ------------------------------------------------------------ starting
 
     def _check_environment(self) -> None:
-        """The user's BYTEPS_*/DMLC_* knobs, judged as a worker of a stand-in epoch sees them (ConfigError)."""
-        stand_in = Epoch(0, ("w",), 1, self.options.num_server, "0" * 12, "x")
-        Config.from_env({**self.base_env, "DMLC_ROLE": "worker", **stand_in.environment("w")})
+        """The user's BYTEPS_*/DMLC_* knobs, judged as a worker of the smallest epoch this job may have
+        (--min-np workers, each a machine of its own, with servers) sees them. ConfigError; one that a
+        larger --min-np would cure says so."""
+        try:
+            self._judge(self.options.min_np)
+        except ConfigError as exc:
+            try:
+                self._judge(min(self.options.max_np, 1024))
+            except ConfigError:
+                raise exc from None
+            raise ConfigError(exc.variable, f"{str(exc).split(': ', 1)[1]} (an epoch of this elastic job may have "
+                              f"as few as --min-np {self.options.min_np} worker(s): give a larger --min-np)") from None
+
+    def _judge(self, workers: int) -> None:
+        """Config.from_env as a worker of an epoch of ``workers`` members sees it (ConfigError)."""
+        members = tuple(f"w{i}" for i in range(workers))
+        stand_in = Epoch(0, members, 1, self.options.num_server, "0" * 12, "x")
+        Config.from_env({**self.base_env, "DMLC_ROLE": "worker", **stand_in.environment("w0")})
 
     def _initial_hosts(self) -> List[str]:
         """Where the first workers run: -np on this machine, or -np slots of the hosts discovery reports
@@ -307,6 +323,10 @@ class ElasticSupervisor(Supervisor):
             shared["DMLC_INTERFACE"] = "lo"
         self.services = []
         roles = [("scheduler", None)] + [("server", i) for i in range(epoch.num_server)]
+        reports = self._epoch_report_dir(number)
+        if reports is not None:
+            os.makedirs(reports, exist_ok=True)
+            shared[REPORT_DIR_VARIABLE] = reports
         for role, index in roles:
             env = child_environment(self.base_env, {**shared, "DMLC_ROLE": role})
             if role == "scheduler":  # a hung worker never exits: the scheduler says which one it presumed dead
@@ -322,6 +342,25 @@ class ElasticSupervisor(Supervisor):
         on = f" on {len(hosts)} host(s) {', '.join(hosts)}" if remote else ""
         self.console.note(f"membership epoch {number} ({why}): {len(members)} worker(s) "
                           f"{', '.join(members)}{on}, scheduler on {address}:{epoch.root_port}")
+
+    def _epoch_report_dir(self, number: int) -> Optional[str]:
+        """Where epoch ``number``'s servers write their reports (a folder of its own: every epoch has a
+        server 0), or None when bpslaunch asked for none."""
+        base = self.base_env.get(REPORT_DIR_VARIABLE, "").strip()
+        return os.path.join(base, f"epoch-{number}") if base else None
+
+    def async_pushes_by_epoch(self) -> Dict[int, int]:
+        """The asynchronous pushes (BYTEPS_ENABLE_ASYNC) each epoch's servers applied, for the epochs whose
+        servers wrote their reports: those that ended cleanly (a change at a commit, the job's end), not
+        one that lost a process, whose servers end with it."""
+        applied: Dict[int, int] = {}
+        for number in range(self.epoch.number + 1 if self.epoch is not None else 0):
+            folder = self._epoch_report_dir(number)
+            found = read_reports(folder) if folder and os.path.isdir(folder) else []
+            servers = [r for r in found if r.role == "server"]
+            if servers:
+                applied[number] = sum(r.async_pushes for r in servers)
+        return applied
 
     # -------------------------------------------------------------- events
 

@@ -9,7 +9,7 @@ is TensorFlow's here is moving variables in and out of it: numpy copies
 go to byteps (which reads and writes them in place) and the servers'
 values come back through ``assign``. Eagerly that happens at once; inside
 ``tf.function`` (``model.fit``'s step) or a TF1 graph it is one
-``tf.py_function`` op (:func:`byteps.tensorflow.graph_ops.run_eagerly`,
+``tf.py_function`` op (:func:`byteps.tensorflow.collectives.run_collective`,
 ordered after the adapter's previous byteps op), fed by reads of the
 variables and followed by their assigns.
 
@@ -57,8 +57,8 @@ from byteps.common.frontend.async_training import (
     check_async_compression,
 )
 from byteps.common.frontend.process_sets import global_process_set
+from byteps.tensorflow.collectives import run_collective
 from byteps.tensorflow.compression import Compression
-from byteps.tensorflow.graph_ops import run_eagerly
 
 __all__ = ["NUMPY_SNAPSHOTS", "VariableExchange", "ExchangesByList", "asynchronous", "as_tf_variable",
            "is_variable", "tape_exchange", "push_tape_updates"]
@@ -128,7 +128,7 @@ class VariableExchange:
         _prefix_uses[prefix] = uses + 1
         base = f"{prefix}#{uses}" if uses else prefix
         self.names = [f"{base}.{i}" for i in range(len(self.variables))]
-        self.parameters = ParameterExchange(self.names, NUMPY_SNAPSHOTS)
+        self.parameters = ParameterExchange(self.names, NUMPY_SNAPSHOTS, at_commit=self._take_store)
         self._previous: Optional[Dict[str, np.ndarray]] = None  # since_last(): the values it left last time
         _live.add(self)
 
@@ -156,8 +156,24 @@ class VariableExchange:
 
     def reset(self) -> None:
         """A new job (after shutdown and init): its servers hold nothing, so start with a broadcast again."""
-        self.parameters = ParameterExchange(self.names, self.parameters.ops)
+        self.parameters = ParameterExchange(self.names, self.parameters.ops, at_commit=self._take_store)
         self._previous = None
+
+    def _take_store(self) -> bool:
+        """At an elastic ``state.commit()`` (eager): the servers' values into the variables.
+
+        A tape's exchange pushes the update applied since its last
+        ``gradient()`` call (it would push it at the next one) and returns
+        True, so the commit calls it again once every rank has pushed: what
+        is committed then holds every rank's update, and the next call
+        pushes only what comes after. An optimizer's exchange has nothing
+        unpushed: it exchanges a zero change.
+        """
+        if self._previous is not None:
+            self.since_last()
+            return True
+        self.around(lambda: None)
+        return False
 
     # The bodies run eagerly: directly, or inside the py_function op of a graph.
 
@@ -180,8 +196,10 @@ class VariableExchange:
         return [current[name] for name in self.names]
 
     def _run(self, body: Callable[..., List[np.ndarray]], inputs: List[tf.Tensor]) -> List[Any]:
-        return run_eagerly(body, inputs, [v.dtype.base_dtype for v in self.variables],
-                           [v.shape for v in self.variables])
+        # As every other byteps op: a lost process comes out of a graph as an AbortedError that elastic
+        # training's run() recognizes (JobLostError), not as py_function's UnknownError.
+        return run_collective(body, inputs, [v.dtype.base_dtype for v in self.variables],
+                              [v.shape for v in self.variables])
 
     def _assign(self, values: List[Any]) -> Optional[tf.Operation]:
         assigns = [variable.assign(tf.convert_to_tensor(value, dtype=variable.dtype.base_dtype))

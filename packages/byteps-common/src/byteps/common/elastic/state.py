@@ -57,7 +57,18 @@ class State:
             callback()
 
     def commit(self) -> None:
-        """Save the state; then raise HostsUpdatedInterrupt on every rank if workers wait to join."""
+        """Save the state; then raise HostsUpdatedInterrupt on every rank if workers wait to join.
+
+        In asynchronous training (BYTEPS_ENABLE_ASYNC=1) every rank first
+        takes the servers' parameters, which by then hold every delta pushed
+        before this commit, so each rank saves the same parameters and a
+        rollback to them drops exactly the deltas pushed after it
+        (:func:`byteps.common.frontend.async_training.commit_exchanges`).
+        """
+        # Imported here: byteps.common.api imports this package, and the front imports api.
+        from byteps.common.frontend.async_training import commit_exchanges
+
+        commit_exchanges()
         self.save()
         self.check_host_updates()
 

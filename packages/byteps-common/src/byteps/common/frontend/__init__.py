@@ -16,7 +16,8 @@ depend on the framework lives here, one idea per module:
 * :mod:`~.group`: grouped push_pulls with small tensors fused, through the
   same binding;
 * :mod:`~.async_training`: BYTEPS_ENABLE_ASYNC's parameter exchange (the
-  initial broadcast into the servers' store, a delta per step);
+  initial broadcast into the servers' store, a delta per step, and the
+  servers' store taken at an elastic commit);
 * :mod:`~.checks`, :mod:`~.objects`, :mod:`~.versions`: argument checks with
   their messages, broadcast_object, framework version checks.
 
@@ -32,6 +33,7 @@ from byteps.common.frontend.async_training import (
     Snapshots,
     async_enabled,
     check_async_compression,
+    commit_exchanges,
 )
 from byteps.common.frontend.binding import TensorBinding, dtype_table
 from byteps.common.frontend.checks import check_passes, check_root, check_scale
@@ -81,5 +83,5 @@ __all__ = [
     # checks, objects, versions
     "check_root", "check_scale", "check_passes", "broadcast_object", "require_framework", "version_tuple",
     # asynchronous training
-    "ParameterExchange", "Snapshots", "async_enabled", "check_async_compression",
+    "ParameterExchange", "Snapshots", "async_enabled", "check_async_compression", "commit_exchanges",
 ]
