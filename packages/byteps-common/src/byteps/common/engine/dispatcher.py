@@ -42,10 +42,11 @@ class StageDone:
 
 class Dispatcher:
     """Runs the stages of every trip. ``arrived(trip)``: a trip's route is done; ``post(item)``: puts an item
-    on the engine's queue from another thread; ``failures``: the engine's failure fan-out."""
+    on the engine's queue from another thread; ``failures``: the engine's failure fan-out; ``tasks``: the
+    engine's task table."""
 
     def __init__(self, owners: Iterable[StageOwner], arrived: Callable[[PartitionTrip], None], failures: Any,
-                 post: Callable[[Any], None], pool_threads: int = 0, tracer: Any = None) -> None:
+                 post: Callable[[Any], None], pool_threads: int = 0, tracer: Any = None, tasks: Any = None) -> None:
         self._runners: Dict[Stage, Callable[[PartitionTrip], Outcome]] = {}
         for owner in owners:
             for stage, runner in owner.runners().items():
@@ -54,6 +55,7 @@ class Dispatcher:
                 self._runners[stage] = runner
         self._arrived = arrived
         self.failures = failures
+        self.tasks = tasks  # the engine's TaskTable: a stand-in task (a joined local root's) joins it here
         self._post = post
         self._pool = ThreadPoolExecutor(pool_threads, thread_name_prefix="byteps-compress") if pool_threads else None
         self._tracer = tracer

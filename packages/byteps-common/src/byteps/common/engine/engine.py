@@ -80,8 +80,7 @@ class Engine:
             owners.append(self.local)
         self.failures = Failures(self.tasks, self.exchange, self.local)
         self.dispatcher = Dispatcher(owners, self.tasks.arrived, self.failures, post, options.compress_threads,
-                                     options.tracer)
-        self.dispatcher.tasks = self.tasks
+                                     options.tracer, self.tasks)
 
     def set_tracer(self, tracer: Any) -> None:
         self.tasks.tracer = tracer

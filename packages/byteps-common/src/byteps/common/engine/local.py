@@ -347,9 +347,6 @@ class LocalGroup:
                 events.extend(self._progress(entry))
         return events
 
-    def take_ready(self, entry: Tuple[int, int]) -> List[Ready]:
-        return self._ready.get(entry, [])
-
     # --- failures ----------------------------------------------------------------------
     def _peer_failed(self, tensor_id: int, round_: int, error: BaseException):
         tasks = {trip.task for (key, r), trip in self._waiting.items()
