@@ -69,8 +69,8 @@ class Engine:
         self.local: Optional[LocalGroup] = None
         if options.local_size > 1:
             self.local = LocalGroup(context, options.job_id, options.machine, options.local_rank,
-                                    options.local_size, options.secret, options.handshake_timeout_s,
-                                    options.partition_bytes, len(servers), options.quorum)
+                                    options.local_size, options.partition_bytes, options.secret,
+                                    options.handshake_timeout_s, len(servers), options.quorum)
         self.device = DeviceStages(self.local)
         self.copy_out = CopyOut()
         owners: List[Any] = [self.copy_out, self.device]

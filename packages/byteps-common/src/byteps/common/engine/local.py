@@ -91,7 +91,7 @@ class LocalGroup:
     """
 
     def __init__(self, context: Context, job_id: str, machine: int, local_rank: int, local_size: int,
-                 secret: Optional[bytes] = None, timeout_s: float = 120.0, partition_bytes: int = 4096000,
+                 partition_bytes: int, secret: Optional[bytes] = None, timeout_s: float = 120.0,
                  num_servers: int = 0, quorum: int = 0) -> None:
         self.job_id, self.machine = job_id, machine
         self.local_rank, self.local_size = local_rank, local_size
