@@ -260,7 +260,7 @@ def tests_server(session: nox.Session) -> None:
 def tests_launcher(session: nox.Session) -> None:
     # matplotlib: the timeline's picture; kubernetes: the API models the manifests are checked against;
     # the ssh and SLURM tests need their engines and run in tests-engines
-    _tests(session, "byteps-launcher", "matplotlib", "kubernetes", ignore=ENGINE_TESTS)
+    _tests(session, "byteps-launcher", "matplotlib", "kubernetes", "tqdm", ignore=ENGINE_TESTS)
 
 
 @nox.session(name="tests-torch")
