@@ -2,10 +2,14 @@
 
 Every session installs built wheels, never the source trees, so a test also
 proves that a package installs on its own and declares its dependencies.
-The wheels are built once per source state into .nox/_wheelhouse/<hash>/
-and shared by all sessions of a run; `nox -s wheels` also puts them into
-dist/, where `pip install --find-links dist byteps-<x>` finds them
-(docs/install.md), and the install-* sessions prove exactly that command.
+A session builds only the wheels it installs (and their byteps siblings),
+each once per state of what builds it, kept in .nox/_wheels/<package>/<hash>/
+across runs; missing wheels are built side by side, in one build
+environment, with CMake build folders kept in .nox/_build/ so that an
+unchanged C++ file is not compiled again (docs/install.md, "How fast the
+first command is"). `nox -s wheels` also puts every wheel into dist/, where
+`pip install --find-links dist byteps-<x>` finds them, and the install-*
+sessions prove exactly that command.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import json
 import pathlib
 import re
 import shutil
+import subprocess
+import sys
 import zipfile
 
 import nox
@@ -40,6 +46,12 @@ FRAMEWORK_DISTRIBUTIONS = {"torch", "tensorflow", "tensorflow-cpu", "keras", "mx
 VERSION_FILE = ROOT / "VERSION"
 # Where `nox -s wheels` puts the wheels for `pip install --find-links dist ...`.
 DIST = ROOT / "dist"
+#: Each package's wheel, one folder per state of what builds it (docs/install.md).
+WHEEL_CACHE = ROOT / ".nox" / "_wheels"
+#: The build environment and the packages' CMake build folders, kept between runs.
+BUILD_ROOT = ROOT / ".nox" / "_build"
+#: Everything any package's [build-system] requires (checked by `lint`): one environment builds them all.
+BUILD_REQUIREMENTS = ("scikit-build-core>=0.10", "pybind11>=2.12", "hatchling>=1.18")
 
 nox.options.sessions = [
     "lint",
@@ -73,7 +85,7 @@ def _module_name(package: str) -> str:
 
 
 def _wheel_inputs(base: pathlib.Path):
-    """The files of one package that end up in (or build) its wheel."""
+    """The files of one package folder that end up in (or build) its wheel."""
     for name in ("pyproject.toml", "CMakeLists.txt", "README.md"):
         if (base / name).is_file():  # a pure-Python package (byteps-testkit) has no CMakeLists.txt
             yield base / name
@@ -83,12 +95,47 @@ def _wheel_inputs(base: pathlib.Path):
                 yield path
 
 
-def _source_hash() -> str:
-    digest = hashlib.sha256()
-    for package in PACKAGES:
-        for path in _wheel_inputs(ROOT / "packages" / package):
-            digest.update(str(path.relative_to(ROOT)).encode())
-            digest.update(path.read_bytes())
+def _pyproject_list(package: str, key: str) -> list:
+    """The one-line list ``key = [...]`` of a package's pyproject.toml (build requires, dependencies)."""
+    text = (ROOT / "packages" / package / "pyproject.toml").read_text()
+    found = re.search(rf"^{key}\s*=\s*\[(.*)\]\s*$", text, re.MULTILINE)
+    return re.findall(r'"([^"]+)"', found.group(1)) if found else []
+
+
+def _siblings(package: str) -> list:
+    """The byteps packages ``package`` depends on."""
+    return [re.match(r"byteps-[a-z]+", spec).group(0) for spec in _pyproject_list(package, "dependencies")
+            if spec.startswith("byteps-")]
+
+
+def _with_siblings(packages) -> list:
+    """``packages`` and every byteps package they need, each once."""
+    wanted, queue = [], list(packages)
+    while queue:
+        package = queue.pop(0)
+        if package not in wanted:
+            wanted.append(package)
+            queue.extend(_siblings(package))
+    return wanted
+
+
+def _build_inputs(package: str) -> list:
+    """What builds a package's wheel: its own files, and byteps-common's CMake module and C++ headers
+    for an extension that compiles against them (its CMakeLists.txt names ../byteps-common)."""
+    base = ROOT / "packages" / package
+    inputs = list(_wheel_inputs(base))
+    cmake = base / "CMakeLists.txt"
+    if package != "byteps-common" and cmake.is_file() and "../byteps-common" in cmake.read_text():
+        common = ROOT / "packages" / "byteps-common"
+        inputs += sorted(p for tree in ("cmake", "csrc/include") for p in (common / tree).rglob("*") if p.is_file())
+    return inputs
+
+
+def _input_hash(package: str) -> str:
+    digest = hashlib.sha256(f"{sys.version_info[:2]} {BUILD_REQUIREMENTS}".encode())
+    for path in _build_inputs(package):
+        digest.update(str(path.relative_to(ROOT)).encode())
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -137,45 +184,100 @@ def _check_versions(session: nox.Session) -> None:
                       + "\n  ".join(wrong))
 
 
-def _wheelhouse(session: nox.Session) -> pathlib.Path:
-    """Build every package's wheel once per source state; returns the folder."""
-    house = ROOT / ".nox" / "_wheelhouse" / _source_hash()
-    if not (house / ".complete").exists():
+def _build_python(session: nox.Session) -> str:
+    """The one environment every wheel is built in (the build requirements of every package), made once."""
+    env = BUILD_ROOT / "env"
+    python = env / "bin" / "python"
+    stamp = env / "requirements.txt"
+    if not (python.exists() and stamp.exists() and stamp.read_text() == "\n".join(BUILD_REQUIREMENTS)):
+        shutil.rmtree(env, ignore_errors=True)
+        session.run(sys.executable, "-m", "venv", str(env), external=True, silent=True)
+        session.run(str(python), "-m", "pip", "install", "-q", *BUILD_REQUIREMENTS, external=True, silent=True)
+        stamp.write_text("\n".join(BUILD_REQUIREMENTS))
+    return str(python)
+
+
+def _wheels(session: nox.Session, packages) -> dict:
+    """The wheel of each package, built if no wheel of its current inputs is kept; {package: path}.
+
+    Missing wheels are built side by side (each CMake build also uses every
+    core), without build isolation, each in its own kept build folder.
+    """
+    folders = {package: WHEEL_CACHE / package / _input_hash(package) for package in packages}
+    missing = [package for package, folder in folders.items() if not (folder / ".complete").exists()]
+    if missing:
         _check_versions(session)
-        house.mkdir(parents=True, exist_ok=True)
-        for package in PACKAGES:
-            session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(house),
-                        str(ROOT / "packages" / package))
-        (house / ".complete").touch()
-    return house
+        python = _build_python(session)
+        session.log(f"building {len(missing)} wheel(s): {', '.join(missing)}")
+        running = []
+        for package in missing:
+            shutil.rmtree(folders[package], ignore_errors=True)
+            folders[package].mkdir(parents=True)
+            log = open(folders[package] / "build.log", "wb")
+            command = [python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                       "--wheel-dir", str(folders[package]), "-C", f"build-dir={BUILD_ROOT / package}",
+                       str(ROOT / "packages" / package)]
+            running.append((package, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log))
+        failed = []
+        for package, proc, log in running:
+            proc.wait()
+            log.close()
+            if proc.returncode:
+                failed.append(package)
+                session.log((folders[package] / "build.log").read_text(errors="replace")[-4000:])
+            else:
+                (folders[package] / ".complete").touch()
+        if failed:
+            session.error(f"wheel build failed: {', '.join(failed)} (logs above, and build.log under {WHEEL_CACHE})")
+        for package in missing:
+            _prune(package, keep=folders[package])
+    return {package: _wheel(folder, package) for package, folder in folders.items()}
 
 
-def _wheel(house: pathlib.Path, package: str) -> pathlib.Path:
-    found = sorted(house.glob(package.replace("-", "_") + "-*.whl"))
+def _prune(package: str, keep: pathlib.Path, kept: int = 3) -> None:
+    """Drop all but the newest ``kept`` wheels of a package (source edits leave old ones behind)."""
+    older = sorted((f for f in (WHEEL_CACHE / package).iterdir() if f != keep), key=lambda f: f.stat().st_mtime)
+    for folder in older[: max(len(older) - (kept - 1), 0)]:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _wheel(folder: pathlib.Path, package: str) -> pathlib.Path:
+    found = sorted(folder.glob(package.replace("-", "_") + "-*.whl"))
     if len(found) != 1:
-        raise RuntimeError(f"expected one wheel of {package} in {house}, found {found}")
+        raise RuntimeError(f"expected one wheel of {package} in {folder}, found {found}")
     return found[0]
 
 
 def _dist(session: nox.Session) -> pathlib.Path:
-    """The wheelhouse's wheels, copied into dist/ in place of any older byteps wheels there."""
-    house = _wheelhouse(session)
+    """Every package's wheel, copied into dist/ in place of any older byteps wheels there."""
+    built = _wheels(session, PACKAGES)
     DIST.mkdir(exist_ok=True)
     for package in PACKAGES:
         for old in DIST.glob(package.replace("-", "_") + "-*.whl"):
             old.unlink()
-        shutil.copy2(_wheel(house, package), DIST)
+        shutil.copy2(built[package], DIST)
     return DIST
 
 
 def _install(session: nox.Session, *packages: str, extra: tuple = ()) -> None:
-    """Install the given byteps wheels; pip resolves their byteps siblings from the wheelhouse."""
-    house = _wheelhouse(session)
-    # Every byteps wheel is version 0.1.0 whatever its source state: in a reused venv (`nox -r`) pip
+    """Install the given byteps wheels (pip takes their byteps siblings from the same builds) and ``extra``.
+
+    In a reused venv (`nox -r`, or a session with reuse_venv) nothing is
+    installed when the very same wheels and requirements already are.
+    """
+    built = _wheels(session, _with_siblings(packages))
+    wanted = "\n".join([*(str(built[p]) for p in packages), *(str(built[p]) for p in sorted(built)), *extra])
+    stamp = pathlib.Path(session.virtualenv.location) / "byteps-installed.txt"
+    if stamp.exists() and stamp.read_text() == wanted:
+        session.log("byteps wheels and requirements already installed in this venv")
+        return
+    # Every byteps wheel is version 0.1.0 whatever its source state: in a reused venv pip
     # would keep the stale copies as "already satisfied", so they all go first and pip resolves
-    # them again from this wheelhouse.
+    # them again from these builds.
     session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *PACKAGES, silent=True)
-    session.install("--find-links", str(house), *(str(_wheel(house, p)) for p in packages), *extra)
+    links = [arg for path in sorted(built.values()) for arg in ("--find-links", str(path.parent))]
+    session.install(*links, *(str(built[p]) for p in packages), *extra)
+    stamp.write_text(wanted)
 
 
 @nox.session
@@ -184,6 +286,9 @@ def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", "packages", "benchmarks", "examples", "noxfile.py")
     _check_versions(session)
+    unbuilt = sorted({r for p in PACKAGES for r in _pyproject_list(p, "requires")} - set(BUILD_REQUIREMENTS))
+    if unbuilt:
+        session.error(f"build requirements missing from the noxfile's BUILD_REQUIREMENTS: {unbuilt}")
     stray = sorted(str(p) for p in (ROOT / "packages").glob("*/src/byteps/__init__.py"))
     if stray:
         session.error(f"byteps must stay a namespace package; remove {stray}")
@@ -393,16 +498,19 @@ def install_mxnet(session: nox.Session) -> None:
     session.run("python", "-c", "import byteps.mxnet, numpy; print('byteps.mxnet imports, numpy', numpy.__version__)")
 
 
-@nox.session
+@nox.session(reuse_venv=True)
 def demo(session: nox.Session) -> None:
-    """The main job on this machine: a PyTorch CNN trained by 2 workers through 1 server."""
-    session.install(TORCH)
-    _install(session, "byteps-torch", extra=("scikit-learn", "tqdm"))
+    """The main job on this machine: a PyTorch CNN trained by 2 workers through 1 server.
+
+    Builds only the five wheels it needs; its venv is kept, so a second run
+    with no source change installs nothing and starts the job at once.
+    """
+    _install(session, "byteps-torch", extra=(TORCH, "scikit-learn", "tqdm"))
     session.run("bpslaunch", "--workers", "2", "--servers", "1", "--",
                 "python", str(ROOT / "examples" / "torch" / "train_digits.py"), *session.posargs)
 
 
-@nox.session(name="demo-numpy")
+@nox.session(name="demo-numpy", reuse_venv=True)
 def demo_numpy(session: nox.Session) -> None:
     """The same job without any framework: a numpy MLP over byteps-common's API."""
     _install(session, "byteps-launcher", extra=("scikit-learn",))
