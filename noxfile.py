@@ -358,7 +358,7 @@ def tests_common(session: nox.Session) -> None:
 
 @nox.session(name="tests-server")
 def tests_server(session: nox.Session) -> None:
-    _tests(session, "byteps-server", "hypothesis")
+    _tests(session, "byteps-server", "hypothesis", "matplotlib")
 
 
 @nox.session(name="tests-launcher")

@@ -27,6 +27,12 @@ LABELS = {"byteps": "byteps, k = n servers", "byteps-1server": "byteps, k = 1 se
           "byteps-torch-outofplace": "byteps.torch out of place, k = n",
           "gloo": "gloo all_reduce (ring)",
           "mxnet": "MXNet dist_sync, k = n"}
+#: One colour and marker per system, whichever systems a run has: a line's colour never depends
+#: on the order in which the systems of a panel were drawn (matplotlib's default cycle would).
+STYLES = {"byteps": ("tab:blue", "o"), "byteps-1server": ("tab:orange", "v"),
+          "byteps-colocated": ("tab:green", "s"), "byteps-onebit": ("tab:purple", "D"),
+          "byteps-torch": ("tab:cyan", "P"), "byteps-torch-outofplace": ("tab:olive", "X"),
+          "gloo": ("tab:red", "^"), "mxnet": ("tab:brown", "*")}
 
 
 def bounds(n: int, nbytes: int, bytes_per_s: float) -> Dict[str, float]:
@@ -125,7 +131,17 @@ def markdown(results: dict) -> str:
 
 
 def plot(results: dict, path: str) -> None:
-    """Time / (M/B) against n, one panel per workload; bounds as lines."""
+    """Time / (M/B) against n, one panel per workload; bounds as lines; saved as ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(results)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(results: dict):
+    """The matplotlib figure of :func:`plot`."""
     import matplotlib
     import matplotlib.ticker
 
@@ -150,7 +166,8 @@ def plot(results: dict, path: str) -> None:
             y = [m["median"] / u for (_, m), u in zip(pts, unit)]
             err = [[(m["median"] - m["min"]) / u for (_, m), u in zip(pts, unit)],
                    [(m["max"] - m["median"]) / u for (_, m), u in zip(pts, unit)]]
-            ax.errorbar([n for n, _ in pts], y, yerr=err, marker="o", capsize=3, label=LABELS[system])
+            color, marker = STYLES[system]
+            ax.errorbar([n for n, _ in pts], y, yerr=err, color=color, marker=marker, capsize=3, label=LABELS[system])
         fine = [2 + i * (max(ns) - 2) / 60 for i in range(61)] if len(ns) > 1 else ns
         ax.plot(fine, [1.0] * len(fine), "k--", lw=1, label="bound M/B (PS, k ≥ n)")
         ax.plot(fine, [2 * (n - 1) / n for n in fine], "k:", lw=1.3, label="bound 2(n-1)/n·M/B (ring, co-located)")
@@ -168,12 +185,15 @@ def plot(results: dict, path: str) -> None:
         ax.grid(True, which="both", alpha=0.3)
     for ax in list(axes.flat)[len(workloads):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7.5, loc="upper left")
+    # Every panel's systems in one legend (a panel may lack some), in the fixed order of SYSTEMS.
+    handles = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    axes.flat[0].legend(handles.values(), handles.keys(), fontsize=7.5, loc="upper left")
     fig.suptitle("Gradient exchange time on the simulated cluster (median, min–max; lower is better)")
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def update_doc(doc_path: str, block: str, image_rel: str) -> None:

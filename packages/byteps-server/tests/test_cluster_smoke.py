@@ -74,3 +74,39 @@ def test_refuses_clearly_without_root():
         pytest.skip(f"an unprivileged user cannot run this interpreter or read the rig: {result.stderr.strip()}")
     assert result.returncode == 2, result.stdout + result.stderr
     assert "needs root" in result.stderr
+
+
+def _measurement(system: str, workload: str, n: int) -> dict:
+    return {"system": system, "workload": workload, "n": n, "bytes": 100_000_000,
+            "median": 2.0 + n / 10, "min": 1.9 + n / 10, "max": 2.2 + n / 10}
+
+
+def test_every_system_keeps_its_colour_and_marker_whichever_systems_ran():
+    pytest.importorskip("matplotlib")
+    _rig()
+    sys.path.insert(0, str(RIG_DIR))
+    try:
+        import jobs
+        import report
+    finally:
+        sys.path.remove(str(RIG_DIR))
+    assert set(report.STYLES) == set(jobs.SYSTEMS)
+    assert len({style for style in report.STYLES.values()}) == len(report.STYLES)
+    # Two panels whose systems differ, as when only three systems ran a model: before, a panel's
+    # lines took the default colour cycle in drawing order, so gloo got another system's colour.
+    panels = {"100MB": ("byteps", "byteps-1server", "byteps-colocated", "gloo", "mxnet"),
+              "bert-base": ("byteps-colocated", "gloo", "mxnet")}
+    results = {"settings": {"workloads": list(panels)},
+               "calibration": {str(n): {"rate_bits": 500e6} for n in (2, 4)},
+               "measurements": [_measurement(system, workload, n) for workload, systems in panels.items()
+                                for system in systems for n in (2, 4)]}
+    fig = report.figure(results)
+    seen = {}
+    for ax in fig.axes:
+        for container in ax.containers:  # one errorbar per system
+            line = container.lines[0]
+            seen.setdefault(container.get_label(), set()).add((line.get_color(), line.get_marker()))
+    labels = {report.LABELS[system]: system for system in jobs.SYSTEMS}
+    assert set(seen) == {report.LABELS[s] for systems in panels.values() for s in systems}
+    for label, styles in seen.items():
+        assert styles == {report.STYLES[labels[label]]}, label
