@@ -191,7 +191,8 @@ def _build_python(session: nox.Session) -> str:
     stamp = env / "requirements.txt"
     if not (python.exists() and stamp.exists() and stamp.read_text() == "\n".join(BUILD_REQUIREMENTS)):
         shutil.rmtree(env, ignore_errors=True)
-        session.run(sys.executable, "-m", "venv", str(env), external=True, silent=True)
+        # virtualenv, as nox's own venvs: it comes with nox, where a system Python may lack ensurepip.
+        session.run(sys.executable, "-m", "virtualenv", "-q", str(env), external=True, silent=True)
         session.run(str(python), "-m", "pip", "install", "-q", *BUILD_REQUIREMENTS, external=True, silent=True)
         stamp.write_text("\n".join(BUILD_REQUIREMENTS))
     return str(python)
