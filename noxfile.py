@@ -521,7 +521,7 @@ def demo_numpy(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks whose figures go into docs/performance.md (not part of the default run)."""
+    """Benchmarks whose figures go into docs/performance.md and its notebook (not part of the default run)."""
     session.install(TORCH)
     _install(session, "byteps-torch")
     for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
@@ -536,7 +536,7 @@ def bench(session: nox.Session) -> None:
 def bench_cluster(session: nox.Session) -> None:
     """The cluster benchmark (as root): byteps vs gloo vs MXNet on simulated hosts with capped NICs.
 
-    Not in the default run (about an hour). Writes docs/performance.md's
+    Not in the default run (about an hour). Writes docs/performance-notebook.md's
     cluster section and docs/img/cluster_benchmark.{png,json}; arguments after
     `--` go to benchmarks/cluster/run_cluster_bench.py (e.g. `-- --workers 4`).
     MXNet 1.9.1 runs in a venv of its own that the rig creates (.nox/_cluster_mxnet).

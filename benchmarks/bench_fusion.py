@@ -14,11 +14,15 @@ installed):
 
 * ``common``: byteps.common's push_pull_async per tensor vs push_pull_group_async;
 * ``torch``: byteps.torch's push_pull_async_inplace per tensor vs push_pull_group_async;
-* ``tf``: the gradient reduction of DistributedGradientTape and the TF/Keras
-  DistributedOptimizer (eager) with fusion off (BYTEPS_FUSION_THRESHOLD=0
-  for that call) vs on;
-* ``mxnet``: byteps.mxnet's allreduce_ per array vs the fused group op that
-  DistributedTrainer uses for its small gradients.
+* ``tf``: byteps.tensorflow's ``GradientReducer.reduce`` over every tensor
+  (eager), with fusion off (fusion_threshold 0 for that call) vs on: the
+  reducer DistributedGradientTape and DistributedOptimizer call, not the
+  wrappers themselves;
+* ``mxnet``: byteps.mxnet's allreduce_ per array vs ``allreduce_group_``,
+  the op DistributedTrainer calls for its small gradients (the trainer itself
+  is not timed).
+
+No row times a whole optimizer or trainer step: each times the call named.
 
 ``--compression JSON`` (common only): BytePS's compression_params on every
 tensor; fused, the compressed tensors share buckets of one partition, each
@@ -158,6 +162,11 @@ def mxnet_rounds(args: argparse.Namespace, count: int, names: dict) -> tuple:
 
 
 FRAMEWORKS = {"common": common_rounds, "torch": torch_rounds, "tf": tf_rounds, "mxnet": mxnet_rounds}
+#: what each mode of a framework times, as its table rows name it: (unfused, fused)
+CALLS = {"common": ("push_pull_async per tensor", "push_pull_group_async"),
+         "torch": ("push_pull_async_inplace per tensor", "push_pull_group_async"),
+         "tf": ("GradientReducer.reduce, fusion off", "GradientReducer.reduce, fusion on"),
+         "mxnet": ("allreduce_ per array", "allreduce_group_")}
 
 
 def worker_main(args: argparse.Namespace) -> None:
@@ -244,9 +253,9 @@ def main() -> None:
     compressed = f", compression_params {json.dumps(args.compression)}" if args.compression else ""
     print(f"{args.framework}: {args.tensors} tensors of {args.kb} KB{compressed}\n\n"
           f"| mode | rounds/s (median of {args.repeats}) | tensors/s |\n|---|---:|---:|\n"
-          f"| unfused: each tensor alone | {figures['unfused_rounds_per_s']:.1f} | "
+          f"| unfused: {CALLS[args.framework][0]} | {figures['unfused_rounds_per_s']:.1f} | "
           f"{figures['unfused_rounds_per_s'] * args.tensors:.0f} |\n"
-          f"| fused: one grouped call | {figures['fused_rounds_per_s']:.1f} | "
+          f"| fused: {CALLS[args.framework][1]} | {figures['fused_rounds_per_s']:.1f} | "
           f"{figures['fused_rounds_per_s'] * args.tensors:.0f} |\n\n"
           f"fused / unfused: median {figures['ratio_median']:.1f}x "
           f"(per repeat {figures['ratio_min']:.1f}x–{figures['ratio_max']:.1f}x)")

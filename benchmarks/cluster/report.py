@@ -1,9 +1,10 @@
 """The cluster benchmark's results as markdown tables and a matplotlib plot.
 
 :func:`markdown` renders a results dict (what run_cluster_bench.py saves as
-JSON) into the block that goes into docs/performance.md between the
-``cluster-benchmark`` markers; :func:`plot` draws time against n per system
-with the bounds as lines; :func:`update_doc` puts the block in place,
+JSON) into the block that goes into docs/performance-notebook.md (the
+``--doc`` of run_cluster_bench.py) between the ``cluster-benchmark``
+markers; :func:`plot` draws time against n per system with the bounds as
+lines; :func:`update_doc` puts the block in place,
 appending a section the first time and touching nothing else.
 """
 

@@ -37,7 +37,7 @@ LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 # ends about (partitions queued at a server) / bandwidth after the last push; measured on the 500 Mbit/s
 # cluster rig: 2.25 s (4 MB), 1.85 s (1 MB), 1.775 s (512 KB) against the bound 1.60 s. The comm thread
 # still moves 512 KB partitions at 2.5+ GB/s on loopback, more than a 10 Gbit/s NIC carries
-# (docs/performance.md, "Scheduling").
+# (docs/performance-notebook.md#scheduling-pipelined-partitions-within-a-credit-on-the-cluster-rig).
 DEFAULT_PARTITION_BYTES = 512000
 #: The receive limit of a payload is never below this (Config.max_partition_bytes).
 MIN_PAYLOAD_LIMIT = 1 << 20
