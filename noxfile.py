@@ -283,9 +283,11 @@ def _install(session: nox.Session, *packages: str, extra: tuple = ()) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff, and no byteps/__init__.py anywhere (byteps is a PEP 420 namespace)."""
+    """ruff, the performance reference's check, versions, build requirements, and no byteps/__init__.py."""
     session.install("ruff")
     session.run("ruff", "check", "packages", "benchmarks", "examples", "noxfile.py")
+    # docs/performance.md stays a reference: every figure names the command that makes it, under 300 lines.
+    session.run("python", str(ROOT / "benchmarks" / "check_performance_reference.py"))
     _check_versions(session)
     unbuilt = sorted({r for p in PACKAGES for r in _pyproject_list(p, "requires")} - set(BUILD_REQUIREMENTS))
     if unbuilt:
