@@ -125,6 +125,8 @@ py::tuple decode(py::buffer frame, uint64_t max_payload_bytes) {
 
 }  // namespace
 
+void add_completion_wait(py::module_& m);  // completion_wait.cpp
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "byteps wire-frame header codec";
   m.attr("MAGIC") = kMagic;
@@ -143,5 +145,6 @@ PYBIND11_MODULE(_C, m) {
         "Pack one header frame (40 bytes).");
   m.def("decode", &decode, py::arg("frame"), py::arg("max_payload_bytes"),
         "Validate and unpack one header frame; raises FrameError.");
+  add_completion_wait(m);
 }
 

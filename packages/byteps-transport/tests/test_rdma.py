@@ -228,3 +228,40 @@ def test_loopback_on_a_real_rdma_device():
         child.wait(10) if child.poll() is None else None
         child.kill()
         context.close()
+
+
+@pytest.mark.parametrize("max_inline_data", [64, 0])
+def test_large_payloads_free_every_page_whatever_the_inline_limit(max_inline_data):
+    """4 MB and 16 MB payloads both ways for 50 rounds: every one written, every page back, nothing inline.
+
+    A 16 MB payload fills half the ring, so one page list that is never returned sends the next-but-one
+    payload inline: freeing pages must not depend on how many bytes the queue pair takes inline.
+    """
+    verbs_stand_in.install(max_inline_data=max_inline_data)
+    ctx = Context(rdma=RdmaSettings())
+    listener = ctx.listen("tcp://127.0.0.1:0", max_payload_bytes=1 << 25)
+    connection = ctx.connect(listener.address, max_payload_bytes=1 << 25)
+    try:
+        identity = connect(listener, connection)
+        for count in (1 << 20, 1 << 22):  # float32: 4 MB, 16 MB
+            data = np.arange(count, dtype=np.float32)
+            back = np.empty_like(data)
+            sent, answered = connection.counters.rdma_sent, listener.counters.rdma_sent
+            for round_ in range(50):
+                data[0] = round_
+                connection.send(Command.PUSH, 1, key=count, round=round_, payload=data)
+                message = listener.recv()
+                received = np.frombuffer(message.payload, np.float32)
+                assert received[0] == round_ and np.array_equal(received[1:], data[1:])
+                del received
+                listener.send(Command.PULL_RESPONSE, 0, key=count, payload=message.payload, identity=identity)
+                del message  # the listener's view of the connection's pages, once the answer was written
+                connection.recv(lambda header, back=back: back.view(np.uint8))
+                assert back[0] == round_ and np.array_equal(back, data)
+            assert connection.counters.rdma_sent - sent == 50 and listener.counters.rdma_sent - answered == 50
+            assert connection.peer.pages_in_use() == 0 and listener.peers[identity].pages_in_use() == 0
+    finally:
+        connection.close(0)
+        listener.close(0)
+        verbs.use_device(None)
+        ctx.zmq.destroy(linger=0)

@@ -1,4 +1,4 @@
-"""The wire-frame header codec (C++): packs and validates the 40-byte header."""
+"""The wire-frame header codec (C++): packs and validates the 40-byte header; and a GIL-free completion wait."""
 
 from typing import Any, Tuple
 
@@ -15,3 +15,7 @@ def encode(command: int, sender: int, key: int, round: int, payload_bytes: int, 
 
 def decode(frame: Any, max_payload_bytes: int) -> Tuple[int, int, int, int, int, int, int, int]:
     """Validate and unpack one header frame; raises FrameError."""
+
+def wait_for_change(memory: Any, offset: int, seen: int, spins: int) -> int:
+    """Spin with the GIL released until the u64 at ``offset`` of ``memory`` differs from ``seen``, at most
+    ``spins`` times; returns its value (a completion queue's count of entries produced)."""

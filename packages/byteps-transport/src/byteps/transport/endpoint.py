@@ -54,6 +54,7 @@ class ByteCounters:
     shared_received: int = 0
     rdma_sent: int = 0  # payloads that went by RDMA WRITE (rdma_endpoints.py), counted above too
     rdma_received: int = 0
+    rdma_zero_copy: int = 0  # of rdma_sent: written straight from the caller's registered buffer, not staged
 
 
 class Message(NamedTuple):

@@ -14,17 +14,29 @@ Each side of a connection keeps, per peer:
 - a **page table** saying which pages of the *peer's* ring this side has
   filled. The peer writes zeros into it when it is done with them, so the
   table is registered writable too;
-- a **staging** buffer, registered, that a payload is copied into before
-  the write. That is one copy on the sender; registering callers' buffers
-  for zero-copy sends is not done yet (docs/rdma.md).
+- **registered sources**: per message key (a tensor's name), the caller's
+  buffer that key was last sent from, registered once it is sent from the
+  same memory a second time, and written from directly after that (no copy
+  on the sender). BytePS registers a tensor's memory once per name the same
+  way. A registered buffer is kept alive (so its address cannot be reused)
+  until the key is sent from other memory or the peer closes;
+- a **staging** buffer, registered, that any other payload is copied into
+  before the write (one copy on the sender);
+- **zeros**: registered memory that is never written, the source of the
+  writes that free pages.
 
-A payload of :data:`MIN_RDMA_BYTES` or more is copied into staging and
-written into free pages of the peer's ring. Once the write is placed, the
-message goes over ZeroMQ with a 24-byte reference (:data:`REFERENCE`) in
-place of the payload. The receiver hands the payload on as a view of its
-ring (no copy), or copies it into the caller's buffer. When the last view
-goes, it frees the pages by writing zeros into the sender's page table (a
-few bytes, inline). A ring that has no room, or a payload that is not one
+A payload of :data:`MIN_RDMA_BYTES` or more is written into free pages of
+the peer's ring, from its registered source or from staging. Once the write
+is placed, the message goes over ZeroMQ with a 24-byte reference
+(:data:`REFERENCE`) in place of the payload. The receiver hands the payload
+on as a view of its ring (no copy), or copies it into the caller's buffer.
+When the last view goes, it frees the pages by writing zeros, from its
+registered zeros, into the sender's page table. That write is an ordinary
+waited one: it never depends on how many bytes the queue pair takes inline
+(a page list of a 16 MB payload is 1,024 bytes). If it fails, the
+connection ends: the connection's next send or receive raises the
+:class:`NodeFailure`, and the listener refuses that peer's messages naming
+the failure. A ring that has no room, or a payload that is not one
 contiguous block, goes inline over TCP.
 
 The queue pairs connect in-band, on the traffic itself, with no extra round
@@ -47,6 +59,7 @@ Wire forms (an empty frame followed by another occurs nowhere else)::
 from __future__ import annotations
 
 import collections
+import ctypes
 import json
 import logging
 import struct
@@ -54,6 +67,7 @@ from typing import Any, Deque, Dict, Optional, Set, Tuple
 
 from byteps.transport.co_located import PAGE_BYTES, RING_PAGES, copy_bytes, payload_pages, view_until_released
 from byteps.transport.endpoint import payload_nbytes
+from byteps.transport.errors import NodeFailure
 from byteps.transport.frames import FrameError
 from byteps.transport.verbs import Device, MemoryRegion
 from byteps.transport.zmq_endpoints import ZmqConnection, ZmqListener
@@ -71,6 +85,7 @@ _HELLO = b"BPSRDMAH"
 _WELCOME = b"BPSRDMAW"
 #: magic, the payload's offset in the receiver's ring, its bytes
 REFERENCE = struct.Struct("<8sQQ")
+_KEY = struct.Struct("<Q")  # a header's key, at byte 16 (frames.py)
 _MARKER = b""
 
 
@@ -82,8 +97,15 @@ class RdmaPeer:
         self.ring = device.allocate(RING_BYTES)  # the peer writes payloads here
         self.table = device.allocate(RING_PAGES)  # which pages of the peer's ring this side filled
         self.table.view[:] = bytes(RING_PAGES)
+        self._zeros = device.allocate(RING_PAGES)  # never written: the source of every page-freeing write
+        self._zeros.view[:] = bytes(RING_PAGES)
         self._device = device
         self._staging: Optional[MemoryRegion] = None
+        self._registered: Dict[Any, MemoryRegion] = {}  # key -> the caller's buffer, registered (kept alive)
+        self._seen: Dict[Any, Tuple[int, int]] = {}  # key -> (address, bytes) it was last sent from
+        self.failure: Optional[NodeFailure] = None  # why this connection ended (a control write failed)
+        self.staged_bytes = 0  # payload bytes copied into staging before their write
+        self.direct_bytes = 0  # payload bytes written straight from a registered caller's buffer
         self.remote_ring: Optional[Tuple[int, int]] = None  # (address, rkey)
         self.remote_table: Optional[Tuple[int, int]] = None
         self.connected = False
@@ -112,8 +134,21 @@ class RdmaPeer:
         self.connected = True
 
     # --- sending ---------------------------------------------------------------------
-    def put(self, payload: Any) -> Optional[bytes]:
-        """Write ``payload`` into free pages of the peer's ring; its reference, or None when there is no room."""
+    def check(self) -> None:
+        """Raise why this connection ended, if it did."""
+        if self.failure is not None:
+            raise self.failure
+
+    def put(self, payload: Any, key: Any = None) -> Optional[bytes]:
+        """Write ``payload`` into free pages of the peer's ring; its reference, or None when there is no room.
+
+        ``key`` names the payload's tensor: a buffer sent under the same key
+        from the same memory twice is registered and written from directly.
+        Raises TypeError/ValueError/BufferError for a payload that is not one
+        contiguous block (before anything is written), and NodeFailure when
+        the write fails.
+        """
+        self.check()
         claim = payload_pages(payload, self._runs)
         if claim is None:
             return None
@@ -122,13 +157,42 @@ class RdmaPeer:
         found = bytes(self.table.view).find(free)  # the peer zeroes what it is done with
         if found < 0:
             return None
-        if self._staging is None:
-            self._staging = self._device.allocate(RING_BYTES)
-        self._staging.view[:nbytes] = source
+        region, start = self._registered_source(source, key)
+        if region is None:
+            if self._staging is None:
+                self._staging = self._device.allocate(RING_BYTES)
+            region, start = self._staging, 0
+            region.view[:nbytes] = source
+            self.staged_bytes += nbytes
+        else:
+            self.direct_bytes += nbytes
         self.table.view[found:found + pages] = used
         offset = found * PAGE_BYTES
-        self.qp.write(self._staging, 0, nbytes, self.remote_ring[0] + offset, self.remote_ring[1])
+        self.qp.write(region, start, nbytes, self.remote_ring[0] + offset, self.remote_ring[1])
         return REFERENCE.pack(_MAGIC, offset, nbytes)
+
+    def _registered_source(self, source: memoryview, key: Any) -> Tuple[Optional[MemoryRegion], int]:
+        """(the registered region holding ``source``, where in it), registering ``source`` on its second send
+        under ``key``; (None, 0) when it is to be staged."""
+        if source.readonly:
+            return None, 0
+        address, nbytes = ctypes.addressof(ctypes.c_char.from_buffer(source)), source.nbytes
+        ring = self.ring  # a payload received from this peer, sent back: its ring is registered already
+        if ring.address <= address and address + nbytes <= ring.address + ring.nbytes:
+            return ring, address - ring.address  # and the write is waited for, so the view may go after it
+        if key is None:
+            return None, 0
+        region = self._registered.get(key)
+        if region is not None:
+            if (region.address, region.nbytes) == (address, nbytes):
+                return region, 0
+            del self._registered[key]  # the key moved to other memory: let the old buffer go
+            region.close()
+        if self._seen.get(key) != (address, nbytes):
+            self._seen[key] = (address, nbytes)  # once is not yet a tensor's home: a temporary, perhaps
+            return None, 0
+        region = self._registered[key] = self._device.register(source)
+        return region, 0
 
     def pages_in_use(self) -> int:
         return RING_PAGES - bytes(self.table.view).count(0)
@@ -155,15 +219,24 @@ class RdmaPeer:
         return nbytes
 
     def _free(self, first: int, pages: int) -> None:
+        """Zero ``pages`` entries of the peer's table from ``first``: those pages of this ring are free again."""
         if self.closed:
             return
         try:
-            self.qp.write_bytes(bytes(pages), self.remote_table[0] + first, self.remote_table[1])
-        except Exception as exc:  # noqa: BLE001 -- a finalizer must not raise; the peer's failure shows elsewhere
-            log.warning("could not free %d ring pages of a peer: %s", pages, exc)
+            self.qp.write(self._zeros, 0, pages, self.remote_table[0] + first, self.remote_table[1])
+        except Exception as exc:  # noqa: BLE001 -- a finalizer must not raise: the connection ends instead
+            self.failure = NodeFailure(f"the RDMA connection ended: returning {pages} freed ring pages to the "
+                                       f"peer failed ({exc})")
+            log.error("%s", self.failure)
+            self.close()
 
     def close(self) -> None:
+        if self.closed:
+            return
         self.closed = True
+        for region in self._registered.values():
+            region.close()
+        self._registered.clear()
         self.qp.close()
 
 
@@ -182,7 +255,11 @@ class _RdmaPayloads:
     def _handshake(self, blob: bytes) -> None:
         raise NotImplementedError
 
+    def _check_peer(self, identity: Optional[bytes]) -> None:
+        """Raise if the connection with this peer ended (a control write failed)."""
+
     def _send_frames(self, identity: Optional[bytes], header: bytes, payload: Any) -> None:
+        self._check_peer(identity)
         frames = [header] if identity is None else [identity, header]
         hello = None
         if payload is not None:
@@ -191,9 +268,15 @@ class _RdmaPayloads:
                 peer, hello = self._peer_for_send(identity)
                 if peer is not None:
                     try:
-                        reference = peer.put(payload)
+                        memoryview(payload).cast("B")
+                        contiguous = True
                     except (TypeError, ValueError, BufferError):  # not one contiguous block: inline
-                        reference = None
+                        contiguous = False
+                    if contiguous:
+                        direct = peer.direct_bytes
+                        reference = peer.put(payload, _KEY.unpack_from(header, 16)[0])
+                        if reference is not None and peer.direct_bytes != direct:
+                            self.counters.rdma_zero_copy += 1
             if reference is not None:
                 frames += [_MARKER, reference]
                 self.counters.rdma_sent += 1
@@ -214,6 +297,7 @@ class _RdmaPayloads:
             del frames[-2:]
             self._handshake(blob)
         self._frames = collections.deque(frames[1:])
+        self._check_sender()
         return frames[0].buffer
 
     def _has_more(self) -> bool:
@@ -224,6 +308,9 @@ class _RdmaPayloads:
 
     def _reference_peer(self) -> RdmaPeer:
         raise NotImplementedError
+
+    def _check_sender(self) -> None:
+        """Raise if the connection with the sender of the message being received ended."""
 
     def _recv_payload(self) -> memoryview:
         frame = self._frames.popleft()
@@ -252,6 +339,13 @@ class RdmaConnection(_RdmaPayloads, ZmqConnection):
         super().__init__(context, address, max_payload_bytes)
         self._setup(context)
         self.peer: Optional[RdmaPeer] = None
+
+    def _check_peer(self, identity: Optional[bytes]) -> None:
+        if self.peer is not None:
+            self.peer.check()
+
+    def _check_sender(self) -> None:
+        self._check_peer(None)
 
     def _peer_for_send(self, identity: Optional[bytes]) -> Tuple[Optional[RdmaPeer], Optional[bytes]]:
         if self.peer is None:  # the first large payload: inline, with the HELLO
@@ -285,10 +379,30 @@ class RdmaListener(_RdmaPayloads, ZmqListener):
         self.peers: Dict[bytes, RdmaPeer] = {}
         self._welcome: Set[bytes] = set()  # peers whose WELCOME is still to be sent
         self._writing: Set[bytes] = set()  # peers known to be connected: their first reference arrived
+        self._ended: Dict[bytes, NodeFailure] = {}  # peers whose connection ended: their messages are refused
 
     def _recv_identity(self) -> bytes:
         self._identity = super()._recv_identity()
         return self._identity
+
+    def _forget_ended(self, identity: Optional[bytes]) -> None:
+        peer = self.peers.get(identity)
+        if peer is not None and peer.failure is not None:
+            del self.peers[identity]
+            self._writing.discard(identity)
+            self._welcome.discard(identity)
+            self._ended[identity] = peer.failure
+
+    def _check_peer(self, identity: Optional[bytes]) -> None:
+        self._forget_ended(identity)  # answers to a peer whose connection ended go inline: its errors
+
+    def _check_sender(self) -> None:
+        """A message from a peer whose connection ended is refused, naming why (recv_or_refuse answers it)."""
+        self._forget_ended(self._identity)
+        failure = self._ended.get(self._identity)
+        if failure is not None:
+            self._frames.clear()
+            raise FrameError(f"{failure}; the peer must reconnect")
 
     def _handshake(self, blob: bytes) -> None:
         if not blob.startswith(_HELLO):
@@ -300,6 +414,7 @@ class RdmaListener(_RdmaPayloads, ZmqListener):
         peer = RdmaPeer(self.device)
         peer.connect(blob)
         self.peers[self._identity] = peer
+        self._ended.pop(self._identity, None)
         self._welcome.add(self._identity)
 
     def _pending_handshake(self, identity: Optional[bytes]) -> Optional[bytes]:

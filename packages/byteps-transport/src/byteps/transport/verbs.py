@@ -1,8 +1,8 @@
 """The RDMA verbs the RDMA transport uses, behind one small interface; rdma-core's pyverbs is the real one.
 
 :mod:`byteps.transport.rdma_endpoints` needs few verbs: memory regions that a
-peer may write into, reliable-connected queue pairs, and RDMA WRITE (waited
-for, or fire-and-forget for a few bytes). They are the interface below. A
+peer may write into, reliable-connected queue pairs, and RDMA WRITE (from
+registered memory, waited for). They are the interface below. A
 :class:`Device` is one RDMA device with its protection domain and
 completion queue. :class:`PyverbsDevice` runs them on real hardware. It is
 imported only when ``DMLC_ENABLE_RDMA=1``, and docs/rdma.md says what of it
@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import ctypes
 import json
+import mmap
 import os
 import random
+import struct
 import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from byteps.transport.errors import NodeFailure, TransportError
 
-__all__ = ["Device", "MemoryRegion", "QueuePair", "PyverbsDevice", "open_device", "use_device", "RdmaUnavailable"]
+__all__ = ["Device", "MemoryRegion", "QueuePair", "Completions", "CompletionRing", "PyverbsDevice", "open_device",
+           "use_device", "RdmaUnavailable"]
 
 _opener: Optional[Callable[[Optional[str], int], Device]] = None
 
@@ -60,7 +63,16 @@ class MemoryRegion:
 
 
 class QueuePair:
-    """One reliable-connected queue pair (an interface)."""
+    """One reliable-connected queue pair (an interface).
+
+    Every write goes from registered memory (a :class:`MemoryRegion`) and is
+    waited for. Nothing the transport sends depends on ``max_inline_data``,
+    the most bytes a provider accepts inline: providers differ (64 bytes is
+    common, 0 exists), and an inline write over it is refused at post time.
+    """
+
+    #: the most bytes this queue pair takes inline (IBV_SEND_INLINE); the transport never needs it
+    max_inline_data: int = 0
 
     def info(self) -> bytes:
         """What the peer needs to connect its queue pair to this one."""
@@ -73,12 +85,10 @@ class QueuePair:
     def write(self, source: MemoryRegion, offset: int, nbytes: int, remote_address: int, rkey: int) -> None:
         """RDMA WRITE ``nbytes`` of ``source`` from ``offset`` to the peer's memory; returns once it is placed.
 
-        A failure (the peer gone, its queue pair broken) is a :class:`NodeFailure`.
+        Any failure, at post time (a queue pair not ready to send, a full send
+        queue) or in the completion (the peer gone, its queue pair broken), is
+        a :class:`NodeFailure`.
         """
-        raise NotImplementedError
-
-    def write_bytes(self, data: bytes, remote_address: int, rkey: int) -> None:
-        """RDMA WRITE a few bytes (inline); not waited for."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -105,9 +115,107 @@ class Device:
         raise NotImplementedError
 
 
+class Completions:
+    """The completions of one completion queue, for every thread that waits on it: each wait takes its own.
+
+    Work request ids are numbered per device. A thread that polls keeps the
+    completions it is not waiting for, so that no wait steals another's:
+    the receiver's page-freeing writes come from whichever thread drops a
+    payload's last view, even from inside another wait (a finalizer), hence
+    the re-entrant lock. ``poll()`` returns ``[(wr_id, failure or None)]``;
+    ``idle(empty_polls)`` waits a little for more.
+    """
+
+    def __init__(self, poll: Callable[[], List[Tuple[int, Optional[str]]]], idle: Callable[[int], None]) -> None:
+        self._poll, self._idle = poll, idle
+        self.lock = threading.RLock()
+        self._next_id = 1
+        self._done: Dict[int, Optional[str]] = {}  # wr_id -> None (success) or what failed
+
+    def next_id(self) -> int:
+        with self.lock:
+            wr_id, self._next_id = self._next_id, self._next_id + 1
+        return wr_id
+
+    def wait(self, wr_id: int, peer: str) -> None:
+        """Until work request ``wr_id`` completed; a NodeFailure if it failed."""
+        empty = 0
+        while True:
+            with self.lock:
+                if wr_id not in self._done:
+                    for done, failure in self._poll():
+                        self._done[done] = failure
+                if wr_id in self._done:
+                    failure = self._done.pop(wr_id)
+                    if failure is not None:
+                        raise NodeFailure(f"RDMA write to {peer} failed ({failure}): the peer is gone or its "
+                                          "queue pair broke")
+                    return
+            empty += 1
+            self._idle(empty)  # outside the lock: another thread may poll meanwhile
+
+
+class CompletionRing:
+    """A completion queue as memory the process reads: a count of entries produced, then the entries.
+
+    This is how a NIC hands completions over (it writes entries into host
+    memory), and how :meth:`poll` reads them. Waiting for the count to move
+    happens in C++ with the GIL released (``_C.wait_for_change``), so a
+    thread that waits for its write costs the process's other threads
+    nothing. Layout: u64 produced, u64 overrun flag, then ``entries`` of
+    (u64 wr_id, u32 status, u32 queue pair, u32 work requests it completes,
+    u32 reserved); status 0 is success. The verbs stand-in produces into one;
+    pyverbs does not expose its queue's memory (:class:`PyverbsDevice`).
+    """
+
+    HEADER = struct.Struct("<QQ")
+    ENTRY = struct.Struct("<QIIII")
+
+    def __init__(self, entries: int) -> None:
+        self.entries = entries
+        self.memory = mmap.mmap(-1, self.HEADER.size + entries * self.ENTRY.size)
+        self.consumed = 0
+        self.polls = 0  # calls of poll(): a thread that waits without the GIL makes few
+
+    def produced(self) -> int:
+        return self.HEADER.unpack_from(self.memory)[0]
+
+    def overrun(self) -> bool:
+        return bool(self.HEADER.unpack_from(self.memory)[1])
+
+    def push(self, wr_id: int, status: int, queue_pair: int, covers: int) -> bool:
+        """The producer's side: one entry; False (and the queue marked overrun) when the reader fell behind."""
+        produced = self.produced()
+        if produced - self.consumed >= self.entries:
+            self.HEADER.pack_into(self.memory, 0, produced + 1, 1)  # wake the waiters: they see the overrun
+            return False
+        self.ENTRY.pack_into(self.memory, self.HEADER.size + (produced % self.entries) * self.ENTRY.size,
+                             wr_id, status, queue_pair, covers, 0)
+        self.HEADER.pack_into(self.memory, 0, produced + 1, 0)
+        return True
+
+    def poll(self) -> List[Tuple[int, int, int, int]]:
+        """The entries produced since the last poll: ``[(wr_id, status, queue pair, covers)]``."""
+        self.polls += 1
+        produced = self.produced()
+        if self.overrun():
+            raise NodeFailure("the RDMA completion queue overran (more completions than entries): every queue "
+                              "pair on it is broken")
+        start = self.consumed
+        found = [self.ENTRY.unpack_from(self.memory, self.HEADER.size + (i % self.entries) * self.ENTRY.size)[:4]
+                 for i in range(start, produced)]
+        self.consumed = max(self.consumed, produced)
+        return found
+
+    def idle(self, empty: int) -> None:
+        """Until the producer moves (checked without the GIL), for up to about a million spins."""
+        from byteps.transport import _C  # the extension; imported here so that verbs' interface needs none
+
+        _C.wait_for_change(self.memory, 0, self.consumed, 1 << 20)
+
+
 # --- rdma-core through pyverbs (unverified: no RDMA device was available, docs/rdma.md) -----------------------
-_QUEUE_DEPTH = 1024  # send work requests in flight per queue pair (waited writes, and unsignaled small ones)
-_SIGNAL_EVERY = 64  # every so many small writes is signaled, so the send queue's slots come back
+_QUEUE_DEPTH = 1024  # send work requests in flight per queue pair (every write is signaled and waited)
 _SPINS = 64  # empty polls of the completion queue between yields of the GIL
 
 
@@ -160,46 +268,34 @@ class PyverbsDevice(Device):
         self.lid = port_attr.lid
         self.gid = str(self._context.query_gid(port, gid_index))
         self.mtu = port_attr.active_mtu
-        # One completion queue for every queue pair: work request ids are numbered per device, and a thread
-        # that polls keeps the completions it is not waiting for, so that no wait steals another's (the
-        # receiver's page-freeing writes come from whichever thread drops a payload's last view).
-        self._lock = threading.Lock()
-        self._next_id = 1
-        self._done: Dict[int, Optional[str]] = {}  # wr_id -> None (success) or what failed
+        # One completion queue for every queue pair. pyverbs' CQ.poll holds the GIL and its queue's memory is
+        # not exposed, so this waiting is a Python loop that yields the GIL every _SPINS empty polls; the
+        # GIL-free wait (CompletionRing) needs the completion queue's memory (docs/rdma.md, unverified here).
+        self.completions = Completions(self._poll, self._idle)
+
+    def _poll(self) -> List[Tuple[int, Optional[str]]]:
+        success = self._v["e"].IBV_WC_SUCCESS
+        count, completions = self._cq.poll()
+        return [(c.wr_id, None if c.status == success else f"work completion status {c.status}")
+                for c in completions[:count]]
+
+    @staticmethod
+    def _idle(empty: int) -> None:
+        if empty % _SPINS == 0:
+            time.sleep(0)  # let the process's other threads run
 
     def post(self, qp: Any, sge: Any, remote_address: int, rkey: int, flags: int, peer: str) -> int:
         """Post one RDMA WRITE on ``qp``; returns its work request id."""
-        with self._lock:
-            wr_id, self._next_id = self._next_id, self._next_id + 1
-            request = self._v["wr"].SendWR(wr_id=wr_id, opcode=self._v["e"].IBV_WR_RDMA_WRITE, num_sge=1,
-                                           sg=[sge], send_flags=flags)
-            request.set_wr_rdma(rkey, remote_address)
+        wr_id = self.completions.next_id()
+        request = self._v["wr"].SendWR(wr_id=wr_id, opcode=self._v["e"].IBV_WR_RDMA_WRITE, num_sge=1,
+                                       sg=[sge], send_flags=flags)
+        request.set_wr_rdma(rkey, remote_address)
+        with self.completions.lock:
             try:
                 qp.post_send(request)
             except Exception as exc:  # noqa: BLE001 -- pyverbs' error, as a node failure
                 raise NodeFailure(f"RDMA write to {peer} could not be posted ({exc})") from None
         return wr_id
-
-    def wait(self, wr_id: int, peer: str) -> None:
-        """Until work request ``wr_id`` completed; a NodeFailure if it failed."""
-        success = self._v["e"].IBV_WC_SUCCESS
-        empty = 0
-        while True:
-            with self._lock:
-                if wr_id in self._done:
-                    failure = self._done.pop(wr_id)
-                    if failure is not None:
-                        raise NodeFailure(f"RDMA write to {peer} failed ({failure}): the peer is gone or its "
-                                          "queue pair broke")
-                    return
-                count, completions = self._cq.poll()
-                for completion in completions[:count]:
-                    self._done[completion.wr_id] = None if completion.status == success else \
-                        f"work completion status {completion.status}"
-            if not count:
-                empty += 1
-                if empty % _SPINS == 0:
-                    time.sleep(0)  # let the process's other threads run (pyverbs' poll holds the GIL)
 
     def allocate(self, nbytes: int) -> MemoryRegion:
         e = self._v["e"]
@@ -227,18 +323,19 @@ class PyverbsDevice(Device):
 
 
 class _PyverbsQueuePair(QueuePair):
+    max_inline_data = 0  # nothing is sent inline: every write comes from registered memory
+
     def __init__(self, device: PyverbsDevice) -> None:
         v, self._device = device._v, device
         self._v, self._e = v, v["e"]
         cap = v["qp"].QPCap(max_send_wr=_QUEUE_DEPTH, max_recv_wr=1, max_send_sge=1, max_recv_sge=1,
-                            max_inline_data=64)
+                            max_inline_data=self.max_inline_data)
         init = v["qp"].QPInitAttr(qp_type=self._e.IBV_QPT_RC, scq=device._cq, rcq=device._cq, cap=cap)
         self._qp = v["qp"].QP(device._pd, init)
         self._psn = random.getrandbits(24)
         attr = v["qp"].QPAttr(port_num=device.port)
         attr.qp_access_flags = self._e.IBV_ACCESS_LOCAL_WRITE | self._e.IBV_ACCESS_REMOTE_WRITE
         self._qp.to_init(attr)
-        self._small = 0
         self.peer = "the peer"
 
     def info(self) -> bytes:
@@ -266,18 +363,8 @@ class _PyverbsQueuePair(QueuePair):
     def write(self, source: MemoryRegion, offset: int, nbytes: int, remote_address: int, rkey: int) -> None:
         sge = self._v["wr"].SGE(source.address + offset, nbytes, source.lkey)
         device = self._device
-        device.wait(device.post(self._qp, sge, remote_address, rkey, self._e.IBV_SEND_SIGNALED, self.peer),
-                    self.peer)
-
-    def write_bytes(self, data: bytes, remote_address: int, rkey: int) -> None:
-        buffer = ctypes.create_string_buffer(data, len(data))
-        sge = self._v["wr"].SGE(ctypes.addressof(buffer), len(data), 0)
-        self._small += 1
-        signaled = self._small % _SIGNAL_EVERY == 0
-        flags = self._e.IBV_SEND_INLINE | (self._e.IBV_SEND_SIGNALED if signaled else 0)
-        wr_id = self._device.post(self._qp, sge, remote_address, rkey, flags, self.peer)
-        if signaled:
-            self._device.wait(wr_id, self.peer)
+        wr_id = device.post(self._qp, sge, remote_address, rkey, self._e.IBV_SEND_SIGNALED, self.peer)
+        device.completions.wait(wr_id, self.peer)
 
     def close(self) -> None:
         self._qp.close()
