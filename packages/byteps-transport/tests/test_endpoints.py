@@ -7,6 +7,8 @@ verbs stand-in for hardware (byteps.testkit.verbs_stand_in: memfds and
 copies between processes, no NIC; docs/rdma.md).
 """
 
+import collections
+
 import numpy as np
 import pytest
 import zmq
@@ -106,3 +108,41 @@ def test_port_in_use_is_reported(context, pair):
     listener, _ = pair
     with pytest.raises(TransportError, match=f"port {listener.port} is in use"):
         context.listen(f"tcp://127.0.0.1:{listener.port}")
+
+
+#: payload sizes around every boundary (RDMA's and the co-located path's 16 KiB threshold and pages) up to 16 MB
+SIZES = [1, 1000, (16 << 10) - 1, 16 << 10, (16 << 10) + 1, 1 << 20, (4 << 20) + 3, 16 << 20]
+RING_BYTES = 2048 * (16 << 10)  # the RDMA and co-located rings: 32 MiB
+
+
+def test_payloads_from_one_byte_to_16_mb_wrap_the_ring_several_times(context, pair):
+    """Each size both ways. The listener holds the last messages, as many as fill the ring but one, so that
+    pages are taken all around it; sizes of 1 MB and more run until the ring was gone round three times."""
+    listener, connection = pair
+    listener.max_payload_bytes = connection.max_payload_bytes = 1 << 25
+    rng = np.random.default_rng(1)
+    large = 0
+    for size in SIZES:
+        pages = -(-size // (16 << 10))
+        window = RING_BYTES // (16 << 10) // pages - 1 if size >= 1 << 20 else 1
+        rounds = 3 * (window + 1) if size >= 1 << 20 else 4
+        data = rng.integers(0, 256, size, dtype=np.uint8)
+        held = collections.deque(maxlen=window)
+        for round_ in range(rounds):
+            data[0] = round_ % 256
+            connection.send(Command.PUSH, 1, key=size, round=round_, payload=data)
+            message = listener.recv()
+            assert message.header.payload_bytes == size and np.array_equal(np.frombuffer(message.payload, np.uint8),
+                                                                           data)
+            listener.send(Command.PULL_RESPONSE, 0, key=size, payload=message.payload, identity=message.identity)
+            back = np.empty_like(data)
+            connection.recv(lambda header, back=back: back.view(np.uint8))
+            assert np.array_equal(back, data)
+            held.append(message)  # the oldest held message goes: its pages are the next free ones
+            large += size >= 16 << 10
+        held.clear()
+        del message
+    if context.transport == "rdma":  # every large payload after the first (the handshake's) written, both ways
+        assert connection.counters.rdma_sent == large - 1 and listener.counters.rdma_sent == large - 1
+        assert connection.peer.pages_in_use() == 0
+        assert all(peer.pages_in_use() == 0 for peer in listener.peers.values())

@@ -265,3 +265,65 @@ def test_large_payloads_free_every_page_whatever_the_inline_limit(max_inline_dat
         listener.close(0)
         verbs.use_device(None)
         ctx.zmq.destroy(linger=0)
+
+
+def test_a_tensor_sent_again_under_its_key_is_registered_once_and_written_without_a_copy(pair):
+    listener, connection = pair
+    connect(listener, connection)
+    device = verbs_stand_in.made[0]
+    tensor = np.zeros(1 << 20, np.float32)  # 4 MB, sent again and again from the same memory (key 7)
+    for round_ in range(6):
+        tensor[:] = round_  # changed in place between sends: the write must read it then, not a stale copy
+        connection.send(Command.PUSH, 1, key=7, payload=tensor)
+        received = np.frombuffer(listener.recv().payload, np.float32)
+        assert received[0] == round_ and received[-1] == round_
+        del received
+    peer = connection.peer
+    assert device.registrations == 1 and connection.counters.rdma_zero_copy == 5  # the 1st send stages, 2nd registers
+    assert peer.staged_bytes == MIN_RDMA_BYTES + tensor.nbytes and peer.direct_bytes == 5 * tensor.nbytes
+    other = np.full_like(tensor, 9)  # the key moves to other memory: the old buffer is let go
+    for _ in range(2):
+        connection.send(Command.PUSH, 1, key=7, payload=other)
+        assert np.frombuffer(listener.recv().payload, np.float32)[0] == 9
+    assert device.registrations == 2 and 7 in peer._registered and peer._registered[7].view.obj is not tensor
+    temporary = [np.full(MIN_RDMA_BYTES, i, np.uint8) for i in range(3)]  # a fresh buffer each time: staged
+    for index, payload in enumerate(temporary):
+        connection.send(Command.PUSH, 1, key=8, payload=payload)
+        assert bytes(listener.recv().payload[:1]) == bytes([index])
+    assert device.registrations == 2 and peer.pages_in_use() == 0
+
+
+def test_a_failed_page_freeing_write_ends_the_connection_instead_of_falling_back(pair):
+    listener, connection = pair
+    identity = connect(listener, connection)
+    payload = np.ones(MIN_RDMA_BYTES, np.uint8)
+    listener.send(Command.PULL_RESPONSE, 0, payload=payload, identity=identity)
+    message = connection.recv()
+    connection.peer.qp.state = verbs_stand_in.ERROR  # its queue pair broke (as after a failed write)
+    del message  # the connection frees the listener's pages: that write fails
+    sent = connection.counters.messages_sent
+    with pytest.raises(NodeFailure, match="the RDMA connection ended: returning 1 freed ring pages"):
+        connection.send(Command.PUSH, 1, payload=payload)  # no silent fallback to TCP
+    assert connection.counters.messages_sent == sent
+    with pytest.raises(NodeFailure, match="the RDMA connection ended"):
+        connection.recv()
+
+
+def test_a_listener_whose_page_freeing_write_fails_refuses_that_peer_and_serves_the_others(pair, context):
+    listener, connection = pair
+    identity = connect(listener, connection)
+    other = context.connect(listener.address, max_payload_bytes=1 << 26)
+    other_identity = connect(listener, other)
+    payload = np.ones(MIN_RDMA_BYTES, np.uint8)
+    connection.send(Command.PUSH, 1, payload=payload)
+    message = listener.recv()
+    listener.peers[identity].qp.state = verbs_stand_in.ERROR
+    del message  # the listener frees the connection's pages: that write fails
+    connection.send(Command.PULL, 1, key=3)
+    with pytest.raises(FrameError, match="the RDMA connection ended.*the peer must reconnect") as info:
+        listener.recv()
+    assert info.value.identity == identity and identity not in listener.peers
+    other.send(Command.PUSH, 1, payload=payload)
+    message = listener.recv()
+    assert message.identity == other_identity and listener.counters.rdma_received == 4
+    other.close(0)

@@ -347,6 +347,10 @@ class RdmaConnection(_RdmaPayloads, ZmqConnection):
     def _check_sender(self) -> None:
         self._check_peer(None)
 
+    def _recv_first(self) -> memoryview:
+        self._check_peer(None)  # before waiting: a connection that ended receives nothing more
+        return super()._recv_first()
+
     def _peer_for_send(self, identity: Optional[bytes]) -> Tuple[Optional[RdmaPeer], Optional[bytes]]:
         if self.peer is None:  # the first large payload: inline, with the HELLO
             self.peer = RdmaPeer(self.device)

@@ -152,7 +152,8 @@ class Completions:
                                           "queue pair broke")
                     return
             empty += 1
-            self._idle(empty)  # outside the lock: another thread may poll meanwhile
+            if wr_id not in self._done:  # another thread may have polled it meanwhile
+                self._idle(empty)  # outside the lock, so that it can
 
 
 class CompletionRing:
@@ -208,10 +209,10 @@ class CompletionRing:
         return found
 
     def idle(self, empty: int) -> None:
-        """Until the producer moves (checked without the GIL), for up to about a million spins."""
+        """Until the producer moves (checked without the GIL), for up to 16 million spins."""
         from byteps.transport import _C  # the extension; imported here so that verbs' interface needs none
 
-        _C.wait_for_change(self.memory, 0, self.consumed, 1 << 20)
+        _C.wait_for_change(self.memory, 0, self.consumed, 1 << 24)
 
 
 # --- rdma-core through pyverbs (unverified: no RDMA device was available, docs/rdma.md) -----------------------
