@@ -3,7 +3,8 @@
 A stand-in for the GPU (byteps.testkit.device_stand_in) copies host memory
 on a thread of its own; the jobs are real (scheduler, servers, workers on
 127.0.0.1). This checks the bookkeeping, not CUDA: the GPU run is
-tests/gpu/ (docs/gpu.md).
+packages/byteps-torch/tests/test_cuda.py, through benchmarks/gpu/verify_on_gpu.sh
+(docs/gpu.md).
 """
 
 import os

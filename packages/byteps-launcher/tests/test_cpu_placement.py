@@ -92,6 +92,22 @@ def test_cuda_visible_devices_maps_local_ranks_to_gpus(tmp_path):
     assert gpu_of(spec, topo) == 1
 
 
+
+def test_nvidia_visible_devices_maps_local_ranks_unless_cuda_visible_devices_is_set(tmp_path):
+    topo = read_topology(write_sysfs(tmp_path), nvml=FakeNvml())  # two GPUs
+
+    def gpu(env, rank):
+        return gpu_of(ProcessSpec("worker", (), env, local_rank=rank), topo)
+
+    assert gpu({"NVIDIA_VISIBLE_DEVICES": "1,0"}, 0) == 1 and gpu({"NVIDIA_VISIBLE_DEVICES": "1,0"}, 1) == 0
+    assert gpu({"NVIDIA_VISIBLE_DEVICES": "GPU-1aaa"}, 0) == 1
+    assert gpu({"NVIDIA_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "0"}, 0) == 0  # CUDA's list wins
+    assert gpu({"NVIDIA_VISIBLE_DEVICES": "all"}, 1) == 1
+    assert gpu({"NVIDIA_VISIBLE_DEVICES": "none"}, 0) is None and gpu({"NVIDIA_VISIBLE_DEVICES": "void"}, 0) is None
+    # inside the container the runtime made: NVML sees only the listed GPUs, numbered 0 and 1
+    assert gpu({"NVIDIA_VISIBLE_DEVICES": "3,7"}, 1) == 1
+    assert gpu({"CUDA_VISIBLE_DEVICES": "3,7"}, 1) == 7  # CUDA_VISIBLE_DEVICES is taken as it is, as before
+
 def test_numa_off_and_server_roles_pin_nothing(tmp_path):
     root = write_sysfs(tmp_path)
     plan = place_workers(local_plan({"BYTEPS_NUMA_ON": "0"}), sysfs_root=root, allowed=range(8))

@@ -23,7 +23,13 @@ in role mode the ``BYTEPS_LOCAL_SIZE`` workers do.
 A worker's GPU is its local rank, mapped through ``CUDA_VISIBLE_DEVICES``
 when that lists GPU indices or UUIDs (``CUDA_VISIBLE_DEVICES=3,7``: local
 rank 0 uses GPU 3). Indices are NVML's (PCI bus order), which is CUDA's
-order with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
+order with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``. Without it,
+``NVIDIA_VISIBLE_DEVICES`` (the NVIDIA container runtime's list: indices,
+UUIDs, ``all``, or ``none``/``void``) maps the same way; when both are set,
+``CUDA_VISIBLE_DEVICES`` wins, as CUDA applies it to whatever the runtime
+left visible. Where the runtime already applied the list (the launcher runs
+inside that container), NVML sees only those GPUs, numbered from 0; an
+index past them is then read as a position in the list (docs/gpu.md).
 
 Example::
 
@@ -41,13 +47,24 @@ from byteps.launcher.core_assignment import CoreAssignment, assign_cores
 from byteps.launcher.job_plan import JobPlan, ProcessSpec
 from byteps.launcher.topology import Topology, TopologyError, format_cpu_list, read_topology
 
-__all__ = ["place_workers", "pin_in_child", "gpu_of"]
+__all__ = ["place_workers", "pin_in_child", "gpu_of", "visible_devices"]
+
+
+def visible_devices(env: Any) -> Optional[str]:
+    """The list of GPUs a process may use: ``CUDA_VISIBLE_DEVICES``, else ``NVIDIA_VISIBLE_DEVICES``; None: all."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return visible
+    visible = env.get("NVIDIA_VISIBLE_DEVICES")
+    if visible is None or visible.strip().lower() == "all":
+        return None
+    return "" if visible.strip().lower() in ("none", "void") else visible
 
 
 def gpu_of(spec: ProcessSpec, topology: Topology) -> Optional[int]:
     """The NVML index of the GPU this worker will use, or None when unknown."""
     local_rank = spec.local_rank or 0
-    visible = spec.env.get("CUDA_VISIBLE_DEVICES")
+    visible = visible_devices(spec.env)
     if visible is None:
         return local_rank if local_rank < len(topology.gpus) else None
     entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
@@ -55,7 +72,10 @@ def gpu_of(spec: ProcessSpec, topology: Topology) -> Optional[int]:
         return None
     entry = entries[local_rank]
     if entry.isdigit():
-        return int(entry)
+        index = int(entry)
+        if "CUDA_VISIBLE_DEVICES" not in spec.env and index >= len(topology.gpus) == len(entries):
+            return local_rank  # the container runtime applied the list already: NVML numbers what is left
+        return index
     matches = [gpu.index for gpu in topology.gpus if gpu.uuid and gpu.uuid.startswith(entry)]
     return matches[0] if len(matches) == 1 else None
 

@@ -307,7 +307,7 @@ def read_gpus(sysfs_root: str = "/sys", pcie_switch_size: Optional[int] = 8, *, 
     """
     if nvml is None:
         try:
-            import pynvml as nvml  # optional: only GPU machines have it
+            import pynvml as nvml  # optional: pip install "byteps-launcher[gpu]" (nvidia-ml-py)
         except ImportError:
             return ()
     error = getattr(nvml, "NVMLError", Exception)
