@@ -155,6 +155,7 @@ class StandInQueuePair(verbs.QueuePair):
              signaled: bool = True, inline: bool = False) -> int:
         """Queue one RDMA WRITE (the engine carries it out later); its work request id. Refusals: VerbsError."""
         device = self.device
+        wr_id = device.completions.next_id()  # before the device's lock: a waiter takes them the other way round
         with device.cond:
             if self.state != RTS:
                 raise VerbsError(errno.EINVAL, f"post_send on a queue pair in {STATE_NAMES[self.state]}: a queue "
@@ -168,7 +169,6 @@ class StandInQueuePair(verbs.QueuePair):
             if not inline and source.lkey not in device.lkeys:
                 raise VerbsError(errno.EINVAL, "the source is not memory registered with this device")
             data = bytes(source.view[offset:offset + nbytes]) if inline else None
-            wr_id = device.completions.next_id()
             self.outstanding += 1
             self.pending.append(_Work(wr_id, source, offset, nbytes, remote_address, rkey, signaled, data))
             device.cond.notify()
@@ -316,17 +316,23 @@ class StandInDevice(verbs.Device):
                 for pair in pairs:
                     pair.pending = []
             for pair, works in batch:
-                for work in works:
-                    self._complete(pair, work, pair.carry_out(work))
+                while works:
+                    work = works.pop(0)
+                    status, wr_id, signaled = pair.carry_out(work), work.wr_id, work.signaled
+                    # the poster holds the source until its completion: let go of it first, so that the last
+                    # reference (and a payload view's page-freeing finalizer, which waits) is never dropped here
+                    del work
+                    self._complete(pair, wr_id, signaled, status)
+            del batch
 
-    def _complete(self, pair: StandInQueuePair, work: _Work, status: int) -> None:
+    def _complete(self, pair: StandInQueuePair, wr_id: int, signaled: bool, status: int) -> None:
         if status != WC_SUCCESS:
             pair.state = ERROR  # as on hardware: a failed work request breaks its queue pair
-        if not work.signaled and status == WC_SUCCESS:
+        if not signaled and status == WC_SUCCESS:
             pair.unsignaled += 1  # no completion: its slot comes back with a later signaled one
             return
         covers, pair.unsignaled = pair.unsignaled + 1, 0
-        if not self.ring.push(work.wr_id, status, pair.number, covers):
+        if not self.ring.push(wr_id, status, pair.number, covers):
             for every in self.queue_pairs:  # an overrun completion queue breaks every queue pair on it
                 every.state = ERROR
 
