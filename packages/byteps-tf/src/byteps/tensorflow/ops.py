@@ -40,7 +40,7 @@ import tensorflow as tf
 from byteps.common.frontend.checks import check_root
 from byteps.common.frontend.collectives import RankView
 from byteps.common.frontend.process import rank, size
-from byteps.common.frontend.process_sets import broadcast_view, rank_view
+from byteps.common.frontend.process_sets import ProcessSet, broadcast_view, global_process_set, rank_view
 from byteps.common.frontend.reductions import BY_GATHER, Average, Sum, average_of, op_name
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.graph_ops import run_group
@@ -53,10 +53,16 @@ __all__ = [
 
 
 def check_process_set(process_set: Any) -> None:
-    """For the gradient wrappers (tape, optimizers), which reduce over every rank only so far."""
-    if rank_view(process_set).set_id:
-        raise NotImplementedError("byteps.tensorflow's gradient wrappers reduce over every rank; process sets work "
-                                  "with the collectives (allreduce, allgather, broadcast, ...) so far")
+    """For the gradient wrappers: None, the global set or a registered ProcessSet (this rank need not be in it)."""
+    if process_set is None or process_set is global_process_set:
+        return
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"process_set must be a ProcessSet, got {type(process_set).__name__}")
+    if process_set.included():
+        rank_view(process_set)  # registered?
+    elif process_set.process_set_id is None:
+        raise ValueError(f"{process_set} is not registered: add it with add_process_set() (or "
+                         "init(process_sets=...)) on every rank first")
 
 
 def _in_set(process_set: Any) -> Optional[RankView]:

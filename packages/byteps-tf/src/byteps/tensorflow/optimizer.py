@@ -102,6 +102,10 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
     support ``backward_passes_per_step=1`` only and no local variables.
     Device and group arguments are accepted and ignored.
 
+    ``process_set`` averages over that set's ranks only; a rank outside the
+    set applies its own gradients, as Horovod's wrappers do (see
+    :mod:`byteps.tensorflow.gradients`).
+
     ``compression_params`` is BytePS's gradient compression, the dict of
     docs/compression.md, e.g. ``{"compressor": "onebit", "scaling": True,
     "ef": "vanilla", "momentum": "nesterov"}``: gradients of at least
@@ -124,7 +128,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
             gradient_predivide_factor=gradient_predivide_factor, op=op,
             backward_passes_per_step=backward_passes_per_step,
             average_aggregated_gradients=average_aggregated_gradients, scale_local_gradients=scale_local_gradients,
-            compression_params=compression_params)
+            compression_params=compression_params, process_set=process_set)
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         if backward_passes_per_step != 1:
             raise NotImplementedError(
@@ -133,7 +137,8 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
         prefix = f"DistributedOptimizer.{name or type(optimizer).__name__}"
         compression, compressed = take_compression_params(compression_params, optimizer, compression, prefix,
                                                           "DistributedOptimizer")
-        reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, compressed)
+        reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, compressed,
+                                  process_set=process_set)
         return _DistributedV1Optimizer(optimizer, name, use_locking, reducer, prefix if async_mode else None)
     raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer or a tf.compat.v1.train.Optimizer, "
                     f"got {type(optimizer).__module__}.{type(optimizer).__name__}")
