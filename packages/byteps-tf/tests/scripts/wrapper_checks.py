@@ -1,4 +1,4 @@
-"""Worker script: the gradient wrappers' process sets.
+"""Worker script: the gradient wrappers' process sets, and the TF1 optimizer's backward passes.
 
 Run under bpslaunch with 3 ranks (Keras 3, or Keras 2 with
 TF_USE_LEGACY_KERAS=1: ``which_keras`` picks the Keras the wrappers wrap).
@@ -11,6 +11,9 @@ Every rank computes what it expects with numpy, from every rank's inputs:
   averages over its two ranks, rank 1 (outside) keeps its own gradients,
   as Horovod's wrappers do, and gets a ValueError naming the set from
   broadcast_variables;
+* the TF1 DistributedOptimizer with ``backward_passes_per_step=2``
+  (summed and averaged passes, ``global_step`` counting passes) eagerly,
+  in ``tf.function`` and in a TF1 graph;
 * after the errors, a collective and a barrier on every rank still work.
 
 Prints ``OK <check>`` per check and ``ALL OK <n>``.
@@ -149,11 +152,79 @@ def wrapper_errors():
         tf.compat.v1.train.GradientDescentOptimizer(1.0), process_set=unregistered))
     expect_error(ValueError, "drop process_set", lambda: bps.DistributedGradientTape(
         tape, process_set=evens, compression_params={"compressor": "topk", "k": 1}))
+    expect_error(ValueError, "backward_passes_per_step", lambda: bps.DistributedOptimizer(
+        tf.compat.v1.train.GradientDescentOptimizer(1.0), backward_passes_per_step=0))
     del w
     # The job stays usable on every rank after the errors (rank 1's broadcast_variables refusal among them).
     total = bps.allreduce(tf.fill([2], float(bps.rank())), op=bps.Sum, name="after.errors")
     assert_close(total, np.full([2], float(sum(range(bps.size())))), "allreduce after the errors")
     bps.barrier()
+
+
+def tf1_passes_reference(passes: int, steps: int, average: bool, lr: float = 0.5):
+    """Each pass k of rank r has gradient x_r * (k + 1): the weights and returned gradients of every pass."""
+    n, r = bps.size(), bps.rank()
+    w = np.ones(4, np.float32)
+    weights, gradients = [], []
+    running = np.zeros(4, np.float32)
+    for k in range(steps):
+        running = running + x_of(r) * (k + 1)
+        if (k + 1) % passes == 0:
+            first = k + 1 - passes
+            sums = [sum(x_of(q) * (j + 1) for j in range(first, k + 1)) for q in range(n)]
+            reduced = np.mean(sums, axis=0) / (passes if average else 1)
+            w = w - lr * reduced
+            gradients.append(reduced)
+            running = np.zeros(4, np.float32)
+        else:
+            gradients.append(running.copy())
+        weights.append(w.copy())
+    return weights, gradients
+
+
+def tf1_step(opt, w: tf.Variable, step_count: tf.Variable):
+    """One pass of Horovod's TF1 loop: compute_gradients, then apply_gradients; returns the pass's gradient."""
+    def step(scale):
+        pairs = opt.compute_gradients(lambda: tf.reduce_sum(w * x_of(bps.rank()) * scale), var_list=[w])
+        opt.apply_gradients(pairs, global_step=step_count)
+        return pairs[0][0]
+
+    return step
+
+
+def tf1_backward_passes():
+    r, steps = bps.rank(), 4
+    for average in (False, True):
+        weights, gradients = tf1_passes_reference(2, steps, average)
+        for how in ("eager", "tf.function"):
+            w = tf.Variable(tf.ones([4]))
+            step_count = tf.Variable(0, dtype=tf.int64)
+            opt = bps.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.5),
+                                           backward_passes_per_step=2, average_aggregated_gradients=average,
+                                           name=f"tf1.passes.{average}.{how}")
+            step = tf1_step(opt, w, step_count)
+            run = step if how == "eager" else tf.function(step)
+            for k in range(steps):
+                gradient = run(tf.constant(float(k + 1)))
+                what = f"TF1 backward passes (average={average}), {how}, pass {k + 1}"
+                assert_close(gradient, gradients[k], f"{what}: gradient")
+                assert_close(w, weights[k], f"{what}: weights")
+                assert int(step_count.numpy()) == k + 1, (what, int(step_count.numpy()))
+    # A TF1 graph, as Horovod's TF1 scripts run it: minimize() in a session.
+    weights, _ = tf1_passes_reference(2, steps, False)
+    with tf.Graph().as_default():
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([4]))
+        scale = tf.compat.v1.placeholder(tf.float32, [])
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        opt = bps.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.5),
+                                       backward_passes_per_step=2, name="tf1.passes.graph")
+        train = opt.minimize(tf.reduce_sum(w * x_of(r) * scale), var_list=[w], global_step=global_step)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for k in range(steps):
+                session.run(train, {scale: float(k + 1)})
+                assert_close(session.run(w), weights[k], f"TF1 graph backward passes, pass {k + 1}")
+                assert session.run(global_step) == k + 1
 
 
 def main():
@@ -165,6 +236,7 @@ def main():
     checks.run("Keras DistributedOptimizer with a process set", keras_optimizer_process_sets)
     checks.run("TF1 DistributedOptimizer with a process set", tf1_optimizer_process_sets)
     checks.run("broadcast_variables with a process set", broadcast_variables_process_sets)
+    checks.run("TF1 DistributedOptimizer with backward_passes_per_step=2", tf1_backward_passes)
     checks.run("errors, and the job usable after them", wrapper_errors)
     bps.remove_process_set(evens)
     bps.shutdown()
