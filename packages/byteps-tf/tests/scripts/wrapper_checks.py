@@ -1,4 +1,4 @@
-"""Worker script: the gradient wrappers' process sets, and the TF1 optimizer's backward passes.
+"""Worker script: the gradient wrappers' process sets, the TF1 optimizer's backward passes and scale factors.
 
 Run under bpslaunch with 3 ranks (Keras 3, or Keras 2 with
 TF_USE_LEGACY_KERAS=1: ``which_keras`` picks the Keras the wrappers wrap).
@@ -14,6 +14,8 @@ Every rank computes what it expects with numpy, from every rank's inputs:
 * the TF1 DistributedOptimizer with ``backward_passes_per_step=2``
   (summed and averaged passes, ``global_step`` counting passes) eagerly,
   in ``tf.function`` and in a TF1 graph;
+* ``prescale_factor``/``postscale_factor`` on IndexedSlices and on
+  ``grouped_allreduce``, over every rank and over a set;
 * after the errors, a collective and a barrier on every rank still work.
 
 Prints ``OK <check>`` per check and ``ALL OK <n>``.
@@ -227,6 +229,35 @@ def tf1_backward_passes():
                 assert session.run(global_step) == k + 1
 
 
+def scale_factors():
+    n, r = bps.size(), bps.rank()
+    # IndexedSlices: every rank's values, each scaled before and after the gather.
+    slices = tf.IndexedSlices(tf.fill([1, 2], float(r + 1)), tf.constant([r]), dense_shape=tf.constant([n, 2]))
+    want = np.array([[k + 1.0] * 2 for k in range(n)], np.float32) * 0.5 * 3.0
+    for how, run in (("eager", lambda s: bps.allreduce(s, op=bps.Sum, prescale_factor=0.5, postscale_factor=3.0,
+                                                        name="slices.scaled")),
+                     ("tf.function", tf.function(lambda s: bps.allreduce(
+                         s, op=bps.Sum, prescale_factor=0.5, postscale_factor=3.0, name="slices.scaled.fn")))):
+        got = run(slices)
+        assert_close(tf.convert_to_tensor(got), want, f"IndexedSlices pre/postscale, {how}")
+    averaged = bps.allreduce(slices, prescale_factor=2.0, name="slices.scaled.avg")
+    assert_close(tf.convert_to_tensor(averaged), want / 1.5 * 2.0 / n, "IndexedSlices average, scaled")
+    # grouped_allreduce: dense tensors scaled, over every rank and over the set.
+    tensors = [tf.fill([3], float(r + 1)), tf.fill([2, 2], float(2 * r))]
+    totals = [np.full([3], sum(k + 1.0 for k in range(n))), np.full([2, 2], sum(2.0 * k for k in range(n)))]
+    grouped = tf.function(lambda a, b: bps.grouped_allreduce([a, b], op=bps.Sum, prescale_factor=2.0,
+                                                             postscale_factor=0.25, name="grouped.scaled.fn"))
+    for how, got in (("eager", bps.grouped_allreduce(tensors, op=bps.Sum, prescale_factor=2.0, postscale_factor=0.25,
+                                                     name="grouped.scaled")),
+                     ("tf.function", grouped(*tensors))):
+        for g, total in zip(got, totals):
+            assert_close(g, total * 0.5, f"grouped_allreduce pre/postscale, {how}")
+    if r in SET:
+        got = bps.grouped_allreduce(tensors, prescale_factor=3.0, postscale_factor=2.0, process_set=evens,
+                                    name="grouped.scaled.set")
+        assert_close(got[0], np.full([3], np.mean([k + 1.0 for k in SET]) * 6.0), "grouped pre/postscale, set")
+
+
 def main():
     global evens
     bps.init()
@@ -237,6 +268,7 @@ def main():
     checks.run("TF1 DistributedOptimizer with a process set", tf1_optimizer_process_sets)
     checks.run("broadcast_variables with a process set", broadcast_variables_process_sets)
     checks.run("TF1 DistributedOptimizer with backward_passes_per_step=2", tf1_backward_passes)
+    checks.run("prescale_factor and postscale_factor", scale_factors)
     checks.run("errors, and the job usable after them", wrapper_errors)
     bps.remove_process_set(evens)
     bps.shutdown()

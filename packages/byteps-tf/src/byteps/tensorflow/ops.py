@@ -182,15 +182,17 @@ def _allreduce_slices(family: str, slices: tf.IndexedSlices, average: bool, name
     """Horovod's reduction of IndexedSlices: gather the ranks' values and indices (duplicates add up).
 
     An average divides the gathered values with TensorFlow's ``/``, as
-    Horovod does: integer values become float64 (``tf.math.truediv``)."""
+    Horovod does: integer values become float64 (``tf.math.truediv``).
+    ``prescale_factor`` scales each rank's values before the gather,
+    ``postscale_factor`` the gathered ones (Horovod refuses both here; the
+    result is the same as scaling the dense sum)."""
+    from byteps.tensorflow.collectives import _scaled
     name = resolve_name(family, name, slices.values)
-    if prescale_factor != 1.0 or postscale_factor != 1.0:
-        raise NotImplementedError(f"{family}({name!r}): prescale_factor/postscale_factor are not supported "
-                                  "with tf.IndexedSlices (as in Horovod)")
-    values, indices, _ = run_group([Gather(name, parts=2, view=view)], [slices.values, slices.indices])
+    sent = _scaled(tf.convert_to_tensor(slices.values), prescale_factor)
+    values, indices, _ = run_group([Gather(name, parts=2, view=view)], [sent, slices.indices])
     if average:
         values = values / tf.cast(size() if view is None else len(view.ranks), values.dtype)
-    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+    return tf.IndexedSlices(_scaled(values, postscale_factor), indices, dense_shape=slices.dense_shape)
 
 
 def push_pull(tensor: Any, average: bool = True, name: Optional[str] = None, compression: Any = Compression.none,
@@ -214,10 +216,11 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
     """Horovod's allreduce: average (default) or sum over all workers; differentiable.
 
     ``prescale_factor`` multiplies the input before the reduction,
-    ``postscale_factor`` the result after it (floating-point tensors only).
-    A ``tf.IndexedSlices`` gives a ``tf.IndexedSlices`` holding every rank's
-    values and indices (Average or Sum only, without scale factors, as in
-    Horovod: anything else is a NotImplementedError).
+    ``postscale_factor`` the result after it (integers scale in float64 and
+    truncate, float16 in float32, as Horovod's). A ``tf.IndexedSlices``
+    gives a ``tf.IndexedSlices`` holding every rank's values (scaled) and
+    indices (Average or Sum only, as in Horovod: another op is a
+    NotImplementedError naming them).
     """
     if isinstance(tensor, tf.IndexedSlices) and op is not None and op not in (Average, Sum):
         raise NotImplementedError(f"allreduce of tf.IndexedSlices: only Average and Sum are supported, "
