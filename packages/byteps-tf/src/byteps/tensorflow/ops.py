@@ -224,7 +224,8 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
     """
     if isinstance(tensor, tf.IndexedSlices) and op is not None and op not in (Average, Sum):
         raise NotImplementedError(f"allreduce of tf.IndexedSlices: only Average and Sum are supported, "
-                                  f"not {op_name(op)}")
+                                  f"not {op_name(op)} (as in Horovod); for {op_name(op)}, pass "
+                                  "tf.convert_to_tensor(slices)")
     if op in BY_GATHER:
         from byteps.tensorflow.collectives import reduce_by_gather
         if average is not None:
