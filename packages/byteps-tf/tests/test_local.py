@@ -45,8 +45,8 @@ def test_single_process_helpers(bps):
     assert averaged.values.dtype == tf.float64 and averaged.values.numpy().tolist() == [[3.0, 3.0]]
     with pytest.raises(NotImplementedError, match="only Average and Sum"):
         bps.allreduce(slices, op=bps.Max)
-    with pytest.raises(NotImplementedError, match="not supported with tf.IndexedSlices"):
-        bps.allreduce(slices, op=bps.Sum, prescale_factor=0.5)
+    scaled = bps.allreduce(slices, op=bps.Sum, prescale_factor=0.5, postscale_factor=3.0, name="local.scaled")
+    assert scaled.values.numpy().tolist() == [[1.5, 1.5]] * 2 and scaled.indices.numpy().tolist() == [0, 3]
     assert bps.util._executing_eagerly() and bps._executing_eagerly()
     assert int(bps.rank_op()) == 0 and int(bps.size_op()) == 1 and int(bps.local_size_op()) == 1
     with tf.Graph().as_default():

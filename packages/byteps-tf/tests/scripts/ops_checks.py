@@ -285,8 +285,6 @@ def tf1_optimizer():
     optimizer = bps.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.5))
     optimizer.minimize(lambda: tf.reduce_sum(v * float(r + 1)), var_list=[v])
     assert_equal(v, tf.fill([2], 1.0 - 0.5 * (n + 1) / 2), "TF1 GradientDescentOptimizer.minimize")
-    expect_error(NotImplementedError, "Keras optimizer", lambda: bps.DistributedOptimizer(
-        tf.compat.v1.train.GradientDescentOptimizer(0.5), backward_passes_per_step=2))
 
 
 def errors_and_mismatches():

@@ -18,6 +18,7 @@ from typing import Any, Iterable, List, Optional
 import tensorflow as tf
 
 from byteps.common.frontend import broadcast_object as _broadcast_object
+from byteps.common.frontend.process_sets import broadcast_view
 from byteps.tensorflow.graph_ops import run_group
 from byteps.tensorflow.ops import _check_root, check_process_set, rank
 from byteps.tensorflow.reduction import Reduce
@@ -34,6 +35,10 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int, process_set: A
     ``optimizer.variables``). Returns the grouped assign op in graph mode,
     None eagerly. Variable *i* of a call travels as ``broadcast_variables.<i>``;
     bool and 8/16-bit integers as int32, uint32 as int64.
+
+    ``process_set``: among that set's ranks only (``root_rank``, a global
+    rank, must be one of them); a rank outside the set gets a ValueError
+    naming the set, as every collective of a set does.
     """
     variables = list(variables)
     if not variables:  # nothing to send: no op, and no need of init() (Horovod's graph-mode rule)
@@ -59,14 +64,14 @@ def broadcast_(variables: Iterable[Any], root_rank: int, name: Optional[str] = N
 
 def _assign_from_root(variables: List[Any], root_rank: int, process_set: Any, prefix: str) -> List[Any]:
     """Broadcast each variable's value from ``root_rank`` (as ``<prefix>.<i>``) and assign it; the assigns."""
-    check_process_set(process_set)
-    _check_root(root_rank)
+    view = broadcast_view(root_rank, process_set, prefix)
     values = []
     for variable in variables:
         value = tf.convert_to_tensor(variable)
         values.append(tf.cast(value, widen(value.dtype)) if widen(value.dtype) != value.dtype else value)
     contribute = rank() == root_rank
-    specs = [Reduce(f"{prefix}.{i}", average=False, contribute=contribute, root=int(root_rank))
+    specs = [Reduce(f"{prefix}.{i}", average=False, contribute=contribute, root=int(root_rank),
+                    view=view if view.set_id else None)
              for i in range(len(values))]
     results = run_group(specs, values)
     return [variable.assign(tf.cast(result, tf.as_dtype(variable.dtype)))

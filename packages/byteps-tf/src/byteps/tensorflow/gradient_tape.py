@@ -154,6 +154,14 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     ``var``'s gradient local (not sent), divided by ``size()`` when
     ``scale_local_gradients`` (Horovod's default).
 
+    ``process_set`` (a registered :class:`ProcessSet`) averages over its
+    ranks only; on a rank outside it ``gradient()`` returns that rank's own
+    gradients, as Horovod's does. Every rank of the set makes the same
+    calls; the ranks outside may skip them::
+
+        evens = bps.add_process_set([0, 2])
+        tape = bps.DistributedGradientTape(tape, process_set=evens)
+
     ``compression_params`` is BytePS's gradient compression (the dict of
     docs/compression.md, as on ``DistributedOptimizer``): gradients of at
     least BYTEPS_MIN_COMPRESS_BYTES are compressed on their way to the
@@ -178,7 +186,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     compression, compressed = take_compression_params(compression_params, optimizer, compression, prefix,
                                                       "DistributedGradientTape")
     reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, compressed,
-                              scale_local_gradients)
+                              scale_local_gradients, process_set)
     base = type(gradtape)
     cls = _classes.get(base)
     if cls is None:

@@ -16,6 +16,11 @@ per process).
 * ``gradient_predivide_factor=f`` divides by ``f`` before the sum and
   multiplies by ``f / size()`` after (Horovod), for float16 range.
 * With one worker nothing is sent (as in Horovod).
+* ``process_set`` (Horovod's): the gradients are averaged over that set's
+  ranks only, one push_pull each (fusion spans every rank); a rank outside
+  the set, or alone in it, keeps its own gradients, as Horovod's wrappers
+  do (``_allreduce_cond``). Sizes (``Average``, the predivide factor, local
+  gradients' scaling) are the set's.
 * Gradients of worker-local variables (``local``) are not sent; Horovod
   divides them by ``size()`` (``scale_local_gradients``) and so do we.
 * ``compression`` with a :class:`~byteps.tensorflow.gradient_compression.GradientCompression`
@@ -30,14 +35,17 @@ per process).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from byteps.common.frontend import Average, check_gradient_op, size
+from byteps.common.frontend.collectives import RankView
+from byteps.common.frontend.process_sets import global_process_set, rank_view
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.gradient_compression import GradientCompression
 from byteps.tensorflow.graph_ops import run_group
+from byteps.tensorflow.ops import check_process_set
 from byteps.tensorflow.reduction import Gather, Reduce
 
 __all__ = ["GradientReducer"]
@@ -54,9 +62,30 @@ class GradientReducer:
     gradient_predivide_factor: float = 1.0
     compressed: Optional[GradientCompression] = None  # BytePS's compression_params, with its optimizer
     scale_local_gradients: bool = True  # divide local variables' gradients by size() (Horovod)
+    process_set: Any = None  # Horovod's: reduce over these ranks only (None: every rank)
 
     def __post_init__(self) -> None:
         check_gradient_op(self.op, self.gradient_predivide_factor)
+        if self.process_set is global_process_set:
+            self.process_set = None
+        if self.process_set is not None:
+            check_process_set(self.process_set)
+            if self.compressed is not None:
+                raise ValueError("compression_params compress over every rank: drop process_set, or drop "
+                                 "compression_params to average over the process set")
+
+    def _members(self) -> Tuple[bool, Optional[RankView]]:
+        """Whether this rank reduces, and over which process set's ranks (None: every rank)."""
+        if self.process_set is None:
+            return True, None
+        if not self.process_set.included():
+            return False, None
+        return True, rank_view(self.process_set)  # fails, naming the set, once it was removed
+
+    def group_size(self) -> int:
+        """How many ranks the gradients are averaged over (this rank alone when outside the process set)."""
+        included, view = self._members()
+        return size() if view is None and included else (view.size if view is not None else 1)
 
     def reduce(self, gradients: Sequence[Optional[Any]], local: Optional[Sequence[bool]] = None) -> List[Optional[Any]]:
         """The reduced gradients, in order (eager or in a graph).
@@ -76,7 +105,9 @@ class GradientReducer:
         momentum = compressed is not None and compressed.momentum is not None
         if momentum:
             gradients = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
-        if size() == 1:
+        included, view = self._members()
+        group = self.group_size()
+        if group == 1 or not included:
             return self._local_momentum(gradients) if momentum else gradients
         average = self.op == Average
         predivide = self.gradient_predivide_factor
@@ -86,18 +117,18 @@ class GradientReducer:
                 continue
             name = f"{self.prefix}.{i}"
             if isinstance(gradient, tf.IndexedSlices) and not self.sparse_as_dense:
-                specs.append(Gather(name, parts=2))
+                specs.append(Gather(name, parts=2, view=view))
                 inputs.extend([gradient.values, gradient.indices])
-                finishers.append((i, self._sparse_finisher(gradient, average)))
+                finishers.append((i, self._sparse_finisher(gradient, average, group)))
                 continue
             dense = tf.convert_to_tensor(gradient)
             if average and predivide != 1.0:
                 dense = dense / tf.cast(predivide, dense.dtype)
             sent, ctx = self.compression.compress(dense)
             specs.append(Reduce(name, average=average and predivide == 1.0,
-                                compression=None if compressed is None else compressed.spec))
+                                compression=None if compressed is None else compressed.spec, view=view))
             inputs.append(sent)
-            finishers.append((i, self._dense_finisher(ctx, predivide / size() if average and predivide != 1.0
+            finishers.append((i, self._dense_finisher(ctx, predivide / group if average and predivide != 1.0
                                                       else 1.0)))
         lr = compressed.learning_rate_now() if compressed is not None and specs else None
         outputs = run_group(specs, inputs, lr)
@@ -116,12 +147,14 @@ class GradientReducer:
         return reduced
 
     def _scaled_local(self, gradient: Optional[Any]) -> Optional[Any]:
-        if gradient is None or not self.scale_local_gradients or size() == 1:
+        # Horovod divides by the set's size, on ranks outside the set too.
+        group = size() if self.process_set is None else len(self.process_set.ranks)
+        if gradient is None or not self.scale_local_gradients or group == 1:
             return gradient
         if isinstance(gradient, tf.IndexedSlices):
-            return tf.IndexedSlices(gradient.values / tf.cast(size(), gradient.values.dtype), gradient.indices,
+            return tf.IndexedSlices(gradient.values / tf.cast(group, gradient.values.dtype), gradient.indices,
                                     gradient.dense_shape)
-        return gradient / tf.cast(size(), gradient.dtype)
+        return gradient / tf.cast(group, gradient.dtype)
 
     def _local_momentum(self, gradients: List[Optional[Any]]) -> List[Optional[Any]]:
         """One worker: nothing is sent, but the momentum (turned off in the optimizer) is still byteps' to apply."""
@@ -140,10 +173,10 @@ class GradientReducer:
         return finish
 
     @staticmethod
-    def _sparse_finisher(local: tf.IndexedSlices, average: bool):
+    def _sparse_finisher(local: tf.IndexedSlices, average: bool, group: int):
         def finish(outputs: List[tf.Tensor]) -> tf.IndexedSlices:
             values, indices = outputs[0], outputs[1]
             if average:
-                values = values / tf.cast(size(), values.dtype)
+                values = values / tf.cast(group, values.dtype)
             return tf.IndexedSlices(values, indices, dense_shape=local.dense_shape)
         return finish

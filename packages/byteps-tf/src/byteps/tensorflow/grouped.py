@@ -29,6 +29,10 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None, de
                       process_set: Any = None, ignore_name_scope: bool = False) -> List[tf.Tensor]:
     """:func:`byteps.tensorflow.allreduce` of each tensor, as one group where byteps can fuse them.
 
+    ``prescale_factor`` multiplies every tensor before the reduction,
+    ``postscale_factor`` every result after it, as in :func:`allreduce`
+    (fused all the same).
+
     ``tf.IndexedSlices`` among them are gathered as :func:`allreduce` gathers
     them (Average and Sum only, as in Horovod); the dense ones stay one group.
     """
@@ -40,15 +44,16 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None, de
         return []
     base = resolve_name("grouped_allreduce", name, tensors[0])
     names = [f"{base}.{i}" for i in range(len(tensors))]
-    fusable = (op not in BY_GATHER and rank_view(process_set).set_id == 0 and prescale_factor == 1.0
-               and postscale_factor == 1.0 and compression is Compression.none
+    fusable = (op not in BY_GATHER and rank_view(process_set).set_id == 0 and compression is Compression.none
                and all(_reduced_as_is(t) for t in tensors))
     if not fusable:
         return [allreduce(t, average, compression=compression, op=op, prescale_factor=prescale_factor,
                           postscale_factor=postscale_factor, name=n, process_set=process_set)
                 for t, n in zip(tensors, names)]
+    from byteps.tensorflow.collectives import _scaled
     from byteps.tensorflow.ops import _differentiable_group
-    return _differentiable_group(tensors, names, average_of(op, average))
+    reduced = _differentiable_group([_scaled(t, prescale_factor) for t in tensors], names, average_of(op, average))
+    return [_scaled(t, postscale_factor) for t in reduced]
 
 
 def _grouped_with_slices(tensors: List[Any], average: Optional[bool], compression: Any, op: Optional[int],

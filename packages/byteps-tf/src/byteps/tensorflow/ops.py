@@ -40,7 +40,7 @@ import tensorflow as tf
 from byteps.common.frontend.checks import check_root
 from byteps.common.frontend.collectives import RankView
 from byteps.common.frontend.process import rank, size
-from byteps.common.frontend.process_sets import broadcast_view, rank_view
+from byteps.common.frontend.process_sets import ProcessSet, broadcast_view, global_process_set, rank_view
 from byteps.common.frontend.reductions import BY_GATHER, Average, Sum, average_of, op_name
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.graph_ops import run_group
@@ -53,10 +53,16 @@ __all__ = [
 
 
 def check_process_set(process_set: Any) -> None:
-    """For the gradient wrappers (tape, optimizers), which reduce over every rank only so far."""
-    if rank_view(process_set).set_id:
-        raise NotImplementedError("byteps.tensorflow's gradient wrappers reduce over every rank; process sets work "
-                                  "with the collectives (allreduce, allgather, broadcast, ...) so far")
+    """For the gradient wrappers: None, the global set or a registered ProcessSet (this rank need not be in it)."""
+    if process_set is None or process_set is global_process_set:
+        return
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"process_set must be a ProcessSet, got {type(process_set).__name__}")
+    if process_set.included():
+        rank_view(process_set)  # registered?
+    elif process_set.process_set_id is None:
+        raise ValueError(f"{process_set} is not registered: add it with add_process_set() (or "
+                         "init(process_sets=...)) on every rank first")
 
 
 def _in_set(process_set: Any) -> Optional[RankView]:
@@ -176,15 +182,17 @@ def _allreduce_slices(family: str, slices: tf.IndexedSlices, average: bool, name
     """Horovod's reduction of IndexedSlices: gather the ranks' values and indices (duplicates add up).
 
     An average divides the gathered values with TensorFlow's ``/``, as
-    Horovod does: integer values become float64 (``tf.math.truediv``)."""
+    Horovod does: integer values become float64 (``tf.math.truediv``).
+    ``prescale_factor`` scales each rank's values before the gather,
+    ``postscale_factor`` the gathered ones (Horovod refuses both here; the
+    result is the same as scaling the dense sum)."""
+    from byteps.tensorflow.collectives import _scaled
     name = resolve_name(family, name, slices.values)
-    if prescale_factor != 1.0 or postscale_factor != 1.0:
-        raise NotImplementedError(f"{family}({name!r}): prescale_factor/postscale_factor are not supported "
-                                  "with tf.IndexedSlices (as in Horovod)")
-    values, indices, _ = run_group([Gather(name, parts=2, view=view)], [slices.values, slices.indices])
+    sent = _scaled(tf.convert_to_tensor(slices.values), prescale_factor)
+    values, indices, _ = run_group([Gather(name, parts=2, view=view)], [sent, slices.indices])
     if average:
         values = values / tf.cast(size() if view is None else len(view.ranks), values.dtype)
-    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+    return tf.IndexedSlices(_scaled(values, postscale_factor), indices, dense_shape=slices.dense_shape)
 
 
 def push_pull(tensor: Any, average: bool = True, name: Optional[str] = None, compression: Any = Compression.none,
@@ -208,14 +216,16 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
     """Horovod's allreduce: average (default) or sum over all workers; differentiable.
 
     ``prescale_factor`` multiplies the input before the reduction,
-    ``postscale_factor`` the result after it (floating-point tensors only).
-    A ``tf.IndexedSlices`` gives a ``tf.IndexedSlices`` holding every rank's
-    values and indices (Average or Sum only, without scale factors, as in
-    Horovod: anything else is a NotImplementedError).
+    ``postscale_factor`` the result after it (integers scale in float64 and
+    truncate, float16 in float32, as Horovod's). A ``tf.IndexedSlices``
+    gives a ``tf.IndexedSlices`` holding every rank's values (scaled) and
+    indices (Average or Sum only, as in Horovod: another op is a
+    NotImplementedError naming them).
     """
     if isinstance(tensor, tf.IndexedSlices) and op is not None and op not in (Average, Sum):
         raise NotImplementedError(f"allreduce of tf.IndexedSlices: only Average and Sum are supported, "
-                                  f"not {op_name(op)}")
+                                  f"not {op_name(op)} (as in Horovod); for {op_name(op)}, pass "
+                                  "tf.convert_to_tensor(slices)")
     if op in BY_GATHER:
         from byteps.tensorflow.collectives import reduce_by_gather
         if average is not None:

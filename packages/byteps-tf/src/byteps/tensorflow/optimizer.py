@@ -28,11 +28,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
+from byteps.common.frontend import check_passes
 from byteps.common.frontend.reductions import Average
 from byteps.tensorflow.async_training import ExchangesByList, asynchronous
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.gradient_compression import take_compression_params
 from byteps.tensorflow.gradients import GradientReducer
+from byteps.tensorflow.keras.accumulation import BackwardPassAccumulator
 from byteps.tensorflow.ops import check_process_set
 
 __all__ = ["DistributedOptimizer"]
@@ -42,9 +44,14 @@ class _DistributedV1Optimizer(tf.compat.v1.train.Optimizer):
     """A TF1 optimizer whose compute_gradients() averages over all workers; the rest is delegated."""
 
     def __init__(self, optimizer: tf.compat.v1.train.Optimizer, name: Optional[str], use_locking: bool,
-                 reducer: GradientReducer, async_prefix: Optional[str] = None) -> None:
+                 reducer: GradientReducer, async_prefix: Optional[str] = None, backward_passes_per_step: int = 1,
+                 average_aggregated_gradients: bool = False) -> None:
         self._optimizer = optimizer
         self._reducer = reducer
+        self._passes = backward_passes_per_step
+        self._average_passes = average_aggregated_gradients
+        self._accumulator: Optional[BackwardPassAccumulator] = None  # made at the first pass when N > 1
+        self._slots: Dict[Any, int] = {}  # a variable's ref: its sum's position in the accumulator
         # Asynchronous training: one exchange per list of variables applied to, numbered in order of first use.
         self._async_prefix = async_prefix
         self._exchanges = None if async_prefix is None else ExchangesByList(async_prefix, "DistributedOptimizer")
@@ -54,19 +61,46 @@ class _DistributedV1Optimizer(tf.compat.v1.train.Optimizer):
         pairs = self._optimizer.compute_gradients(*args, **kwargs)
         if not pairs or self._async_prefix is not None:
             return pairs
-        gradients = self._reducer.reduce([gradient for gradient, _ in pairs])
-        return [(gradient, variable) for gradient, (_, variable) in zip(gradients, pairs)]
+        gradients = [gradient for gradient, _ in pairs]
+        variables = [variable for _, variable in pairs]
+        if self._passes == 1:
+            gradients = self._reducer.reduce(gradients)
+        else:
+            gradients = self._accumulate(gradients, variables)
+        return list(zip(gradients, variables))
 
-    def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+    def _accumulate(self, gradients: List[Any], variables: List[Any]) -> List[Any]:
+        """Horovod's order: add to the local sums; every N-th pass reduce them (and zero them), else return
+        the running sums, which :meth:`apply_gradients` does not apply."""
+        if self._accumulator is None:
+            self._accumulator = BackwardPassAccumulator(variables, self._passes)
+            self._slots = {variable.ref(): i for i, variable in enumerate(variables)}
+        missing = [variable.name for variable in variables if variable.ref() not in self._slots]
+        if missing:
+            raise ValueError(f"DistributedOptimizer(backward_passes_per_step={self._passes}) accumulates the "
+                             f"variables of its first compute_gradients call; these are new: {missing}")
+        slots = [self._slots[variable.ref()] for variable in variables]
+        return self._accumulator.reduce_every(gradients, slots, self._average_passes, self._reducer.reduce)
+
+    def apply_gradients(self, grads_and_vars: Any, global_step: Any = None, name: Optional[str] = None) -> Any:
+        """The wrapped optimizer's; with ``backward_passes_per_step=N`` only after a pass that reduced (the
+        others add 1 to ``global_step``, so that it counts passes, as Horovod's)."""
+        if self._async_prefix is None and self._accumulator is not None:
+            pairs = list(grads_and_vars)
+            applied = self._accumulator.apply_when_due(
+                lambda: self._optimizer.apply_gradients(pairs, global_step=global_step, name=name), global_step,
+                after=[gradient for gradient, _ in pairs])
+            return applied if tf.executing_eagerly() else applied.op
         if self._async_prefix is None:
-            return self._optimizer.apply_gradients(grads_and_vars, *args, **kwargs)
+            return self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
         pairs = list(grads_and_vars)
         if all(gradient is None for gradient, _ in pairs):
-            return self._optimizer.apply_gradients(pairs, *args, **kwargs)  # TF1's error for no gradients
+            # TF1's error for no gradients
+            return self._optimizer.apply_gradients(pairs, global_step=global_step, name=name)
         # Every variable of the list, those without a gradient too (a zero delta): the same list, and the same
         # servers' keys, every step.
         exchange = self._exchanges.get([variable for _, variable in pairs])
-        return exchange.around(lambda: self._optimizer.apply_gradients(pairs, *args, **kwargs))
+        return exchange.around(lambda: self._optimizer.apply_gradients(pairs, global_step=global_step, name=name))
 
     def get_slot(self, *args: Any, **kwargs: Any) -> Any:
         return self._optimizer.get_slot(*args, **kwargs)
@@ -99,8 +133,22 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
     Keras 3 optimizers support every argument, Keras 2's (with
     TF_USE_LEGACY_KERAS=1) all but the compression and asynchronous ones (see
     :func:`byteps.tensorflow.keras.DistributedOptimizer`); TF1 optimizers
-    support ``backward_passes_per_step=1`` only and no local variables.
-    Device and group arguments are accepted and ignored.
+    all but local variables. Device and group arguments are accepted and
+    ignored.
+
+    ``backward_passes_per_step=N`` with a TF1 optimizer follows Horovod's:
+    ``compute_gradients`` adds each pass's gradients to local sums (not
+    optimizer variables: they are neither in ``get_slot`` nor the
+    optimizer's ``variables()``) and every N-th pass returns them reduced
+    over the workers (divided by N if ``average_aggregated_gradients``),
+    the other passes the running sums; ``apply_gradients`` applies only
+    after a pass that reduced, and on the others adds 1 to ``global_step``
+    (if given), which thus counts passes, as with Horovod. Eagerly, in
+    ``tf.function`` and in a TF1 graph.
+
+    ``process_set`` averages over that set's ranks only; a rank outside the
+    set applies its own gradients, as Horovod's wrappers do (see
+    :mod:`byteps.tensorflow.gradients`).
 
     ``compression_params`` is BytePS's gradient compression, the dict of
     docs/compression.md, e.g. ``{"compressor": "onebit", "scaling": True,
@@ -124,16 +172,18 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
             gradient_predivide_factor=gradient_predivide_factor, op=op,
             backward_passes_per_step=backward_passes_per_step,
             average_aggregated_gradients=average_aggregated_gradients, scale_local_gradients=scale_local_gradients,
-            compression_params=compression_params)
+            compression_params=compression_params, process_set=process_set)
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
-        if backward_passes_per_step != 1:
-            raise NotImplementedError(
-                "backward_passes_per_step > 1 needs a Keras optimizer (or accumulate gradients yourself before "
-                "DistributedGradientTape); TF1 optimizers are wrapped with backward_passes_per_step=1 only")
+        check_passes(backward_passes_per_step)
+        if async_mode and backward_passes_per_step != 1:
+            raise ValueError("BYTEPS_ENABLE_ASYNC=1 with a TF1 optimizer exchanges every pass: use "
+                             "backward_passes_per_step=1, or a Keras optimizer")
         prefix = f"DistributedOptimizer.{name or type(optimizer).__name__}"
         compression, compressed = take_compression_params(compression_params, optimizer, compression, prefix,
                                                           "DistributedOptimizer")
-        reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, compressed)
-        return _DistributedV1Optimizer(optimizer, name, use_locking, reducer, prefix if async_mode else None)
+        reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, compressed,
+                                  process_set=process_set)
+        return _DistributedV1Optimizer(optimizer, name, use_locking, reducer, prefix if async_mode else None,
+                                       backward_passes_per_step, average_aggregated_gradients)
     raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer or a tf.compat.v1.train.Optimizer, "
                     f"got {type(optimizer).__module__}.{type(optimizer).__name__}")

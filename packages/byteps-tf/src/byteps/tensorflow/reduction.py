@@ -2,7 +2,8 @@
 
 A group is a list of specs, each with its input tensors:
 
-* :class:`Reduce` sums (or averages) one tensor over all workers, or, with
+* :class:`Reduce` sums (or averages) one tensor over all workers (or the ranks
+  of a process set), or, with
   ``contribute=False``, pushes zeros so the sum is the other ranks' tensor
   (BytePS's broadcast);
 * :class:`Gather` concatenates every rank's rows of one or more tensors with
@@ -95,13 +96,15 @@ class InvalidArgument(ValueError, tf.errors.InvalidArgumentError):
 
 @dataclasses.dataclass(frozen=True)
 class Reduce:
-    """Sum or average one tensor over all workers; ``contribute=False`` pushes zeros (a broadcast from ``root``)."""
+    """Sum or average one tensor over all workers (or a process set's ``view``); ``contribute=False`` pushes
+    zeros (a broadcast from ``root``)."""
 
     name: str
     average: bool
     contribute: bool = True
     root: Optional[int] = None  # a broadcast's root: ranks that name different roots fail
     compression: Optional[CompressionSpec] = None  # BytePS's compression: compressed by the core (if large enough)
+    view: Optional[RankView] = None  # a process set's ranks (not fused: fusion spans every rank); None: every rank
 
     inputs = 1
 
@@ -183,8 +186,13 @@ def _submit_reduces(run: Sequence[Tuple[Reduce, tf.Tensor]], lr: Optional[float]
         keys.append(key)
         dtypes.append(result.dtype)
         sent.append(pending)
+    first = run[0][0] if run else None
+    if first is not None and first.view is not None:
+        # A process set's tensors go one by one (as byteps-torch's), all in flight at once.
+        for pending, source, output, key, dtype in zip(sent, sources, outputs, keys, dtypes):
+            pending.core = first.view.push_pull_async(key, source, first.average, output, dtype, first.root)
+        return pendings
     if sources:
-        first = run[0][0]
         started = push_pull_group(sources, keys, first.average, outputs, dtypes, first.root,
                                   compression_spec=first.compression, lr=lr if first.compression else None)
         for pending, core in zip(sent, started):
@@ -235,7 +243,7 @@ def execute(specs: Sequence[Spec], inputs: Sequence[tf.Tensor], lr: Optional[flo
     run: List[Tuple[Reduce, tf.Tensor]] = []  # consecutive Reduce specs of one averaging flag, root, compression
 
     def kind(spec: Reduce) -> tuple:
-        return spec.average, spec.root, spec.compression
+        return spec.average, spec.root, spec.compression, spec.view
 
     try:
         for spec, tensors in _split(specs, inputs):

@@ -142,12 +142,14 @@ class BackwardPassAccumulator:
 
     def apply_when_due(self, apply: Callable[[], Any], iterations: Any, after: Sequence[Any] = ()) -> tf.Tensor:
         """After :meth:`reduce_every` (whose results are ``after``): ``apply()`` on a pass that reduced (the
-        counter is back at 0); on the others add 1 to ``iterations`` instead, as Horovod does (it counts
-        backward passes). True when applied."""
+        counter is back at 0); on the others add 1 to ``iterations`` (if not None: a TF1 ``global_step``
+        may be) instead, as Horovod does (it counts backward passes). True when applied."""
         def update() -> tf.Tensor:
             return _after([apply()], tf.constant(True))
 
         def count() -> tf.Tensor:
+            if iterations is None:
+                return tf.constant(False)
             return _after([iterations.assign_add(1, read_value=False)], tf.constant(False))
 
         with tf.control_dependencies([t for t in after if isinstance(t, tf.Tensor)]):

@@ -210,7 +210,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
         check_keras2_optimizer(optimizer)
         wrapped = distributed_class(type(optimizer)).from_config(optimizer.get_config())
         wrapped._byteps_configure(GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor,
-                                                  None, scale_local_gradients),
+                                                  None, scale_local_gradients, process_set),
                                   backward_passes_per_step, average_aggregated_gradients)
         return wrapped
     if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -224,7 +224,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
     compression, compressed = take_compression_params(compression_params, wrapped, compression, prefix,
                                                       "DistributedOptimizer")
     reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, compressed,
-                              scale_local_gradients)
+                              scale_local_gradients, process_set)
     wrapped._byteps_configure(reducer, backward_passes_per_step, average_aggregated_gradients,
                               prefix if async_mode else None)
     return wrapped
