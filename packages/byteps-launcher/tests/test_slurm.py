@@ -7,6 +7,7 @@ the test (byteps.testkit.SlurmCluster). The session that runs these
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import pytest
 
 from byteps.launcher.job_plan import UsageError
 from byteps.launcher.slurm_mode import expand_nodelist, slurm_plan
-from byteps.testkit import SlurmCluster, clean_env, rank_lines, slurm_available
+from byteps.testkit import SlurmCluster, clean_env, kill_group, processes_with_variable, rank_lines, slurm_available
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..", "..")
@@ -29,6 +30,21 @@ needs_slurm = pytest.mark.skipif(not slurm_available() and os.environ.get("BYTEP
 def cluster(tmp_path_factory):
     with SlurmCluster(tmp_path_factory.mktemp("slurm")) as running:
         yield running
+
+
+def processes_of(job_id):
+    """Pids of the processes whose environment names this job, on every node (they all live here)."""
+    return processes_with_variable("BYTEPS_JOB_ID", job_id)
+
+
+def role_of(pid):
+    """DMLC_ROLE in a process's environment ('' for bpslaunch itself, or a process gone meanwhile)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            entries = f.read().split(b"\0")
+    except OSError:
+        return ""
+    return next((e[len(b"DMLC_ROLE="):].decode() for e in entries if e.startswith(b"DMLC_ROLE=")), "")
 
 
 def environment(cluster):
@@ -65,18 +81,45 @@ def test_the_example_batch_script_runs_to_the_end(cluster, tmp_path):
 
 
 @needs_slurm
-def test_a_failing_task_ends_the_job_non_zero_and_leaves_nothing_running(cluster):
-    job_id = f"slurmfail{os.getpid()}"
-    started = time.monotonic()
-    result = subprocess.run(["srun", "-n2", "--kill-on-bad-exit=1", sys.executable, "-m", "byteps.launcher", "--",
-                             sys.executable, os.path.join(HERE, "slurm_fail_worker.py")],
-                            env={**environment(cluster), "BYTEPS_JOB_ID": job_id}, capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode != 0, result.stdout + result.stderr
-    assert time.monotonic() - started < 15 + 5, result.stdout + result.stderr  # 5 s: srun's own start
-    assert "exited with code 3" in result.stdout + result.stderr
-    leftovers = subprocess.run(["pgrep", "-f", "slurm_fail_worker.py"], capture_output=True, text=True).stdout
-    assert leftovers.strip() == "", leftovers
+def test_a_killed_worker_ends_the_job_non_zero_within_15_s_and_leaves_nothing_of_it(cluster):
+    """Worker 1 is SIGKILLed mid-job: srun exits non-zero and no scheduler, server, worker or bpslaunch of
+    the job is left, all within 15 s of the kill (found by the job id in every process's environment)."""
+    job_id = f"slurmkill{os.getpid()}"
+    srun = subprocess.Popen(["srun", "-n2", "--kill-on-bad-exit=1", sys.executable, "-m", "byteps.launcher",
+                             "--grace-period", "2", "--", sys.executable, os.path.join(HERE, "ssh_job_worker.py")],
+                            env={**environment(cluster), "BYTEPS_JOB_ID": job_id}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    try:
+        pids, deadline = {}, time.monotonic() + 90
+        while len(pids) < 2:
+            line = srun.stdout.readline()
+            assert line and time.monotonic() < deadline, "".join(lines)
+            lines.append(line)
+            found = re.search(r"PID (\d+) (\d+)", line)
+            if found:
+                pids[int(found.group(1))] = int(found.group(2))
+        job = processes_of(job_id)
+        assert {"scheduler", "server", "worker"} <= {role for pid in job for role in [role_of(pid)]}, job
+        os.kill(pids[1], signal.SIGKILL)
+        killed = time.monotonic()
+        rest, _ = srun.communicate(timeout=30)
+        ended = time.monotonic() - killed
+        while processes_of(job_id) and time.monotonic() - killed < 15:
+            time.sleep(0.1)
+        left = {pid: role_of(pid) for pid in processes_of(job_id)}
+        output = "".join(lines) + rest
+        print(f"srun ended {ended:.1f} s after the kill, the job's last process {time.monotonic() - killed:.1f} s")
+        assert srun.returncode != 0, output
+        assert ended < 15, output
+        assert left == {}, f"processes of the job outlived it by 15 s: {left}\n{output[-3000:]}"
+        assert "worker 1" in output and "was killed by SIGKILL" in output, output[-3000:]
+    finally:
+        if srun.poll() is None:
+            os.killpg(srun.pid, signal.SIGKILL)
+            srun.wait()
+        for pid in processes_of(job_id):
+            kill_group(pid)
 
 
 def test_slurm_node_lists_expand():
