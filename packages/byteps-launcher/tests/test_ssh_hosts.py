@@ -116,3 +116,40 @@ def test_bad_host_lists_are_refused_before_anything_starts(hosts, layout, fragme
     assert result.returncode == 2, result.stdout + result.stderr
     assert fragment in result.stderr, result.stderr
     assert time.monotonic() - started < 30
+
+
+def test_a_host_with_another_byteps_launcher_version_is_named_and_nothing_starts(hosts, tmp_path):
+    """127.0.0.3's Python finds byteps-launcher 9.9.9 first (a distribution's metadata ahead on its path):
+    host_problems names that host and its version, not the other; bpslaunch refuses before starting anything."""
+    from byteps.common.interface import distribution_version
+    from byteps.launcher.ssh import SshOptions, host_problems
+
+    other = tmp_path / "other-version" / "byteps_launcher-9.9.9.dist-info"
+    other.mkdir(parents=True)
+    (other / "METADATA").write_text("Metadata-Version: 2.1\nName: byteps-launcher\nVersion: 9.9.9\n")
+    # One interpreter path on every host, as with Horovod; what it finds depends on the host ssh reached
+    # (SSH_CONNECTION's third field is the server's address). PYTHONPATH: this test's own byteps, if any.
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\n"
+                      f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}\n"
+                      f'case "$SSH_CONNECTION" in *" 127.0.0.3 "*) PYTHONPATH={other.parent}:$PYTHONPATH;; esac\n'
+                      f'export PYTHONPATH\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    here = distribution_version("byteps-launcher")
+    options = SshOptions(port=hosts.port, identity_file=hosts.key, options=tuple(hosts.ssh_options()),
+                         python=str(python))
+    problems = host_problems(HOSTS, options, here)
+    assert list(problems) == ["127.0.0.3"], problems
+    assert f"has byteps-launcher 9.9.9, this host {here}" in problems["127.0.0.3"], problems
+    # And a host with the same version as this one passes: the check compares, it does not just refuse.
+    assert host_problems(HOSTS, options, "9.9.9") == {"127.0.0.2": f"has byteps-launcher {here}, this host 9.9.9: "
+                                                                    "install the same version everywhere"}
+
+    job_id = f"sshversion{os.getpid()}"
+    argv, env = bpslaunch(hosts, ["-H", "127.0.0.2:1,127.0.0.3:1", "--remote-python", str(python)],
+                          os.path.join(EXAMPLES, "hello_allreduce.py"), env={"BYTEPS_JOB_ID": job_id})
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "127.0.0.3: has byteps-launcher 9.9.9" in result.stderr and "127.0.0.2:" not in result.stderr, \
+        result.stderr
+    assert processes_of(job_id) == []
