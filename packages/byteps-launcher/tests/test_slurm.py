@@ -140,9 +140,63 @@ def test_a_slurm_task_plans_its_share_of_the_job():
     assert first.processes[0].env["DMLC_PS_ROOT_PORT"] == worker["DMLC_PS_ROOT_PORT"]
 
 
+def test_the_scheduler_is_on_the_first_node_of_the_step_not_of_the_job():
+    """A step on part of the allocation (srun -r1 -N1: node c2 only) must not look for the scheduler on c1."""
+    environ = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "c[1-2]", "SLURM_STEP_NODELIST": "c2",
+               "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "3", "SLURMD_NODENAME": "c2"}
+    plan = slurm_plan(environ, ["python", "train.py"])
+    assert {p.env["DMLC_PS_ROOT_URI"] for p in plan.processes} == {"c2"}
+    # Without the step's list (an older srun), the job's.
+    older = {k: v for k, v in environ.items() if k != "SLURM_STEP_NODELIST"}
+    assert slurm_plan(older, ["python", "train.py"]).processes[0].env["DMLC_PS_ROOT_URI"] == "c1"
+
+
+STEP = {"SLURM_NTASKS": "4", "SLURM_NNODES": "2", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "c[1-2]",
+        "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0"}
+
+
+def task(procid, node, local, **more):
+    return {**STEP, "SLURM_PROCID": str(procid), "SLURM_NODEID": str(node), "SLURM_LOCALID": str(local),
+            "SLURMD_NODENAME": f"c{node + 1}", **more}
+
+
+def test_tasks_per_node_make_each_task_one_worker_process_of_its_node():
+    """--ntasks-per-node=2 on 2 nodes: 2 machines x 2 processes; local task 0 runs the node's server."""
+    plans = {procid: slurm_plan(task(procid, procid // 2, procid % 2, SLURM_NTASKS_PER_NODE="2"), ["t"])
+             for procid in range(4)}
+    roles = {procid: [(p.role, p.rank) for p in plan.processes] for procid, plan in plans.items()}
+    assert roles == {0: [("scheduler", None), ("server", 0), ("worker", 0)], 1: [("worker", 1)],
+                     2: [("server", 1), ("worker", 2)], 3: [("worker", 3)]}
+    worker = plans[3].workers[0].env
+    assert (worker["DMLC_NUM_WORKER"], worker["DMLC_WORKER_ID"], worker["BYTEPS_LOCAL_RANK"],
+            worker["BYTEPS_LOCAL_SIZE"], worker["DMLC_NUM_SERVER"]) == ("2", "1", "1", "2", "2")
+    assert "1 worker process here, on worker machine 1 of 2 (SLURM task 3)" in plans[3].describe()
+    # SLURM's uniform form "2(x2)" reads the same.
+    assert slurm_plan(task(3, 1, 1, SLURM_NTASKS_PER_NODE="2(x2)"), ["t"]).workers[0].env["DMLC_WORKER_ID"] == "1"
+
+
+def test_gpus_on_the_node_give_one_worker_per_gpu_and_np_wins_over_every_variable():
+    one_per_node = {**STEP, "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_NODEID": "1", "SLURM_LOCALID": "0",
+                    "SLURMD_NODENAME": "c2", "SLURM_NTASKS_PER_NODE": "1"}
+    assert len(slurm_plan(one_per_node, ["t"]).workers) == 1  # the default: one per task
+    gpus = slurm_plan({**one_per_node, "SLURM_GPUS_ON_NODE": "4"}, ["t"])
+    assert [(p.rank, p.env["BYTEPS_LOCAL_RANK"]) for p in gpus.workers] == [(4, "0"), (5, "1"), (6, "2"), (7, "3")]
+    assert gpus.workers[0].env["BYTEPS_LOCAL_SIZE"] == "4"
+    # -np wins over the GPUs and over the tasks per node: every task a machine of its own again.
+    assert [p.rank for p in slurm_plan({**one_per_node, "SLURM_GPUS_ON_NODE": "4"}, ["t"], local_size=2).workers] \
+        == [2, 3]
+    per_task = slurm_plan(task(3, 1, 1, SLURM_NTASKS_PER_NODE="2", SLURM_GPUS_ON_NODE="2"), ["t"], local_size=1)
+    assert [(p.role, p.rank) for p in per_task.processes] == [("server", 3), ("worker", 3)]
+    assert per_task.workers[0].env["DMLC_NUM_WORKER"] == "4"
+
+
 @pytest.mark.parametrize("change,fragment", [
-    ({"SLURM_JOB_NODELIST": ""}, "SLURM_JOB_NODELIST is not set"),
+    ({"SLURM_JOB_NODELIST": ""}, "SLURM_STEP_NODELIST and SLURM_JOB_NODELIST are not set"),
     ({"SLURM_NTASKS": "x"}, "SLURM_NTASKS='x'"),
+    ({"SLURM_NTASKS_PER_NODE": "3", "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_LOCALID": "0"},
+     "SLURM_NTASKS_PER_NODE=3 on 1 nodes is not SLURM_NTASKS=2"),
+    ({"SLURM_NTASKS_PER_NODE": "2,1"}, "SLURM_NTASKS_PER_NODE='2,1'"),
+    ({"SLURM_GPUS_ON_NODE": "two"}, "SLURM_GPUS_ON_NODE='two'"),
 ])
 def test_a_slurm_environment_without_what_it_needs_is_refused(change, fragment):
     environ = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "c1", "SLURM_JOB_ID": "7",
