@@ -3,16 +3,17 @@
 srun starts one bpslaunch per task. From SLURM's variables every task
 agrees, without talking, on the whole job. Two layouts:
 
-* **a task per worker machine** (one task per node, or ``-np`` given):
-  ``SLURM_NTASKS`` worker machines, this one ``SLURM_PROCID``
-  (``DMLC_WORKER_ID``), each running L worker processes: ``-np L`` if
-  given, else ``SLURM_GPUS_ON_NODE`` (one per GPU of the node) when SLURM
-  gave GPUs, else 1;
-* **a task per worker process** (``--ntasks-per-node=L`` > 1, i.e.
-  ``SLURM_NTASKS_PER_NODE``, and no ``-np``): each node is a worker
-  machine (``SLURM_NODEID`` of ``SLURM_STEP_NUM_NODES``) and each task one
-  of its L worker processes (``SLURM_LOCALID`` = local rank); the node's
-  local task 0 also runs the node's server (and on node 0 the scheduler).
+* **a task per worker process** (no ``-np``, and the step has the same
+  L > 1 tasks on every node: ``SLURM_STEP_TASKS_PER_NODE``, else
+  ``SLURM_NTASKS_PER_NODE``): each node is a worker machine
+  (``SLURM_NODEID`` of ``SLURM_STEP_NUM_NODES``) and each task one of its L
+  worker processes (``SLURM_LOCALID`` = local rank); the node's local task
+  0 also runs the node's server (and on node 0 the scheduler);
+* **a task per worker machine** (otherwise: one task per node, uneven
+  tasks, or ``-np`` given): ``SLURM_NTASKS`` worker machines, this one
+  ``SLURM_PROCID`` (``DMLC_WORKER_ID``), each running L worker processes:
+  ``-np L`` if given, else ``SLURM_GPUS_ON_NODE`` (one per GPU of the
+  node) when SLURM gave GPUs, else 1.
 
 So the order is: ``-np`` wins over SLURM's variables, which win over the
 default of one worker per task. In both layouts:
@@ -101,14 +102,32 @@ class SlurmLayout:
 
 
 def _optional_number(environ: Mapping[str, str], name: str) -> Optional[int]:
-    """A count SLURM sets only in some jobs (``2``, or ``2(x3)`` for a uniform list); None when unset."""
+    """A count SLURM sets only in some jobs; None when unset."""
     raw = environ.get(name, "").strip()
     if not raw:
         return None
-    found = re.fullmatch(r"(\d+)(?:\(x\d+\))?", raw)
-    if not found or "," in raw:
-        raise UsageError(f"{name}={raw!r}: bpslaunch needs one number here (the same count on every node)")
-    return int(found.group(1))
+    if not raw.isdigit():
+        raise UsageError(f"{name}={raw!r}: expected a number of SLURM's")
+    return int(raw)
+
+
+def _tasks_per_node(environ: Mapping[str, str]) -> Optional[int]:
+    """The step's tasks on every node, when it is the same on all; None when unknown or uneven.
+
+    ``SLURM_STEP_TASKS_PER_NODE`` (what srun really placed, e.g. ``2(x3)``) first: a batch script's
+    ``SLURM_NTASKS_PER_NODE`` is inherited by every step, also by one that asked for fewer tasks."""
+    for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"):
+        raw = environ.get(name, "").strip()
+        if not raw:
+            continue
+        counts = set()
+        for part in raw.split(","):
+            found = re.fullmatch(r"(\d+)(?:\(x\d+\))?", part.strip())
+            if not found:
+                raise UsageError(f"{name}={raw!r}: cannot read SLURM's task counts")
+            counts.add(int(found.group(1)))
+        return counts.pop() if len(counts) == 1 else None
+    return None
 
 
 def slurm_layout(environ: Mapping[str, str], local_size: Optional[int] = None) -> SlurmLayout:
@@ -116,15 +135,15 @@ def slurm_layout(environ: Mapping[str, str], local_size: Optional[int] = None) -
     tasks, task = _number(environ, "SLURM_NTASKS"), _number(environ, "SLURM_PROCID")
     if local_size is not None:
         return SlurmLayout(tasks, task, local_size, range(local_size), True, f"-np {local_size}")
-    per_node = _optional_number(environ, "SLURM_NTASKS_PER_NODE")
+    per_node = _tasks_per_node(environ)
     if per_node is not None and per_node > 1:
         nodes = _number(environ, "SLURM_STEP_NUM_NODES" if environ.get("SLURM_STEP_NUM_NODES") else "SLURM_NNODES")
         if nodes * per_node != tasks:
-            raise UsageError(f"SLURM_NTASKS_PER_NODE={per_node} on {nodes} nodes is not SLURM_NTASKS={tasks}: a task "
-                             "per worker process needs the same number of tasks on every node (or give -np)")
+            raise UsageError(f"{per_node} tasks per node on {nodes} nodes is not SLURM_NTASKS={tasks}: a task per "
+                             "worker process needs the same number of tasks on every node (or give -np)")
         node, local = _number(environ, "SLURM_NODEID"), _number(environ, "SLURM_LOCALID")
         return SlurmLayout(nodes, node, per_node, range(local, local + 1), local == 0,
-                           f"SLURM_NTASKS_PER_NODE={per_node}")
+                           f"{per_node} tasks per node")
     gpus = _optional_number(environ, "SLURM_GPUS_ON_NODE")
     if gpus:
         return SlurmLayout(tasks, task, gpus, range(gpus), True, f"SLURM_GPUS_ON_NODE={gpus}")
