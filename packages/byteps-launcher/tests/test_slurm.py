@@ -35,7 +35,8 @@ needs_slurm = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=2) as running:
+    # Two GPUs per node, as SLURM counts them (no device here): a step that asks gets SLURM_GPUS_ON_NODE.
+    with SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=2, gpus_per_node=2) as running:
         yield running
 
 
@@ -56,6 +57,26 @@ def role_of(pid):
 
 def environment(cluster):
     return clean_env({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **cluster.env})
+
+
+def batch(cluster, args, env=None, timeout_s=300):
+    """``sbatch ARGS`` and wait for the job's end; its state and exit code, as slurmctld reports them.
+
+    Polled every 0.5 s: ``sbatch --wait`` polls at growing intervals and saw 12 s jobs end after 42 s."""
+    submitted = subprocess.run(["sbatch", "--parsable", *args], env=env or environment(cluster), capture_output=True,
+                               text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        shown = subprocess.run(["scontrol", "-o", "show", "job", job], env=environment(cluster), capture_output=True,
+                               text=True, timeout=30).stdout
+        state = re.search(r"JobState=(\S+)", shown).group(1)
+        if state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            return state, re.search(r" ExitCode=(\S+)", shown).group(1)
+        time.sleep(0.5)
+    subprocess.run(["scancel", job], env=environment(cluster))
+    raise AssertionError(f"batch job {job} still running after {timeout_s} s")
 
 
 def ran(output):
@@ -88,10 +109,9 @@ def test_the_example_batch_script_runs_on_two_nodes(cluster, tmp_path):
     out = tmp_path / "job.out"
     env = {**environment(cluster), "PYTHON": sys.executable, "BYTEPS_EXAMPLES": os.path.abspath(EXAMPLES)}
     # As written: --nodes=2 --ntasks-per-node=1, each node a worker machine.
-    result = subprocess.run(["sbatch", "--wait", f"--output={out}", os.path.join(EXAMPLES, "slurm", "train.sbatch")],
-                            env=env, capture_output=True, text=True, timeout=300)
+    state = batch(cluster, [f"--output={out}", os.path.join(EXAMPLES, "slurm", "train.sbatch")], env=env)
     text = out.read_text() if out.exists() else ""
-    assert result.returncode == 0, result.stdout + result.stderr + text[-4000:]
+    assert state == ("COMPLETED", "0:0"), f"{state}\n{text[-4000:]}"
     assert "2 servers, 2 worker processes on 2 machines" in text, text[-3000:]
     assert re.search(r"held-out accuracy 0\.\d+", text), text[-3000:]
 
@@ -108,10 +128,9 @@ def test_steps_of_a_batch_job_tasks_per_node_np_and_a_step_on_part_of_the_alloca
                       f"echo STEP np; srun -N2 --ntasks-per-node=2 {launch} -np 1 -- {sys.executable} {WORKER}\n"
                       f"echo STEP part; srun -N1 -n1 -r1 {launch} -- {sys.executable} {WORKER}\n")
     out = tmp_path / "steps.out"
-    result = subprocess.run(["sbatch", "--wait", "-N2", "--ntasks-per-node=2", f"--output={out}", str(script)],
-                            env=environment(cluster), capture_output=True, text=True, timeout=300)
+    state = batch(cluster, ["-N2", "--ntasks-per-node=2", f"--output={out}", str(script)])
     text = out.read_text() if out.exists() else ""
-    assert result.returncode == 0, result.stdout + result.stderr + text[-4000:]
+    assert state == ("COMPLETED", "0:0"), f"{state}\n{text[-4000:]}"
     steps = dict(re.findall(r"STEP (\S+)\n(.*?)(?=STEP |\Z)", text, re.S))
     per_node, np_one, part = ran(steps["per-node"]), ran(steps["np"]), ran(steps["part"])
     # 2 machines x 2: ranks 0-1 on n1 (machine 0), 2-3 on n2; every process summed 1+2+3+4
@@ -122,6 +141,17 @@ def test_steps_of_a_batch_job_tasks_per_node_np_and_a_step_on_part_of_the_alloca
     assert {v[6] for v in np_one.values()} == {10.0}
     # the step runs on n2 only: its scheduler is there (the job's first node, n1, is not in the step)
     assert part == {0: (1, "n2", 0, 0, 1, "n2", 1.0)}, steps["part"]
+
+
+@needs_slurm
+def test_gpus_given_by_slurm_make_one_worker_per_gpu_on_each_node(cluster):
+    result = subprocess.run(["srun", "-N2", "-n2", "--gpus-per-node=2", "--kill-on-bad-exit=1", sys.executable, "-m",
+                             "byteps.launcher", "--", sys.executable, WORKER], env=environment(cluster),
+                            capture_output=True, text=True, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    # SLURM_GPUS_ON_NODE=2: each task (node) a machine of two worker processes
+    assert ran(output) == {r: (4, f"n{r // 2 + 1}", r // 2, r % 2, 2, "n1", 10.0) for r in range(4)}, output[-3000:]
 
 
 @needs_slurm

@@ -98,7 +98,6 @@ class SlurmLayout:
     local_size: int  # worker processes per machine (BYTEPS_LOCAL_SIZE)
     local_ranks: range  # the local ranks this task runs
     runs_services: bool  # this task runs its machine's server (if the machine has one) and, on machine 0, the scheduler
-    source: str  # what decided the local size, for the job's first line
 
 
 def _optional_number(environ: Mapping[str, str], name: str) -> Optional[int]:
@@ -134,7 +133,7 @@ def slurm_layout(environ: Mapping[str, str], local_size: Optional[int] = None) -
     """This task's place; ``local_size`` is ``-np``, which wins over SLURM's variables (see the module docstring)."""
     tasks, task = _number(environ, "SLURM_NTASKS"), _number(environ, "SLURM_PROCID")
     if local_size is not None:
-        return SlurmLayout(tasks, task, local_size, range(local_size), True, f"-np {local_size}")
+        return SlurmLayout(tasks, task, local_size, range(local_size), True)
     per_node = _tasks_per_node(environ)
     if per_node is not None and per_node > 1:
         nodes = _number(environ, "SLURM_STEP_NUM_NODES" if environ.get("SLURM_STEP_NUM_NODES") else "SLURM_NNODES")
@@ -142,12 +141,11 @@ def slurm_layout(environ: Mapping[str, str], local_size: Optional[int] = None) -
             raise UsageError(f"{per_node} tasks per node on {nodes} nodes is not SLURM_NTASKS={tasks}: a task per "
                              "worker process needs the same number of tasks on every node (or give -np)")
         node, local = _number(environ, "SLURM_NODEID"), _number(environ, "SLURM_LOCALID")
-        return SlurmLayout(nodes, node, per_node, range(local, local + 1), local == 0,
-                           f"{per_node} tasks per node")
+        return SlurmLayout(nodes, node, per_node, range(local, local + 1), local == 0)
     gpus = _optional_number(environ, "SLURM_GPUS_ON_NODE")
     if gpus:
-        return SlurmLayout(tasks, task, gpus, range(gpus), True, f"SLURM_GPUS_ON_NODE={gpus}")
-    return SlurmLayout(tasks, task, 1, range(1), True, "one per task (default)")
+        return SlurmLayout(tasks, task, gpus, range(gpus), True)
+    return SlurmLayout(tasks, task, 1, range(1), True)
 
 
 def slurm_plan(environ: Mapping[str, str], command: Sequence[str], local_size: Optional[int] = None,

@@ -9,7 +9,8 @@ children and are stopped by their pids when the context ends, whatever
 happened. :attr:`env` is what ``srun``/``sbatch`` need (``SLURM_CONF``).
 
 One node (the default) is this machine as ``slurmd -C`` describes it. With
-``nodes=N`` (root and ``ip`` needed) every node is a network namespace of
+``nodes=N`` (root and ``ip`` needed; ``gpus_per_node`` gives each node
+GPUs as SLURM counts them, see :meth:`_gpu_files`) every node is a network namespace of
 the cluster's own (``n1`` .. ``nN``, 10.x.y.2.., on a bridge whose address
 10.x.y.1 is slurmctld's, here), each with a slurmd of its own (``slurmd -N
 nK``) in it: Debian's slurmd is not built for several daemons on one
@@ -32,6 +33,7 @@ import ipaddress
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import time
 from typing import Dict, List
@@ -61,12 +63,13 @@ def _free_subnet() -> ipaddress.IPv4Network:
 class SlurmCluster:
     """One node (this machine), or ``nodes`` nodes in network namespaces, in partition ``debug``."""
 
-    def __init__(self, folder: str, nodes: int = 1, cpus_per_node: int = 2) -> None:
+    def __init__(self, folder: str, nodes: int = 1, cpus_per_node: int = 2, gpus_per_node: int = 0) -> None:
         self.folder = os.path.abspath(str(folder))
         self.conf = os.path.join(self.folder, "slurm.conf")
         self.env: Dict[str, str] = {"SLURM_CONF": self.conf}
         self.nodes = nodes
         self.cpus_per_node = cpus_per_node
+        self.gpus_per_node = gpus_per_node
         #: The nodes' names and addresses (several nodes only).
         self.addresses: Dict[str, str] = {}
         self._daemons: List[subprocess.Popen] = []
@@ -96,8 +99,15 @@ class SlurmCluster:
             else:
                 controller = f"{socket.gethostname().split('.')[0]}({self._network()})"
                 name = f"n[1-{self.nodes}]"
-                node_lines = [f"NodeName={node} NodeAddr={address} CPUs={self.cpus_per_node} RealMemory=1000 "
-                              "State=UNKNOWN" for node, address in self.addresses.items()]
+                gres = f" Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else ""
+                node_lines = [f"NodeName={node} NodeAddr={address} CPUs={self.cpus_per_node} RealMemory=1000"
+                              f"{gres} State=UNKNOWN" for node, address in self.addresses.items()]
+                if self.gpus_per_node:
+                    node_lines.insert(0, "GresTypes=gpu")
+                    self._gpu_files()
+                    with open(self._path("gres.conf"), "w") as f:
+                        f.write(f"AutoDetect=off\nNodeName={name} Name=gpu "
+                                f"File={self._path('dev', 'nvidia')}[0-{self.gpus_per_node - 1}]\n")
                 spool, pid_file, log_file = self._path("spool", "%n"), self._path("slurmd-%n.pid"), "slurmd-%n.log"
                 for node in self.addresses:
                     os.makedirs(self._path("spool", node), exist_ok=True)
@@ -161,6 +171,16 @@ class SlurmCluster:
         with open(self._path("hosts"), "w") as f:
             f.write("127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in self.addresses.items()))
         return str(hosts[0])
+
+    def _gpu_files(self) -> None:
+        """GPUs as SLURM counts them: slurmd wants a character device per GPU (gres.conf ``File=``) and
+        reads no more than its name's number; these are /dev/null's numbers under GPU names, in the test's
+        folder, never opened. A step that asks (``--gpus-per-node``) gets SLURM_GPUS_ON_NODE."""
+        os.makedirs(self._path("dev"), exist_ok=True)
+        for index in range(self.gpus_per_node):
+            path = self._path("dev", f"nvidia{index}")
+            if not os.path.exists(path):
+                os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
 
     @staticmethod
     def _ip(*args: str) -> None:
