@@ -20,7 +20,15 @@ import pytest
 
 from byteps.launcher.job_plan import UsageError
 from byteps.launcher.slurm_mode import expand_nodelist, slurm_plan
-from byteps.testkit import SlurmCluster, clean_env, kill_group, processes_with_variable, rank_lines, slurm_available
+from byteps.testkit import (
+    SlurmCluster,
+    clean_env,
+    kill_group,
+    processes_with_variable,
+    rank_lines,
+    slurm_available,
+    variable_of,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..", "..")
@@ -44,15 +52,6 @@ def processes_of(job_id):
     """Pids of the processes whose environment names this job, on every node (they all live here)."""
     return processes_with_variable("BYTEPS_JOB_ID", job_id)
 
-
-def role_of(pid):
-    """DMLC_ROLE in a process's environment ('' for bpslaunch itself, or a process gone meanwhile)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            entries = f.read().split(b"\0")
-    except OSError:
-        return ""
-    return next((e[len(b"DMLC_ROLE="):].decode() for e in entries if e.startswith(b"DMLC_ROLE=")), "")
 
 
 def environment(cluster):
@@ -174,7 +173,7 @@ def test_a_killed_worker_ends_the_job_non_zero_within_15_s_and_leaves_nothing_of
             found = re.search(r"PID (\d+) (\d+)", line)
             if found:
                 pids[int(found.group(1))] = int(found.group(2))
-        roles = collections.Counter(role_of(pid) for pid in processes_of(job_id))
+        roles = collections.Counter(variable_of(pid, "DMLC_ROLE") for pid in processes_of(job_id))
         assert roles["scheduler"] == 1 and roles["server"] == 2 and roles["worker"] == 2, roles
         os.kill(pids[1], signal.SIGKILL)
         killed = time.monotonic()
@@ -182,7 +181,7 @@ def test_a_killed_worker_ends_the_job_non_zero_within_15_s_and_leaves_nothing_of
         ended = time.monotonic() - killed
         while processes_of(job_id) and time.monotonic() - killed < 15:
             time.sleep(0.1)
-        left = {pid: role_of(pid) for pid in processes_of(job_id)}
+        left = {pid: variable_of(pid, "DMLC_ROLE") for pid in processes_of(job_id)}
         output = "".join(lines) + rest
         print(f"srun ended {ended:.1f} s after the kill, the job's last process {time.monotonic() - killed:.1f} s")
         assert srun.returncode != 0, output

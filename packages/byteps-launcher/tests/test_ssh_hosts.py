@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from byteps.testkit import clean_env, processes_with_variable, rank_lines
+from byteps.testkit import clean_env, processes_with_variable, rank_lines, variable_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "..", "..", "examples", "torch")
@@ -32,15 +32,6 @@ def processes_of(job_id):
     """Pids of the processes whose environment names this job (on every "host": they all live here)."""
     return processes_with_variable("BYTEPS_JOB_ID", job_id)
 
-
-def role_of(pid):
-    """DMLC_ROLE in a process's environment ('' for a launcher or ssh, or a process gone meanwhile)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            entries = f.read().split(b"\0")
-    except OSError:
-        return ""
-    return next((e[len(b"DMLC_ROLE="):].decode() for e in entries if e.startswith(b"DMLC_ROLE=")), "")
 
 
 def test_two_hosts_of_two_slots_train_the_digits_example(hosts):
@@ -95,7 +86,7 @@ def test_killing_a_remote_worker_ends_the_job_and_leaves_no_process_on_any_host(
             found = re.search(r"PID (\d+) (\d+)", line)
             if found:
                 pids[int(found.group(1))] = int(found.group(2))
-        roles = collections.Counter(role_of(pid) for pid in processes_of(job_id))
+        roles = collections.Counter(variable_of(pid, "DMLC_ROLE") for pid in processes_of(job_id))
         assert roles["scheduler"] == 1 and roles["server"] == 2 and roles["worker"] == 2, roles
         os.kill(pids[1], signal.SIGKILL)  # worker 1 lives on 127.0.0.3
         killed = time.monotonic()
@@ -106,7 +97,7 @@ def test_killing_a_remote_worker_ends_the_job_and_leaves_no_process_on_any_host(
         assert "worker 1" in rest and "on 127.0.0.3" in rest, rest
         while processes_of(job_id) and time.monotonic() - killed < 15:  # the promise: nothing left by 15 s
             time.sleep(0.1)
-        left = {pid: role_of(pid) for pid in processes_of(job_id)}
+        left = {pid: variable_of(pid, "DMLC_ROLE") for pid in processes_of(job_id)}
         print(f"bpslaunch ended {ended:.1f} s after the kill, the job's last process {time.monotonic() - killed:.1f} s")
         assert left == {}, f"processes of the job outlived it by 15 s: {left}"
     finally:
