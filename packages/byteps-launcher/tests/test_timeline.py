@@ -157,8 +157,11 @@ def test_a_server_clock_3_s_behind_is_found_within_its_bound_and_the_merge_puts_
     starts = {e["id"]: e for e in events if e["ph"] == "s"}
     ends = {e["id"]: e for e in events if e["ph"] == "f"}
     assert len(starts) == 80 and starts.keys() == ends.keys()
-    for flow_id, start in starts.items():  # push -> receive and sum -> pull, each in order on one clock
-        assert ends[flow_id]["ts"] >= start["ts"], (start, ends[flow_id])
+    # push -> receive and sum -> pull, each in order on the scheduler's clock, up to the server's stated error
+    # bound (the merge corrects by the estimate, which is that close to the truth; 3 s off without it)
+    bound_us = server["clock_error_s"] * 1e6
+    for flow_id, start in starts.items():
+        assert ends[flow_id]["ts"] >= start["ts"] - bound_us, (start, ends[flow_id], bound_us)
 
 
 def test_local_aggregation_stages_are_traced_on_both_local_ranks(tmp_path):
