@@ -408,8 +408,9 @@ ENGINE_PACKAGES = {"/usr/sbin/sshd": "openssh-server", "/usr/sbin/munged": "mung
 @nox.session(name="tests-engines")
 def tests_engines(session: nox.Session) -> None:
     """Jobs started through real cluster engines: bpslaunch -H over ssh to one sshd per loopback address,
-    srun/sbatch bpslaunch on a one-node SLURM cluster (munged, slurmctld, slurmd) the tests start, and
-    RayExecutor on a two-node Ray cluster (ray start) in a network namespace of the test's.
+    srun/sbatch bpslaunch on a two-node SLURM cluster the tests start (munged and slurmctld here, a slurmd
+    in each of two network namespaces), and RayExecutor / BytePSTrainer on a two-node Ray cluster (ray
+    start) in a network namespace of the test's. Needs root (namespaces).
 
     Installs the engines from Debian's packages when missing (needs root and
     apt-get, as CI has), so that no engine test is skipped for want of a package.

@@ -3,15 +3,18 @@
 Usage: python ray_driver.py ADDRESS digits|kill|cpus|train|train-fails|train-cpus
 digits: 2 worker actors and 1 server actor train the digits model; prints each worker's accuracy.
 kill:   the workers push_pull for up to 60 s; worker 1's actor is killed after 3 s; prints how long run()
-        took to raise, and what.
+        took to raise, and what, and which processes of the job (its BYTEPS_JOB_ID in their environment,
+        or a worker actor's pid) were still alive 15 s after the kill.
 cpus:   asks for more CPUs than the cluster has; prints the error.
 train:  the same training through Ray Train (BytePSTrainer, 2 workers, 1 server); prints rank 0's accuracy.
-train-fails: a Ray Train run whose rank 1 raises; prints the error fit() raised.
+train-fails: a Ray Train run whose rank 1 raises; prints the error fit() raised, how long after the raise,
+        and the processes of the job still alive 15 s after the raise.
 train-cpus: a Ray Train run whose servers ask for more CPUs than its workers left free; prints the error.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -79,39 +82,60 @@ def failing_loop(config: dict) -> None:
 
     bps.init()
     bps.push_pull(np.ones(10, np.float32), name="first")
+    with open(os.path.join(config["notes"], f"pid-{bps.rank()}"), "w") as note:
+        note.write(str(os.getpid()))
     if bps.rank() == 1:
+        with open(os.path.join(config["notes"], "raised"), "w") as note:
+            note.write(repr(time.time()))  # one machine: the driver reads the same wall clock
         raise RuntimeError("rank 1 gives up")
     push_pull_for(30)
 
 
 def fit(loop, num_servers: int = 1) -> None:
+    import tempfile
+
     from ray.train import RunConfig, ScalingConfig
 
     from byteps.launcher.ray_train import BytePSConfig, BytePSTrainer
 
-    trainer = BytePSTrainer(loop, train_loop_config={"epochs": 10},
+    job_id = f"raytrain{os.getpid()}"
+    notes = tempfile.mkdtemp(prefix="byteps-ray-train-notes")
+    trainer = BytePSTrainer(loop, train_loop_config={"epochs": 10, "notes": notes},
                             scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
-                            byteps_config=BytePSConfig(num_servers=num_servers, cpus_per_server=1),
+                            byteps_config=BytePSConfig(num_servers=num_servers, cpus_per_server=1,
+                                                       env={"BYTEPS_JOB_ID": job_id}),
                             run_config=RunConfig(storage_path="/tmp/byteps-ray-train"))
     started = time.monotonic()
     try:
         result = trainer.fit()
         print(f"ACCURACY {result.return_value:.3f}", flush=True)
     except Exception as exc:  # noqa: BLE001 - what fit() raised is the point
-        print(f"FIT RAISED {type(exc).__name__} after {time.monotonic() - started:.1f} s", flush=True)
+        raised = os.path.join(notes, "raised")
+        since = time.time() - float(open(raised).read()) if os.path.exists(raised) else time.monotonic() - started
+        print(f"FIT RAISED {type(exc).__name__} after {since:.1f} s", flush=True)
         print(f"ERROR TEXT {str(exc)[:1000]!r}", flush=True)
-        print(f"SERVERS LEFT {servers_left_after(15)}", flush=True)
+        pids = [int(open(os.path.join(notes, name)).read()) for name in os.listdir(notes) if name.startswith("pid-")]
+        print(f"LEFT {left_after(job_id, pids, 15 - since)}", flush=True)
 
 
-def servers_left_after(seconds: float) -> int:
-    """How many byteps scheduler/server processes still run after up to ``seconds`` (they must all stop)."""
-    import subprocess
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def left_after(job_id: str, pids, seconds: float) -> list:
+    """The processes of the job still alive after up to ``seconds``: those with ``BYTEPS_JOB_ID=job_id`` in their
+    environment (scheduler, servers, and worker actors that carry it) and ``pids`` (workers known by pid)."""
+    from byteps.testkit import processes_with_variable
 
     deadline = time.monotonic() + seconds
     while True:
-        found = subprocess.run(["pgrep", "-f", "-m byteps.server"], capture_output=True, text=True).stdout.split()
+        found = sorted(set(processes_with_variable("BYTEPS_JOB_ID", job_id)) | {p for p in pids if _alive(p)})
         if not found or time.monotonic() > deadline:
-            return len(found)
+            return found
         time.sleep(0.2)
 
 
@@ -127,13 +151,21 @@ def main() -> None:
         except ValueError as exc:
             print(f"REFUSED {exc}", flush=True)
         return
-    executor = RayExecutor(num_workers=2, num_servers=1, cpus_per_worker=1, cpus_per_server=1)
+    job_id = f"rayexec{os.getpid()}"
+    executor = RayExecutor(num_workers=2, num_servers=1, cpus_per_worker=1, cpus_per_server=1,
+                           env={"BYTEPS_JOB_ID": job_id})
     executor.start()
     if mode == "digits":
         print("ACCURACIES " + " ".join(f"{a:.3f}" for a in executor.run(train_digits, args=(10,))), flush=True)
         executor.shutdown()
         return
     victim = executor.workers[1]
+    worker_pids = ray.get([worker.pid.remote() for worker in executor.workers])
+    from byteps.testkit import processes_with_variable
+
+    carrying = set(processes_with_variable("BYTEPS_JOB_ID", job_id))
+    # the job's id is in the environment of the worker actors' processes too, not only in the byteps ones
+    print(f"JOB PROCESSES {len(carrying)} WORKERS CARRY THE ID {set(worker_pids) <= carrying}", flush=True)
     killed = []
 
     def kill_later() -> None:
@@ -147,7 +179,7 @@ def main() -> None:
         print("NOT RAISED", flush=True)
     except Exception as exc:  # noqa: BLE001 - what run() raised is the point
         print(f"RAISED {type(exc).__name__} after {time.monotonic() - killed[0]:.1f} s", flush=True)
-    assert executor.workers == [] and executor.services == []
+    print(f"LEFT {left_after(job_id, worker_pids, 15 - (time.monotonic() - killed[0]))}", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ through ssh, as on a real cluster. The session that runs these
 (`nox -s tests-engines`) installs openssh-server from Debian's packages.
 """
 
+import collections
 import os
 import re
 import signal
@@ -15,7 +16,7 @@ import time
 
 import pytest
 
-from byteps.testkit import clean_env, processes_with_variable, rank_lines
+from byteps.testkit import clean_env, processes_with_variable, rank_lines, variable_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "..", "..", "examples", "torch")
@@ -30,6 +31,7 @@ def bpslaunch(hosts, layout, script, args=(), env=None):
 def processes_of(job_id):
     """Pids of the processes whose environment names this job (on every "host": they all live here)."""
     return processes_with_variable("BYTEPS_JOB_ID", job_id)
+
 
 
 def test_two_hosts_of_two_slots_train_the_digits_example(hosts):
@@ -84,16 +86,20 @@ def test_killing_a_remote_worker_ends_the_job_and_leaves_no_process_on_any_host(
             found = re.search(r"PID (\d+) (\d+)", line)
             if found:
                 pids[int(found.group(1))] = int(found.group(2))
+        roles = collections.Counter(variable_of(pid, "DMLC_ROLE") for pid in processes_of(job_id))
+        assert roles["scheduler"] == 1 and roles["server"] == 2 and roles["worker"] == 2, roles
         os.kill(pids[1], signal.SIGKILL)  # worker 1 lives on 127.0.0.3
         killed = time.monotonic()
         rest, _ = launcher.communicate(timeout=30)
-        assert time.monotonic() - killed < 15, "".join(lines) + rest
+        ended = time.monotonic() - killed
+        assert ended < 15, "".join(lines) + rest
         assert launcher.returncode != 0, "".join(lines) + rest
         assert "worker 1" in rest and "on 127.0.0.3" in rest, rest
-        deadline = time.monotonic() + 10
-        while processes_of(job_id) and time.monotonic() < deadline:
+        while processes_of(job_id) and time.monotonic() - killed < 15:  # the promise: nothing left by 15 s
             time.sleep(0.1)
-        assert processes_of(job_id) == [], "processes of the job outlived it"
+        left = {pid: variable_of(pid, "DMLC_ROLE") for pid in processes_of(job_id)}
+        print(f"bpslaunch ended {ended:.1f} s after the kill, the job's last process {time.monotonic() - killed:.1f} s")
+        assert left == {}, f"processes of the job outlived it by 15 s: {left}"
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
@@ -116,3 +122,40 @@ def test_bad_host_lists_are_refused_before_anything_starts(hosts, layout, fragme
     assert result.returncode == 2, result.stdout + result.stderr
     assert fragment in result.stderr, result.stderr
     assert time.monotonic() - started < 30
+
+
+def test_a_host_with_another_byteps_launcher_version_is_named_and_nothing_starts(hosts, tmp_path):
+    """127.0.0.3's Python finds byteps-launcher 9.9.9 first (a distribution's metadata ahead on its path):
+    host_problems names that host and its version, not the other; bpslaunch refuses before starting anything."""
+    from byteps.common.interface import distribution_version
+    from byteps.launcher.ssh import SshOptions, host_problems
+
+    other = tmp_path / "other-version" / "byteps_launcher-9.9.9.dist-info"
+    other.mkdir(parents=True)
+    (other / "METADATA").write_text("Metadata-Version: 2.1\nName: byteps-launcher\nVersion: 9.9.9\n")
+    # One interpreter path on every host, as with Horovod; what it finds depends on the host ssh reached
+    # (SSH_CONNECTION's third field is the server's address). PYTHONPATH: this test's own byteps, if any.
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\n"
+                      f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}\n"
+                      f'case "$SSH_CONNECTION" in *" 127.0.0.3 "*) PYTHONPATH={other.parent}:$PYTHONPATH;; esac\n'
+                      f'export PYTHONPATH\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    here = distribution_version("byteps-launcher")
+    options = SshOptions(port=hosts.port, identity_file=hosts.key, options=tuple(hosts.ssh_options()),
+                         python=str(python))
+    problems = host_problems(HOSTS, options, here)
+    assert list(problems) == ["127.0.0.3"], problems
+    assert f"has byteps-launcher 9.9.9, this host {here}" in problems["127.0.0.3"], problems
+    # And a host with the same version as this one passes: the check compares, it does not just refuse.
+    assert host_problems(HOSTS, options, "9.9.9") == {"127.0.0.2": f"has byteps-launcher {here}, this host 9.9.9: "
+                                                                    "install the same version everywhere"}
+
+    job_id = f"sshversion{os.getpid()}"
+    argv, env = bpslaunch(hosts, ["-H", "127.0.0.2:1,127.0.0.3:1", "--remote-python", str(python)],
+                          os.path.join(EXAMPLES, "hello_allreduce.py"), env={"BYTEPS_JOB_ID": job_id})
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "127.0.0.3: has byteps-launcher 9.9.9" in result.stderr and "127.0.0.2:" not in result.stderr, \
+        result.stderr
+    assert processes_of(job_id) == []

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 
-from byteps.testkit import clean_env, free_port, is_alive, kill_group, process_state, unset_byteps_env, wait_until_dead
+from byteps.testkit import (
+    clean_env,
+    free_port,
+    is_alive,
+    kill_group,
+    process_state,
+    processes_with_variable,
+    unset_byteps_env,
+    variable_of,
+    wait_until_dead,
+)
 
 
 def test_free_port_can_be_bound_on_loopback():
@@ -56,3 +67,16 @@ def test_unset_byteps_env_is_undone_by_monkeypatch(monkeypatch):
         unset_byteps_env(scoped)
         assert "DMLC_ROLE" not in os.environ
     assert os.environ["DMLC_ROLE"] == "worker"
+
+
+def test_a_process_is_found_by_a_variable_and_its_variables_read():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                             env=clean_env({"BYTEPS_JOB_ID": "findme123", "DMLC_ROLE": "server"}))
+    try:
+        assert processes_with_variable("BYTEPS_JOB_ID", "findme123") == [child.pid]
+        assert variable_of(child.pid, "DMLC_ROLE") == "server"
+        assert variable_of(child.pid, "DMLC_NUM_WORKER") == ""
+    finally:
+        child.kill()
+        child.wait()
+    assert variable_of(child.pid, "DMLC_ROLE") == "" and processes_with_variable("BYTEPS_JOB_ID", "findme123") == []

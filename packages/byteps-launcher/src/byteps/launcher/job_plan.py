@@ -123,7 +123,7 @@ class JobPlan:
             text = _count(workers, "worker process", "worker processes")
             if self.mode == "slurm":
                 text += (f" here, on worker machine {config.worker_id} of {config.num_worker} "
-                         f"(SLURM task {config.worker_id})")
+                         f"(SLURM task {self.workers[0].env.get('SLURM_PROCID', config.worker_id)})")
             elif self.mode == "ssh":
                 hosts = list(dict.fromkeys(p.host or "localhost" for p in self.workers))
                 text += f" ({_count(len(hosts), 'host')} x {config.local_size}: {', '.join(hosts)})"

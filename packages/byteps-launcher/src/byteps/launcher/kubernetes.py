@@ -1,7 +1,7 @@
 """Kubernetes manifests for a byteps job: ``bpslaunch kubernetes --workers 4 --servers 4 --image IMG -- CMD``.
 
 Prints one JSON ``List`` (``kubectl apply -f job.json``; JSON is YAML too)
-of six objects, all named after ``--name`` and labelled ``byteps-job``:
+of five objects, all named after ``--name`` and labelled ``byteps-job``:
 
 * a ``Secret`` holding the job secret (``BYTEPS_JOB_SECRET``, generated),
   read by every pod through ``secretKeyRef``, never written in a command;
@@ -14,15 +14,28 @@ of six objects, all named after ``--name`` and labelled ``byteps-job``:
   ``DMLC_WORKER_ID`` = its completion index from the downward API, with
   ``--local-size L`` worker processes). Jobs rather than a Deployment or
   StatefulSet: byteps servers exit when every worker has finished, and a
-  Deployment would restart them; with ``backoffLimit: 0`` and
-  ``restartPolicy: Never`` a failed pod fails its Job, and the job's
-  heartbeats end the other pods within seconds, as bpslaunch ends them on
-  one machine. ``ttlSecondsAfterFinished`` cleans up.
+  Deployment would restart them. ``ttlSecondsAfterFinished`` cleans up.
 * ``DMLC_NODE_HOST`` is each pod's IP (downward API ``status.podIP``).
+
+The pods may start in any order. A worker or server that starts before
+the scheduler keeps connecting to the Service's name (ZeroMQ looks it up
+again on every attempt); the scheduler looks its own name up until the
+Service publishes it (``byteps-server``); nobody's rendezvous completes
+until the scheduler has every server and every worker, so workers wait for
+the servers without a readiness probe. A container that fails anyway (lost
+a race we did not foresee, a node hiccup) is restarted in its pod
+(``restartPolicy: OnFailure``, same IP and index) up to ``BACKOFF_LIMIT``
+times before its Job fails; a restarted pod registers again and the job
+goes on. A process that fails once training runs ends the job: the other
+pods' heartbeats end them within seconds, as bpslaunch ends them on one
+machine, and their restarts fail the Jobs once BACKOFF_LIMIT is spent.
 
 Not run on a live cluster here: the tests check every object against the
 Kubernetes API's models (the ``kubernetes`` client) and the wiring between
-them; docs/clusters.md says so.
+them, and run every container's command as a local process with the
+environment its manifest gives it, the Service's name resolved through a
+hosts file, started in every order; docs/clusters.md says what that leaves
+unverified.
 
 Example::
 
@@ -38,9 +51,11 @@ import secrets
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-__all__ = ["manifests", "main"]
+__all__ = ["manifests", "main", "BACKOFF_LIMIT", "SCHEDULER_PORT"]
 
 SCHEDULER_PORT = 9000
+#: Restarts of a failed container before its Job fails (restartPolicy OnFailure).
+BACKOFF_LIMIT = 4
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?")
 
 
@@ -57,9 +72,9 @@ def _job(name: str, job: str, role: str, pods: int, image: str, command: List[st
     if resources:
         container["resources"] = resources
     spec: Dict[str, Any] = {
-        "completions": pods, "parallelism": pods, "backoffLimit": 0, "ttlSecondsAfterFinished": 600,
-        "template": {"metadata": {"labels": labels},
-                     "spec": {"restartPolicy": "Never", "containers": [container]}},
+        "completions": pods, "parallelism": pods, "backoffLimit": BACKOFF_LIMIT,
+        "ttlSecondsAfterFinished": 600, "template": {"metadata": {"labels": labels},
+                                                     "spec": {"restartPolicy": "OnFailure", "containers": [container]}},
     }
     if indexed:
         spec["completionMode"] = "Indexed"

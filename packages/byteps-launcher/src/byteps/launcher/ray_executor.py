@@ -25,8 +25,11 @@ handed to the actors (never on a command line).
 A worker actor that dies (its node lost, ``ray.kill``), or a server or the
 scheduler that exits, makes ``run`` raise within seconds with Ray's error
 (``RayActorError``) or the process's exit status, after every actor of the
-job was killed: nothing is left on any node. A job after ``shutdown()``
-needs a new executor.
+job was killed: nothing is left on any node. Every actor's process, and
+every scheduler and server process, carries the job's ``BYTEPS_JOB_ID`` in
+its environment (the actors through Ray's ``runtime_env``), so that what
+is left of a job can be found by its id on every node. A job after
+``shutdown()`` needs a new executor.
 """
 
 from __future__ import annotations
@@ -109,6 +112,14 @@ class _Worker:
     def execute(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
         return fn(*args, **kwargs)
 
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _carrying(job_id: str) -> Dict[str, Any]:
+    """Actor options that put the job's id in the actor process's own environment (Ray starts it with it)."""
+    return {"runtime_env": {"env_vars": {"BYTEPS_JOB_ID": job_id}}}
+
 
 def start_services(num_workers: int, num_servers: int, cpus_per_server: float,
                    env: Optional[Dict[str, str]] = None) -> tuple:
@@ -122,14 +133,16 @@ def start_services(num_workers: int, num_servers: int, cpus_per_server: float,
         raise ValueError(f"the Ray cluster has {free:g} free CPUs, the byteps servers ask for "
                          f"{num_servers * cpus_per_server:g} ({num_servers} x {cpus_per_server:g}): add CPU nodes or "
                          "ask for fewer (num_servers, cpus_per_server)")
-    scheduler = _Service.remote()
-    servers = [_Service.options(num_cpus=cpus_per_server).remote() for _ in range(num_servers)]
+    identity = job_identity(env or {})
+    scheduler = _Service.options(**_carrying(identity["BYTEPS_JOB_ID"])).remote()
+    servers = [_Service.options(num_cpus=cpus_per_server, **_carrying(identity["BYTEPS_JOB_ID"])).remote()
+               for _ in range(num_servers)]
     services = [scheduler, *servers]
     try:
         root, port = ray.get([scheduler.node_ip.remote(), scheduler.free_port.remote()])
         shared = {**(env or {}), "DMLC_PS_ROOT_URI": root, "DMLC_PS_ROOT_PORT": str(port),
                   "DMLC_NUM_WORKER": str(num_workers), "DMLC_NUM_SERVER": str(num_servers),
-                  **job_identity(env or {}), "PYTHONUNBUFFERED": "1"}
+                  **identity, "PYTHONUNBUFFERED": "1"}
         ray.get(scheduler.start.remote({**shared, "DMLC_ROLE": "scheduler", "DMLC_NODE_HOST": root}))
         ips = ray.get([server.node_ip.remote() for server in servers])
         ray.get([server.start.remote({**shared, "DMLC_ROLE": "server", "DMLC_NODE_HOST": ip})
@@ -198,7 +211,9 @@ class RayExecutor:
         try:
             self.services, shared = start_services(self.num_workers, self.num_servers, self.cpus_per_server,
                                                    self.env)
-            self.workers = [_Worker.options(num_cpus=self.cpus_per_worker).remote() for _ in range(self.num_workers)]
+            carrying = _carrying(shared["BYTEPS_JOB_ID"])
+            self.workers = [_Worker.options(num_cpus=self.cpus_per_worker, **carrying).remote()
+                            for _ in range(self.num_workers)]
             ips = ray.get([worker.node_ip.remote() for worker in self.workers])
             ray.get([worker.setup.remote(worker_environment(shared, rank, self.num_workers, ip))
                      for rank, (worker, ip) in enumerate(zip(self.workers, ips))])

@@ -15,9 +15,13 @@ https://ui.perfetto.dev or chrome://tracing. Every process's spans are
 moved onto the scheduler's clock by the offset it estimated from its
 heartbeats, unless that offset is within its own error bound (no evidence
 of an offset: processes of one machine share a clock); the merged
-metadata gives the largest error bound. ``--png``
-also draws it (needs matplotlib): one row per process and track, a bar per
-span, coloured by track, time from the first span.
+metadata gives the shift applied to each file (``clock_shifts_s``) and the
+largest error bound. ``--png`` also draws it (needs matplotlib): one row
+per process and track, coloured by track, time from the first span. Every
+span is drawn at least ``MIN_WIDTH_PX`` wide; spans closer together than
+that are drawn as one block, labelled with how many spans it holds, so a
+row of sub-millisecond spans (a server's receipts and answers) shows all
+of them instead of vanishing.
 """
 
 from __future__ import annotations
@@ -28,7 +32,12 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["merge", "main"]
+__all__ = ["merge", "draw", "blocks", "main", "MIN_WIDTH_PX"]
+
+#: The narrowest a span is drawn, in pixels of the PNG's time axis (at its size and dpi).
+MIN_WIDTH_PX = 2.0
+_FIGURE_WIDTH_IN, _DPI = 12.0, 110
+_AXIS_SHARE = 0.8  # about the part of the figure's width the time axis takes
 
 # The flow ids of pushes (worker -> server) and answers (server -> worker) are kept apart by their lowest bit.
 _PUSH, _ANSWER = 0, 1
@@ -82,7 +91,7 @@ def merge(directory: str, output: Optional[str] = None) -> Tuple[str, Dict[str, 
         raise ValueError(f"no comm.json under {directory}: was the job run with BYTEPS_TRACE_ON=1 "
                          "and BYTEPS_TRACE_DIR pointing there?")
     events: List[dict] = []
-    processes, errors, unaligned = [], [], []
+    processes, errors, unaligned, shifts = [], [], [], {}
     for path in files:
         try:
             with open(path) as handle:
@@ -98,6 +107,7 @@ def merge(directory: str, output: Optional[str] = None) -> Tuple[str, Dict[str, 
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{path} is not a byteps trace: {exc}") from None
         processes.append(os.path.relpath(path, directory))
+        shifts[processes[-1]] = shift / 1e6
         if offset is None:
             unaligned.append(processes[-1])
         else:
@@ -108,15 +118,32 @@ def merge(directory: str, output: Optional[str] = None) -> Tuple[str, Dict[str, 
               "metadata": {"sources": processes, "clock": "the scheduler's wall clock, microseconds",
                            "clock_alignment": ("offsets from heartbeat round trips" if not unaligned else
                                                f"no estimate for {unaligned}: their own clocks as recorded"),
-                           "clock_error_bound_s": max(errors) if errors else None}}
+                           "clock_shifts_s": shifts, "clock_error_bound_s": max(errors) if errors else None}}
     with open(output, "w") as out:
         json.dump(merged, out)
     counts = {"processes": len(files), "spans": sum(e.get("ph") == "X" for e in events), "flows": len(flows) // 2}
     return output, counts
 
 
-def draw(events: List[dict], path: str, title: str = "") -> None:
-    """A Gantt view of ``events``' spans into ``path`` (PNG): rows are process/track pairs, in pid order."""
+def blocks(spans: List[dict], min_width_ms: float) -> List[Tuple[float, float, int]]:
+    """One row's spans as drawn: ``(start ms, width ms, how many spans)`` blocks, each at least
+    ``min_width_ms`` wide; a span that starts within a block's drawn extent joins it."""
+    drawn: List[List[float]] = []
+    for start, duration in sorted((e["ts"] / 1e3, e["dur"] / 1e3) for e in spans):
+        end = start + max(duration, min_width_ms)
+        if drawn and start <= drawn[-1][1]:
+            drawn[-1][1] = max(drawn[-1][1], end)
+            drawn[-1][2] += 1
+        else:
+            drawn.append([start, end, 1])
+    return [(start, end - start, int(count)) for start, end, count in drawn]
+
+
+def draw(events: List[dict], path: str, title: str = "") -> Dict[str, List[Tuple[float, float, int]]]:
+    """A Gantt view of ``events``' spans into ``path`` (PNG): rows are process/track pairs, in pid order.
+
+    Returns each row's blocks as drawn (:func:`blocks`, times from the first span), keyed by the row's label.
+    """
     try:
         import matplotlib
 
@@ -129,23 +156,32 @@ def draw(events: List[dict], path: str, title: str = "") -> None:
     if not spans:
         raise ValueError("nothing to draw: the trace has no spans")
     origin = min(e["ts"] for e in spans)
+    extent_ms = max(max(e["ts"] + e["dur"] for e in spans) - origin, 1.0) / 1e3
+    min_width_ms = extent_ms * MIN_WIDTH_PX / (_FIGURE_WIDTH_IN * _DPI * _AXIS_SHARE)
     rows = sorted({(e["pid"], e["tid"], e["cat"]) for e in spans})
     tracks = sorted({cat for _, _, cat in rows})
     colours = {cat: plt.get_cmap("tab10")(i % 10) for i, cat in enumerate(tracks)}
-    figure, axes = plt.subplots(figsize=(12, 0.28 * len(rows) + 1.5))
+    figure, axes = plt.subplots(figsize=(_FIGURE_WIDTH_IN, 0.28 * len(rows) + 1.5))
+    layout = {}
     for y, (pid, tid, cat) in enumerate(rows):
-        bars = [((e["ts"] - origin) / 1e3, max(e["dur"] / 1e3, 0.01)) for e in spans
-                if (e["pid"], e["tid"]) == (pid, tid)]
-        axes.broken_barh(bars, (y - 0.4, 0.8), facecolors=colours[cat])
+        label = f"{names.get(pid, pid)} · {cat}"
+        row = blocks([{**e, "ts": e["ts"] - origin} for e in spans if (e["pid"], e["tid"]) == (pid, tid)],
+                     min_width_ms)
+        layout[label] = row
+        axes.broken_barh([(start, width) for start, width, _ in row], (y - 0.4, 0.8), facecolors=colours[cat])
+        for start, width, count in row:
+            if count > 1:  # too dense to draw one by one: say how many
+                axes.text(start + width / 2, y - 0.45, str(count), fontsize=5, ha="center", va="bottom")
     axes.set_yticks(range(len(rows)))
-    axes.set_yticklabels([f"{names.get(pid, pid)} · {cat}" for pid, _, cat in rows], fontsize=7)
+    axes.set_yticklabels(list(layout), fontsize=7)
     axes.invert_yaxis()
-    axes.set_xlabel("ms from the first span")
+    axes.set_xlabel("ms from the first span (numbers: spans in a block too dense to draw one by one)")
     axes.set_title(title or "byteps timeline", fontsize=10)
     axes.grid(axis="x", alpha=0.3)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=_DPI)
     plt.close(figure)
+    return layout
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -12,7 +12,10 @@ Usage::
 
 A server or scheduler waits for late nodes as long as it takes (set
 BYTEPS_RENDEZVOUS_TIMEOUT to give up), saying every few seconds what it
-waits for. Every variable: docs/configuration.md.
+waits for. The scheduler waits the same way for its own address: the name
+in DMLC_PS_ROOT_URI may not resolve yet when it starts (a Kubernetes
+headless Service publishes it only once the scheduler's pod has an IP), so
+it is looked up again until it does. Every variable: docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from typing import List, Optional
 
 from byteps.common.config import Config, ConfigError
@@ -35,9 +39,41 @@ __all__ = ["main"]
 
 log = logging.getLogger("byteps.server")
 
+#: How often the scheduler looks its name up again, and says that it still waits for it.
+_RESOLVE_RETRY_S = 0.5
+_RESOLVE_NOTE_S = 5.0
+
+
+class NameNotResolved(RuntimeError):
+    """DMLC_PS_ROOT_URI did not resolve before BYTEPS_RENDEZVOUS_TIMEOUT."""
+
+
+def resolve_root_uri(config: Config) -> str:
+    """The scheduler's address: DMLC_PS_ROOT_URI looked up until it resolves, or until the rendezvous deadline
+    (BYTEPS_RENDEZVOUS_TIMEOUT; none by default, as for late nodes), saying every few seconds what it waits for."""
+    name, deadline = config.root_uri, config.rendezvous_timeout
+    started = time.monotonic()
+    noted = None
+    while True:
+        try:
+            return socket.gethostbyname(name)
+        except OSError as exc:  # socket.gaierror: not (yet) in DNS or the hosts file
+            waited = time.monotonic() - started
+            why = exc.strerror or str(exc)
+            if deadline is not None and waited >= deadline:
+                raise NameNotResolved(f"DMLC_PS_ROOT_URI={name!r} did not resolve within "
+                                      f"BYTEPS_RENDEZVOUS_TIMEOUT={deadline:g} s ({why}): it must name this "
+                                      "scheduler's host (in Kubernetes, its headless Service)") from None
+            if noted is None or time.monotonic() - noted >= _RESOLVE_NOTE_S:
+                noted = time.monotonic()
+                log.warning("waiting for DMLC_PS_ROOT_URI=%r to resolve to this host's address (%s), %.0f s so far; "
+                            "a Kubernetes headless Service publishes it once the scheduler's pod has an IP",
+                            name, why, waited)
+            time.sleep(_RESOLVE_RETRY_S)
+
 
 def _run_scheduler(config: Config) -> None:
-    host = socket.gethostbyname(config.root_uri)
+    host = resolve_root_uri(config)
     watch = config.heartbeat_timeout_s if config.heartbeat_interval_s > 0 else 0.0
     options = SchedulerOptions(host=host, port=config.root_port, num_worker_machines=config.num_worker,
                                num_servers=config.num_server, heartbeat_timeout_s=watch, secret=config.secret,
@@ -90,7 +126,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             _run_scheduler(config)
         else:
             _run_server(config)
-    except TransportError as exc:
+    except (TransportError, NameNotResolved) as exc:
         print(f"byteps-server ({config.role}): {exc}", file=sys.stderr)
         return 1
     return 0

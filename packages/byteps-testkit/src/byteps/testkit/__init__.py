@@ -13,12 +13,15 @@
 * :class:`WatchedJob` (:mod:`.watched_job`): a bpslaunch job read line by
   line while it runs, whose processes a test can find and kill; with
   :class:`DiscoveryScript`, the host list an elastic job discovers;
+  :func:`processes_with_variable` and :func:`variable_of`: a job's processes
+  found by a variable in their environment (e.g. BYTEPS_JOB_ID), and their role;
 * :func:`kill_group`, :func:`is_alive`, :func:`wait_until_dead`
   (:mod:`.processes`): process clean-up;
 * :class:`SshHosts` (:mod:`.ssh_hosts`): a real ``sshd`` per loopback
   address, for bpslaunch's ssh mode;
 * :class:`SlurmCluster` (:mod:`.slurm_cluster`): munged, slurmctld and
-  slurmd for a one-node SLURM cluster, for bpslaunch under srun;
+  slurmd for a one-node SLURM cluster, or a slurmd per network namespace
+  for several nodes, for bpslaunch under srun;
 * ``python -m byteps.testkit.push_pull_worker SPEC`` (:mod:`.push_pull_worker`):
   the reference worker program of server and worker jobs.
 
@@ -41,7 +44,13 @@ from byteps.testkit.processes import is_alive, kill_group, process_state, wait_u
 from byteps.testkit.role_job import JobResult, RunningJob, run_job, start_job
 from byteps.testkit.slurm_cluster import SlurmCluster, slurm_available
 from byteps.testkit.ssh_hosts import SshHosts, sshd_available
-from byteps.testkit.watched_job import DiscoveryScript, WatchedJob, children_with_variable, processes_with_variable
+from byteps.testkit.watched_job import (
+    DiscoveryScript,
+    WatchedJob,
+    children_with_variable,
+    processes_with_variable,
+    variable_of,
+)
 
 __all__ = [
     "JOB_LAYOUTS",
@@ -71,4 +80,5 @@ __all__ = [
     "DiscoveryScript",
     "children_with_variable",
     "processes_with_variable",
+    "variable_of",
 ]

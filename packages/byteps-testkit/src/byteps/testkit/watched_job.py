@@ -28,7 +28,7 @@ from byteps.testkit.environment import clean_env
 from byteps.testkit.launched_job import LAUNCHER
 from byteps.testkit.processes import kill_group
 
-__all__ = ["WatchedJob", "DiscoveryScript", "children_with_variable", "processes_with_variable"]
+__all__ = ["WatchedJob", "DiscoveryScript", "children_with_variable", "processes_with_variable", "variable_of"]
 
 
 def _parent_of(pid: int) -> int:
@@ -62,6 +62,18 @@ def processes_with_variable(name: str, value: str) -> List[int]:
     """The pids of every process here (but this one) whose environment has ``name=value``: e.g. a job's
     processes started over ssh on loopback "hosts", which are nobody's children here."""
     return _with_variable(name, value)
+
+
+def variable_of(pid: int, name: str) -> str:
+    """``name`` in process ``pid``'s environment as it started ('' when unset, or the process is gone): e.g.
+    which DMLC_ROLE each process of a job found by :func:`processes_with_variable` has."""
+    prefix = f"{name}=".encode()
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            entries = f.read().split(b"\0")
+    except OSError:
+        return ""
+    return next((entry[len(prefix):].decode(errors="replace") for entry in entries if entry.startswith(prefix)), "")
 
 
 class WatchedJob:
