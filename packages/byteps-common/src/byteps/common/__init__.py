@@ -23,7 +23,7 @@ from byteps.common.interface import require_interface
 # compression.stages moved there), Config.max_partition_bytes
 INTERFACE_VERSION = (3, 0)
 
-require_interface("byteps-transport", "byteps.transport", (2, 7), requirer="byteps-common")
+require_interface("byteps-transport", "byteps.transport", (2, 9), requirer="byteps-common")
 
 from byteps.common.api import (  # noqa: E402
     barrier,
