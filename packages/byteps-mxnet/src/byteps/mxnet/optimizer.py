@@ -136,7 +136,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     def create_state_multi_precision(self, index: Any, weight: mx.nd.NDArray) -> Any:
         return self._optimizer.create_state_multi_precision(index, weight)
 
-    def _push_pull(self, index: Any, grad: Any) -> None:
+    def _push_pull(self, index: Any, grad: Any, prescale: float = 1.0) -> None:
         process_set = self._process_set
         if process_set is not None and (not process_set.included() or len(rank_view(process_set).ranks) == 1):
             return  # Horovod's: outside the set (or alone in it) a rank keeps its own gradient
@@ -145,7 +145,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             # second run of the training checks (tests/scripts/training_checks.py) and is left
             # for later; DistributedTrainer fuses.
             for i, g in zip(index, grad):
-                self._push_pull(i, g)
+                self._push_pull(i, g, prescale)
             return
         priority = -index if isinstance(index, int) else 0
         name = f"Gradient.{index}"
@@ -156,7 +156,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
                        process_set=process_set)
             return
         allreduce_(grad, average=True, name=name, priority=priority, compression_spec=compression.spec,
-                   lr=float(self._optimizer.learning_rate))
+                   lr=float(self._optimizer.learning_rate), prescale_factor=prescale)
         compression.after_pull(name, grad, grad.size * np.dtype(grad.dtype).itemsize)
 
     def _add_weight_decay(self, index: Any, weight: Any, grad: Any) -> None:
@@ -196,9 +196,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             self._update_asynchronously(exchange, index, weight,
                                         lambda: self._optimizer.update(index, weight, grad, state))
             return
-        self._push_pull(index, grad)
-        self._add_weight_decay(index, weight, grad)
-        self._optimizer.update(index, weight, grad, state)
+        self._exchange_and_update(index, weight, grad, state, self._optimizer.update)
 
     def update_multi_precision(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
         exchange = self._asynchronous_exchange()
@@ -206,9 +204,29 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             self._update_asynchronously(exchange, index, weight,
                                         lambda: self._optimizer.update_multi_precision(index, weight, grad, state))
             return
-        self._push_pull(index, grad)
-        self._add_weight_decay(index, weight, grad)
-        self._optimizer.update_multi_precision(index, weight, grad, state)
+        self._exchange_and_update(index, weight, grad, state, self._optimizer.update_multi_precision)
+
+    def _exchange_and_update(self, index: Any, weight: Any, grad: Any, state: Any,
+                             update: Callable[[Any, Any, Any, Any], None]) -> None:
+        """Average ``grad`` over the ranks, then the wrapped optimizer's ``update``.
+
+        With a compressor, in BytePS's order: the gradient is multiplied by
+        ``rescale_grad`` (gluon's 1/batch size) before it is compressed, and
+        the optimizer runs with ``rescale_grad`` 1 (onebit without scaling
+        then steps by the learning rate, as BytePS's trainer does).
+        """
+        scale = float(self._optimizer.rescale_grad) if self._gradient_compression is not None else 1.0
+        self._push_pull(index, grad, scale)
+        if scale == 1.0:
+            self._add_weight_decay(index, weight, grad)
+            update(index, weight, grad, state)
+            return
+        self._optimizer.rescale_grad = 1.0  # read when the update op is issued: restored right after
+        try:
+            self._add_weight_decay(index, weight, grad)
+            update(index, weight, grad, state)
+        finally:
+            self._optimizer.rescale_grad = scale
 
     def set_learning_rate(self, lr: float) -> None:
         self._optimizer.set_learning_rate(lr)
