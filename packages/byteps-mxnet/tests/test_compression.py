@@ -220,3 +220,34 @@ def test_onebit_weight_decay_comes_back_with_its_own_momentum_and_wd_mult(bps):
         np.testing.assert_allclose(net.weight.grad().asnumpy(), local["weight"] + decay + decay_momentum,
                                    rtol=1e-6)
         np.testing.assert_allclose(net.bias.grad().asnumpy(), local["bias"], rtol=1e-6)  # wd_mult 0
+
+
+@pytest.mark.parametrize("optimizer, optimizer_params, params, warns", [
+    ("sgd", {"momentum": 0.9}, {"compressor": "onebit", "scaling": True, "ef": "vanilla"}, True),
+    ("sgd", {"momentum": 0.9}, {"compressor": "randomk", "k": 3, "ef": "vanilla"}, True),
+    ("signum", {}, {"compressor": "onebit", "ef": "vanilla"}, True),  # Signum's default momentum is 0.9
+    ("sgd", {"momentum": 0.9}, {"compressor": "onebit", "ef": "vanilla", "momentum": "nesterov"}, False),
+    ("sgd", {"momentum": 0.9}, {"compressor": "onebit", "scaling": True}, False),
+    ("sgd", {}, {"compressor": "randomk", "k": 3, "ef": "vanilla"}, False),
+])
+def test_error_feedback_with_the_optimizers_momentum_warns_at_the_call(bps, optimizer, optimizer_params, params,
+                                                                      warns):
+    import warnings
+
+    import mxnet as mx
+
+    from byteps.common.compression import FeedbackMomentumWarning
+
+    def ours(build):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            build()
+            mx.nd.waitall()  # the trainer's broadcasts, before the fixture shuts byteps down
+        found = [w for w in caught if issubclass(w.category, FeedbackMomentumWarning)]
+        assert len(found) == (1 if warns else 0), [str(w.message) for w in caught]
+        assert all(w.filename == __file__ and "nesterov" in str(w.message) for w in found)
+
+    ours(lambda: bps.DistributedTrainer(_dense(f"warn_{optimizer}_").collect_params(), optimizer,
+                                        dict(optimizer_params, learning_rate=0.1), compression_params=params))
+    ours(lambda: bps.DistributedOptimizer(mx.optimizer.create(optimizer, learning_rate=0.1, **optimizer_params),
+                                          compression_params=params))
