@@ -4,8 +4,9 @@ For the Module API and for gluon Trainers built with ``kvstore=None``: each
 ``update(index, weight, grad, state)`` first push_pulls ``grad`` in place
 (name ``"Gradient.<index>"``, priority ``-index``, as in BytePS), then runs
 the wrapped optimizer's update. MXNet's aggregated updates (lists of
-indices) push_pull each gradient of the list (not fused: see ``_push_pull``). Both are engine ops, so
-the update waits for the average without blocking Python. With gluon, prefer
+indices) push_pull their gradients as one group, small ones fused (a
+process set's each alone). Both are engine ops, so the update waits for
+the average without blocking Python. With gluon, prefer
 :class:`~byteps.mxnet.DistributedTrainer`, which also broadcasts the
 parameters.
 
@@ -38,7 +39,7 @@ is wrapped (at its first update if it was wrapped before ``init()``).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import mxnet as mx
 import numpy as np
@@ -48,7 +49,7 @@ from byteps.common.frontend.async_training import check_async_compression
 from byteps.common.frontend.process_sets import rank_view
 from byteps.mxnet.async_training import ArrayExchange, asynchronous, check_master_weights
 from byteps.mxnet.gradient_compression import take_compression_params
-from byteps.mxnet.ops import allreduce_
+from byteps.mxnet.ops import allreduce_, allreduce_group_
 
 __all__ = ["DistributedOptimizer"]
 
@@ -140,12 +141,12 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         process_set = self._process_set
         if process_set is not None and (not process_set.included() or len(rank_view(process_set).ranks) == 1):
             return  # Horovod's: outside the set (or alone in it) a rank keeps its own gradient
-        if isinstance(index, (tuple, list)):  # MXNet's aggregated updates pass lists
-            # One op per gradient, not a fused group: a fused group here hung about every
-            # second run of the training checks (tests/scripts/training_checks.py) and is left
-            # for later; DistributedTrainer fuses.
-            for i, g in zip(index, grad):
+        if isinstance(index, (tuple, list)) and process_set is not None:
+            for i, g in zip(index, grad):  # a process set's gradients each go alone, as in DistributedTrainer
                 self._push_pull(i, g, prescale)
+            return
+        if isinstance(index, (tuple, list)):  # MXNet's aggregated updates pass lists: one fused group
+            self._push_pull_group(list(index), list(grad), prescale)
             return
         priority = -index if isinstance(index, int) else 0
         name = f"Gradient.{index}"
@@ -158,6 +159,20 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         allreduce_(grad, average=True, name=name, priority=priority, compression_spec=compression.spec,
                    lr=float(self._optimizer.learning_rate), prescale_factor=prescale)
         compression.after_pull(name, grad, grad.size * np.dtype(grad.dtype).itemsize)
+
+    def _push_pull_group(self, indices: List[Any], grads: List[Any], prescale: float) -> None:
+        """An aggregated update's gradients as one engine op, small ones fused (byteps-common's grouped call)."""
+        names = [f"Gradient.{i}" for i in indices]
+        first = indices[0] if indices and isinstance(indices[0], int) else 0
+        compression = self._gradient_compression
+        if compression is None:
+            allreduce_group_(grads, names, average=True, priority=-first, prescale_factor=1.0 / self._predivide,
+                             postscale_factor=self._predivide)
+            return
+        allreduce_group_(grads, names, average=True, priority=-first, prescale_factor=prescale,
+                         compression_spec=compression.spec, lr=float(self._optimizer.learning_rate))
+        for name, grad in zip(names, grads):
+            compression.after_pull(name, grad, grad.size * np.dtype(grad.dtype).itemsize)
 
     def _add_weight_decay(self, index: Any, weight: Any, grad: Any) -> None:
         compression = self._gradient_compression
