@@ -147,6 +147,15 @@ def test_role_server_and_scheduler_run_the_server(role):
     assert process.env["DMLC_ROLE"] == role
 
 
+@pytest.mark.parametrize("given, expected", [(None, "1"), ("0", "0")])
+def test_role_scheduler_lets_a_shutdown_leave_the_job_unless_told_otherwise(given, expected):
+    extra = {} if given is None else {"BYTEPS_SHUTDOWN_LEAVES_JOB": given}
+    (scheduler,) = role_plan(CMD, clean_env({**ROLE_WORKER_ENV, "DMLC_ROLE": "scheduler", **extra})).processes
+    assert scheduler.env["BYTEPS_SHUTDOWN_LEAVES_JOB"] == expected
+    (server,) = role_plan(CMD, clean_env({**ROLE_WORKER_ENV, "DMLC_ROLE": "server"})).processes
+    assert "BYTEPS_SHUTDOWN_LEAVES_JOB" not in server.env  # only the scheduler decides
+
+
 def test_role_worker_without_command():
     with pytest.raises(UsageError, match="missing COMMAND"):
         role_plan([], clean_env({"DMLC_ROLE": "worker"}))

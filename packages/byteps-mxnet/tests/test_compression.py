@@ -2,7 +2,9 @@
 
 The job (2 workers, 1 server; scripts/compression_checks.py) records each
 rank's local gradients and the gradients each SGD step used; the test
-replays the local gradients through byteps.testkit.compression_reference
+replays the local gradients, divided by the batch size first as in
+BytePS's trainer (the optimizer's rescale_grad is then 1), through
+byteps.testkit.compression_reference
 (worker momentum, error feedback and codec, server sum, server error
 feedback and codec) and requires those gradients on both ranks, every
 step, to float32 tolerance, with a learning rate that changes every step.
@@ -35,6 +37,7 @@ CASES = {
     "dithering-natural-ef-nesterov-optimizer": ({"compressor": "dithering", "k": 4, "partition": "natural",
                                                  "seed": 3, "ef": "vanilla", "momentum": "nesterov"}, 0.5, 0.0),
     "onebit-ef-nesterov-wd": ({"compressor": "onebit", "ef": "vanilla", "momentum": "nesterov"}, 0.9, 0.01),
+    "onebit-plain": ({"compressor": "onebit"}, 0.0, 0.0),
 }
 
 
@@ -49,11 +52,16 @@ def recorded(tmp_path_factory):
 
 
 def _with_weight_decay(gradient, weights, wd, mu, buffer):
-    """BytePS's onebit WeightDecayMomentumAdapter in our gradient scale: + (w + M) * batch, M = mu*(M + w)."""
+    """BytePS's onebit WeightDecayMomentumAdapter: + (w + M), M = mu*(M + w)."""
     decay = (weights * np.float32(wd)).astype(np.float32)
     buffer[:] = (np.float32(mu) * (buffer + decay)).astype(np.float32)
     decay = (decay + buffer).astype(np.float32)
-    return (gradient + decay / np.float32(1.0 / BATCH)).astype(np.float32)
+    return (gradient + decay).astype(np.float32)
+
+
+def _per_sample(gradient):
+    """A gradient divided by the batch size, as BytePS's trainer divides it before compression (exact: 8 = 2**3)."""
+    return (gradient / np.float32(BATCH)).astype(np.float32)
 
 
 def _expected(records, params, mu, wd):
@@ -64,8 +72,9 @@ def _expected(records, params, mu, wd):
     wd_bias = np.zeros_like(nag)
     for step in range(STEPS):
         lr = float(records[0]["lr"][step])
-        weight = job.round("weight", [r["local_weight"][step] for r in records], lr)
-        bias = ((records[0]["local_bias"][step] + records[1]["local_bias"][step]) / np.float32(2)).astype(np.float32)
+        weight = job.round("weight", [_per_sample(r["local_weight"][step]) for r in records], lr)
+        bias = ((_per_sample(records[0]["local_bias"][step]) + _per_sample(records[1]["local_bias"][step]))
+                / np.float32(2)).astype(np.float32)
         if mu:  # the uncompressed bias: BytePS's momentum after the pull
             nag = (np.float32(mu) * (nag + bias)).astype(np.float32)
             bias = (bias + nag).astype(np.float32)
@@ -86,12 +95,34 @@ def test_two_workers_match_the_reference_algorithm(recorded, case):
             np.testing.assert_allclose(record["synced_bias"][step], bias, rtol=1e-6, atol=1e-6,
                                        err_msg=f"{case}: bias, step {step}, rank {rank}")
     # Compression did something: the weight's gradient is not the plain average.
-    plain = (records[0]["local_weight"][-1] + records[1]["local_weight"][-1]) / 2
+    plain = (_per_sample(records[0]["local_weight"][-1]) + _per_sample(records[1]["local_weight"][-1])) / 2
     assert not np.allclose(records[0]["synced_weight"][-1], plain, atol=1e-4)
     # Both ranks stepped with the same gradients from the root's weights.
     np.testing.assert_array_equal(records[0]["final_weight"], records[1]["final_weight"])
     np.testing.assert_array_equal(records[0]["final_bias"], records[1]["final_bias"])
     assert len(set(records[0]["lr"].tolist())) == STEPS  # error feedback saw the learning rate change
+
+
+def _onebit(x):
+    """BytePS's onebit without scaling, decoded: -1 where x < 0, else +1."""
+    return np.where(x < 0, np.float32(-1), np.float32(1))
+
+
+def test_onebit_without_scaling_steps_by_the_learning_rate_as_in_bytepss_trainer(recorded):
+    """BytePS's test_onebit (scaling off) in numpy: w -= lr * C(sum_i C(g_i / (batch * workers))).
+
+    The gradient is divided by the batch size before it is compressed, so
+    the step is the learning rate itself; compressing first and dividing
+    after (as byteps.mxnet once did) steps lr / batch.
+    """
+    records = recorded["onebit-plain"]
+    for step in range(STEPS - 1):
+        lr = np.float32(records[0]["lr"][step])
+        pushed = [_onebit(r["local_weight"][step] / np.float32(BATCH * 2)) for r in records]
+        expected = records[0]["weight_before"][step] - lr * _onebit(pushed[0] + pushed[1])
+        for rank, record in enumerate(records):
+            np.testing.assert_allclose(record["weight_before"][step + 1], expected, rtol=1e-6, atol=1e-7,
+                                       err_msg=f"onebit without scaling: step {step}, rank {rank}")
 
 
 # --- one process: no servers, so nothing is compressed and every gradient gets its momentum after the pull ---
@@ -152,7 +183,7 @@ def test_nesterov_moves_the_momentum_out_of_the_optimizer_and_applies_it_after_t
         with mx.autograd.record():
             loss = net(x).sum()
         loss.backward()
-        local = net.weight.grad().asnumpy()
+        local = net.weight.grad().asnumpy() / np.float32(2)  # divided by the batch size first, as in BytePS
         trainer.step(2)
         buffer = np.float32(0.9) * (buffer + local)
         np.testing.assert_allclose(net.weight.grad().asnumpy(), local + buffer, rtol=1e-6)
@@ -177,7 +208,8 @@ def test_onebit_weight_decay_comes_back_with_its_own_momentum_and_wd_mult(bps):
         with mx.autograd.record():
             loss = net(x).sum()
         loss.backward()
-        local = {"weight": net.weight.grad().asnumpy(), "bias": net.bias.grad().asnumpy()}
+        # divided by the batch size first, as in BytePS: the optimizer's rescale_grad is 1
+        local = {key: getattr(net, key).grad().asnumpy() / np.float32(2) for key in ("weight", "bias")}
         before = net.weight.data().asnumpy()
         trainer.step(2)
         for key in nag:  # one process: nothing is compressed, Nesterov after the pull
@@ -185,6 +217,37 @@ def test_onebit_weight_decay_comes_back_with_its_own_momentum_and_wd_mult(bps):
             local[key] = local[key] + nag[key]
         decay = np.float32(0.1) * before
         decay_momentum = np.float32(0.5) * (decay_momentum + decay)
-        np.testing.assert_allclose(net.weight.grad().asnumpy(), local["weight"] + (decay + decay_momentum) * 2,
+        np.testing.assert_allclose(net.weight.grad().asnumpy(), local["weight"] + decay + decay_momentum,
                                    rtol=1e-6)
         np.testing.assert_allclose(net.bias.grad().asnumpy(), local["bias"], rtol=1e-6)  # wd_mult 0
+
+
+@pytest.mark.parametrize("optimizer, optimizer_params, params, warns", [
+    ("sgd", {"momentum": 0.9}, {"compressor": "onebit", "scaling": True, "ef": "vanilla"}, True),
+    ("sgd", {"momentum": 0.9}, {"compressor": "randomk", "k": 3, "ef": "vanilla"}, True),
+    ("signum", {}, {"compressor": "onebit", "ef": "vanilla"}, True),  # Signum's default momentum is 0.9
+    ("sgd", {"momentum": 0.9}, {"compressor": "onebit", "ef": "vanilla", "momentum": "nesterov"}, False),
+    ("sgd", {"momentum": 0.9}, {"compressor": "onebit", "scaling": True}, False),
+    ("sgd", {}, {"compressor": "randomk", "k": 3, "ef": "vanilla"}, False),
+])
+def test_error_feedback_with_the_optimizers_momentum_warns_at_the_call(bps, optimizer, optimizer_params, params,
+                                                                      warns):
+    import warnings
+
+    import mxnet as mx
+
+    from byteps.common.compression import FeedbackMomentumWarning
+
+    def ours(build):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            build()
+            mx.nd.waitall()  # the trainer's broadcasts, before the fixture shuts byteps down
+        found = [w for w in caught if issubclass(w.category, FeedbackMomentumWarning)]
+        assert len(found) == (1 if warns else 0), [str(w.message) for w in caught]
+        assert all(w.filename == __file__ and "nesterov" in str(w.message) for w in found)
+
+    ours(lambda: bps.DistributedTrainer(_dense(f"warn_{optimizer}_").collect_params(), optimizer,
+                                        dict(optimizer_params, learning_rate=0.1), compression_params=params))
+    ours(lambda: bps.DistributedOptimizer(mx.optimizer.create(optimizer, learning_rate=0.1, **optimizer_params),
+                                          compression_params=params))

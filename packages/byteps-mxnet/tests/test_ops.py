@@ -21,7 +21,7 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
 def test_ops_under_bpslaunch(layout):
     result = launch_mxnet_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "ops_checks.py"))
-    assert_all_ok(result, checks=8)
+    assert_all_ok(result, checks=9)
     local_size = 2 if layout == "one-machine-np2" else 1
     for rank in range(2):
         info = [line for line in rank_lines(result.stdout, rank) if line.startswith("INFO")]
@@ -31,7 +31,7 @@ def test_ops_under_bpslaunch(layout):
 def test_ops_under_the_naive_engine():
     result = launch_mxnet_job(JOB_LAYOUTS["one-machine-np2"], os.path.join(SCRIPTS, "ops_checks.py"),
                      env={"MXNET_ENGINE_TYPE": "NaiveEngine"})
-    assert_all_ok(result, checks=7)  # without the engine-order check: every op is synchronous there
+    assert_all_ok(result, checks=7)  # without the engine-order checks: every op is synchronous there
 
 
 # --- one process: no scheduler or server, push_pull is a copy (as in BytePS) -----------------

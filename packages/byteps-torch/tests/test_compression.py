@@ -124,3 +124,37 @@ def test_bad_compression_params_fail_at_the_call(params, message):
     optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
     with pytest.raises(ValueError, match=re.escape(message)):
         bps.DistributedOptimizer(optimizer, compression_params=params)
+
+
+@pytest.fixture
+def one_process(monkeypatch):
+    from byteps.testkit import one_process_adapter
+
+    with one_process_adapter(monkeypatch, "byteps.torch") as adapter:
+        yield adapter
+
+
+@pytest.mark.parametrize("params, momentum, warns", [
+    ({"compressor": "onebit", "scaling": True, "ef": "vanilla"}, 0.9, True),
+    ({"compressor": "randomk", "k": 0.1, "ef": "vanilla"}, 0.5, True),
+    ({"compressor": "onebit", "scaling": True, "ef": "vanilla", "momentum": "nesterov"}, 0.9, False),
+    ({"compressor": "onebit", "scaling": True}, 0.9, False),
+    ({"compressor": "randomk", "k": 0.1, "ef": "vanilla"}, 0.0, False),
+])
+def test_error_feedback_with_the_optimizers_momentum_warns_at_the_call(one_process, params, momentum, warns):
+    import warnings
+
+    import torch
+
+    from byteps.common.compression import FeedbackMomentumWarning
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        one_process.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         compression_params=params)
+    ours = [w for w in caught if issubclass(w.category, FeedbackMomentumWarning)]
+    assert len(ours) == (1 if warns else 0), [str(w.message) for w in caught]
+    if warns:
+        assert ours[0].filename == __file__ and "nesterov" in str(ours[0].message)

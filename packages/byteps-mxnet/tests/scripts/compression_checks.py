@@ -9,7 +9,8 @@ saves OUT_DIR/<case>.rank<r>.npz: each step's local gradients (what
 backward wrote here), the gradients the step used (after the compressed
 round and the momentum byteps owes), the learning rate pushed with, the
 weights before the step, and the final weights. test_compression.py
-replays the local gradients through byteps.testkit.compression_reference.
+replays the local gradients, divided by the batch size first as BytePS's
+trainer divides them, through byteps.testkit.compression_reference.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ CASES = {
                                                 {"momentum": 0.5}, True),
     "onebit-ef-nesterov-wd": ({"compressor": "ONEBIT", "ef": "Vanilla", "momentum": "nesterov"},
                               {"momentum": 0.9, "wd": 0.01}, False),
+    "onebit-plain": ({"compressor": "onebit"}, {}, False),
 }
 
 

@@ -15,6 +15,7 @@ from check_runner import Checks, assert_array, expect_error
 
 import byteps.mxnet as bps
 from byteps.common import api
+from byteps.mxnet.ops import allreduce_group_
 
 FLOATS = ["float16", "float32", "float64"]
 SHAPES = [(), (17,), (17, 17), (17, 17, 17)]  # ranks 0-3, as in BytePS's test_mxnet.py
@@ -130,6 +131,35 @@ def engine_order():
     assert_array(doubled, np.full(1000, 2 * (s + 1) * n, np.float32), "an op issued after the push_pull")
 
 
+def fused_groups_keep_issue_order():
+    """A fused group's bucket gets its id in issue order, whenever the engine runs the group.
+
+    Rank 1's group waits for a slow product while the program issues the
+    next push_pull; rank 0's group runs at once. A bucket declared when the
+    engine ran it took the next id on rank 0 but the one after "group.after"
+    on rank 1: the ranks then disagreed on both tensors and the job hung.
+    """
+    r, n = bps.rank(), bps.size()
+    slow = mx.nd.ones((1,)) * (r + 1)
+    if r == 1:
+        m = mx.nd.ones((1500, 1500)) / 1500
+        for _ in range(6):
+            m = mx.nd.dot(m, m)
+        slow = (m[0, :1] * 0 + 1) * (r + 1)  # written only when the products are done
+    pair = [slow, mx.nd.ones((3,)) * (r + 1)]
+    allreduce_group_(pair, ["group.slow", "group.small"], average=False)
+    if r == 0:
+        api.barrier()  # rank 1 comes once its products are done: rank 0's engine ran the group by then
+    after = bps.allreduce(mx.nd.ones((2,)) * (r + 1), name="group.after", average=False)
+    if r == 1:
+        m.wait_to_read()
+        api.barrier()
+    s = sum(k + 1 for k in range(n))
+    assert_array(pair[0], np.full(1, s, np.float32), "the slow member")
+    assert_array(pair[1], np.full(3, s, np.float32), "the small member")
+    assert_array(after, np.full(2, s, np.float32), "the push_pull issued after the group")
+
+
 def same_name_in_issue_order():
     r = bps.rank()
     arrays = [mx.nd.ones((4,)) * (10 * k + r) for k in range(4)]
@@ -227,6 +257,8 @@ def main():
     if not NAIVE:
         checks.run("engine order: returns at once, waits for pending writes, later ops see results", engine_order)
     checks.run("ops of one name run in issue order", same_name_in_issue_order)
+    if not NAIVE:  # there the group runs inside its call, and rank 0's barrier would wait for rank 1's push_pull
+        checks.run("a fused group's bucket is numbered in issue order", fused_groups_keep_issue_order)
     checks.run("30 tensors with priorities", many_tensors_with_priorities)
     checks.run("scaling, reused and default names", scaling_and_reused_names)
     checks.run("errors: ValueError at the call, mismatches from MXNet on every rank", errors)

@@ -20,10 +20,11 @@ from byteps.common.interface import require_interface
 # elastic membership epochs (ParameterExchange(at_commit=), .pull, .started per job, commit_exchanges);
 # 3.0: Worker.push_pull_async(tensor, name, PushPullOptions) (every caller's choices in one options object), the
 # engine package byteps.common.engine (comm_loop, route, server_exchange, local_aggregation, device_local and
-# compression.stages moved there), Config.max_partition_bytes
-INTERFACE_VERSION = (3, 0)
+# compression.stages moved there), Config.max_partition_bytes; 3.1: compression.warn_if_feedback_meets_momentum
+# and FeedbackMomentumWarning, Config.shutdown_leaves_job and Worker.shutdown_leaves_job (role mode's shutdown)
+INTERFACE_VERSION = (3, 1)
 
-require_interface("byteps-transport", "byteps.transport", (2, 7), requirer="byteps-common")
+require_interface("byteps-transport", "byteps.transport", (2, 9), requirer="byteps-common")
 
 from byteps.common.api import (  # noqa: E402
     barrier,

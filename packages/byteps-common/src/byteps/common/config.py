@@ -121,6 +121,7 @@ ENV_DEFAULTS: Mapping[str, object] = MappingProxyType({
     "BYTEPS_JOB_ID": None,
     "BYTEPS_REPORT_DIR": None,
     "BYTEPS_RESTART_COUNT": 0,
+    "BYTEPS_SHUTDOWN_LEAVES_JOB": False,
 })
 
 T = TypeVar("T")
@@ -298,6 +299,9 @@ class Config:
     backup_workers: int = 0
     # Timeline: trace the rounds (a tensor's count of push_pulls) start..end of every tensor into trace_dir
     trace_on: bool = False
+    # Read by the scheduler (bpslaunch's role mode sets it): a worker's shutdown() leaves the job, as in BytePS,
+    # so the job ends once every worker has shut down; otherwise shutdown() suspends for a later init() (Horovod)
+    shutdown_leaves_job: bool = False
     trace_start_step: int = 10
     trace_end_step: int = 20
     trace_dir: str = "./trace"
@@ -455,6 +459,7 @@ class Config:
             job_id=env.get("BYTEPS_JOB_ID", _job_id),
             report_dir=env.get("BYTEPS_REPORT_DIR", _text),
             restart_count=env.get("BYTEPS_RESTART_COUNT", _int(0)),
+            shutdown_leaves_job=env.get("BYTEPS_SHUTDOWN_LEAVES_JOB", _parse_bool),
             min_compress_bytes=env.get("BYTEPS_MIN_COMPRESS_BYTES", _int(0)),
             threadpool_size=env.get("BYTEPS_THREADPOOL_SIZE", _int(0, 256)),
             trace_on=trace_on,

@@ -40,7 +40,7 @@ from byteps.common.handle import Handle, failure
 from byteps.common.in_flight import NamesInFlight
 from byteps.common.options import PushPullOptions
 
-__all__ = ["FusionGroup", "plan_fusion", "push_pull_group_async"]
+__all__ = ["FusionGroup", "declare_group", "plan_fusion", "push_pull_group_async"]
 
 #: Prefix of every bucket's push_pull name (keeps buckets apart from plain tensors).
 BUCKET_PREFIX = "fused:"
@@ -282,6 +282,30 @@ def _views(tensors: Sequence[Any], names: Sequence[str], outputs: Optional[Seque
         output = None if outputs is None else outputs[i]
         views.append(input_and_output_views(tensor, output, f"push_pull_group({names[i]!r})", dtype))
     return views
+
+
+def declare_group(worker: Any, names: Sequence[str], sizes: Sequence[int], dtypes: Sequence[Any],
+                  compression: Optional[CompressionSpec] = None) -> None:
+    """Give the push_pulls of a later :func:`push_pull_group_async` call their tensor ids now, in order.
+
+    ``names``, ``sizes`` (bytes) and ``dtypes`` as that call will see its
+    tensors. A bucket is otherwise declared when the call first sends it;
+    an adapter that issues grouped calls on one thread and runs them on
+    another (MXNet's engine) calls this where it issues them. Tensor ids
+    are given in declaration order, and the servers know a tensor by its
+    id, so every rank must declare in the same order: declared by the
+    engine thread, a bucket raced the issuing thread's next declarations,
+    and ranks that ran it at different moments gave it different ids
+    (docs/decisions.md, "MXNet's fused engine op").
+    """
+    if not worker.is_distributed:
+        return  # no servers: nothing is fused (see push_pull_group_async)
+    config = worker.config
+    key = tuple((name, int(size), dtype_of(dtype)) for name, size, dtype in zip(names, sizes, dtypes))
+    compressed = tuple(compression is not None and worker.compresses(size, True, compression) for _, size, _ in key)
+    for group in _state_of(worker).plan(key, config.fusion_threshold, config.fusion_max_tensor_bytes, compressed,
+                                        config.partition_bytes):
+        worker.declare(group.name or names[group.members[0]])
 
 
 def push_pull_group_async(worker: Any, tensors: Sequence[Any], names: Sequence[str], average: bool = True,

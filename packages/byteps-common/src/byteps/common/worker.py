@@ -65,6 +65,8 @@ class Worker:
         self.job_id: Optional[str] = config.job_id
         self._started = time.monotonic()
         self.rank, self.size = config.rank, config.size
+        #: The scheduler's word (BYTEPS_SHUTDOWN_LEAVES_JOB): the frameworks' shutdown() leaves the job.
+        self.shutdown_leaves_job = False
         servers: List[Tuple[str, int]] = []
         if config.is_distributed:
             servers = self._connect(job_over)
@@ -107,6 +109,7 @@ class Worker:
                      local_rank=cfg.local_rank, local_size=cfg.local_size, settings=cfg.job_settings()))
         self.rank, self.size = book.rank, book.num_workers
         self.job_id = cfg.job_id or book.job_id
+        self.shutdown_leaves_job = book.shutdown_leaves
         if cfg.local_size > 1 and not self.job_id:
             raise TransportError("the scheduler sent no job id (an older byteps-transport?): "
                                  "set BYTEPS_JOB_ID to the same value on every process of the job")

@@ -7,7 +7,10 @@ comes from the environment, read and checked through
 * ``worker``: ``BYTEPS_LOCAL_SIZE`` (default 1) local processes run COMMAND,
   each with its ``BYTEPS_LOCAL_RANK``;
 * ``server`` / ``scheduler``: one process runs ``python -m byteps.server``;
-  COMMAND is ignored, as in BytePS.
+  COMMAND is ignored, as in BytePS. The scheduler gets
+  ``BYTEPS_SHUTDOWN_LEAVES_JOB=1`` (unless set): a worker's ``shutdown()``
+  leaves the job, so scheduler and servers exit 0 once every worker has
+  shut down, as BytePS's do.
 
 Example::
 
@@ -36,7 +39,11 @@ def role_plan(command: Sequence[str], environ: Mapping[str, str]) -> JobPlan:
     """Plan this machine's share of a job; raises ConfigError or UsageError."""
     config = Config.from_env(environ)
     if config.role != "worker":
-        env = child_environment(environ, {})
+        # BytePS's contract: a worker's shutdown() leaves the job, which ends when every worker has left
+        # (BytePS's own tests join the scheduler before their worker process exits).
+        given = environ.get("BYTEPS_SHUTDOWN_LEAVES_JOB", "").strip()
+        leaves = {"BYTEPS_SHUTDOWN_LEAVES_JOB": "1"} if config.role == "scheduler" and not given else {}
+        env = child_environment(environ, leaves)
         process = ProcessSpec(config.role, SERVER_ARGV, env)
         plan = JobPlan(mode="role", distributed=True, processes=(process,))
         plan.validate()

@@ -26,12 +26,18 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import mxnet as mx
 
 from byteps.common import api
-from byteps.common.compression import CompressionSpec, NesterovMomentum, parse_compression_params
+from byteps.common.compression import (
+    CompressionSpec,
+    NesterovMomentum,
+    parse_compression_params,
+    warn_if_feedback_meets_momentum,
+)
 
 __all__ = ["GradientCompression", "take_compression_params"]
 
@@ -80,6 +86,21 @@ class GradientCompression:
         grad += decay / optimizer.rescale_grad
 
 
+def _momentum_of(optimizer: Any, optimizer_params: Optional[Dict[str, Any]]) -> float:
+    """The momentum ``optimizer`` (an object, or a name created with ``optimizer_params``) will keep."""
+    if isinstance(optimizer, mx.optimizer.Optimizer):
+        return float(getattr(optimizer, "momentum", 0.0) or 0.0)
+    if optimizer_params and "momentum" in optimizer_params:
+        return float(optimizer_params["momentum"] or 0.0)
+    registered = mx.optimizer.Optimizer.opt_registry.get(str(optimizer).lower())
+    if registered is None:
+        return 0.0
+    parameter = inspect.signature(registered.__init__).parameters.get("momentum")  # Signum's default is 0.9
+    if parameter is None or parameter.default is inspect.Parameter.empty:
+        return 0.0
+    return float(parameter.default or 0.0)
+
+
 def _wd_mult(optimizer: mx.optimizer.Optimizer, index: Any) -> float:
     """``index``'s weight-decay multiplier, as MXNet's ``Optimizer._get_wds`` finds it."""
     if index in optimizer.param_dict:
@@ -120,6 +141,8 @@ def take_compression_params(params: Optional[Dict[str, Any]], optimizer: Any,
     spec = parse_compression_params(params, mu)
     if spec is None or spec.compressor == "none":
         return spec, None, new_params
+    if spec.momentum is None:
+        warn_if_feedback_meets_momentum(spec, _momentum_of(optimizer, new_params))
     wd = 0.0
     if spec.momentum is not None:
         if spec.compressor == "onebit":

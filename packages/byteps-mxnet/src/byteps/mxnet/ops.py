@@ -48,10 +48,11 @@ import threading
 from typing import Any, Dict, List, Optional, Sequence
 
 import mxnet as mx
+import numpy as np
 
 from byteps.common import api
 from byteps.common.frontend.checks import check_scale
-from byteps.common.frontend.group import push_pull_group
+from byteps.common.frontend.group import declare_group, push_pull_group
 from byteps.common.frontend.names import TensorNames
 from byteps.common.frontend.process import after_shutdown, before_shutdown, on_init, rank
 from byteps.common.frontend.process_sets import broadcast_spec, rank_view, reduction_spec
@@ -184,6 +185,10 @@ def allreduce_group_(tensors: Sequence[mx.nd.NDArray], names: Sequence[str], ave
         works.append(work)
     if not works:
         return []
+    # The buckets' ids too, here in the caller's order: declared when the engine runs the op, they raced the
+    # caller's next declarations and could differ between ranks (a hang; docs/decisions.md).
+    declare_group(worker, keys, [work.size * np.dtype(work.dtype).itemsize for work in works],
+                  [np.dtype(work.dtype) for work in works], compression_spec)
     group = f"group:{keys[0]}+{len(keys)}"
 
     def start(arrays, dtype):

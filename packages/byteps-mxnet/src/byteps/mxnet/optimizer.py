@@ -4,8 +4,9 @@ For the Module API and for gluon Trainers built with ``kvstore=None``: each
 ``update(index, weight, grad, state)`` first push_pulls ``grad`` in place
 (name ``"Gradient.<index>"``, priority ``-index``, as in BytePS), then runs
 the wrapped optimizer's update. MXNet's aggregated updates (lists of
-indices) push_pull each gradient of the list (not fused: see ``_push_pull``). Both are engine ops, so
-the update waits for the average without blocking Python. With gluon, prefer
+indices) push_pull their gradients as one group, small ones fused (a
+process set's each alone). Both are engine ops, so the update waits for
+the average without blocking Python. With gluon, prefer
 :class:`~byteps.mxnet.DistributedTrainer`, which also broadcasts the
 parameters.
 
@@ -38,7 +39,7 @@ is wrapped (at its first update if it was wrapped before ``init()``).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import mxnet as mx
 import numpy as np
@@ -48,7 +49,7 @@ from byteps.common.frontend.async_training import check_async_compression
 from byteps.common.frontend.process_sets import rank_view
 from byteps.mxnet.async_training import ArrayExchange, asynchronous, check_master_weights
 from byteps.mxnet.gradient_compression import take_compression_params
-from byteps.mxnet.ops import allreduce_
+from byteps.mxnet.ops import allreduce_, allreduce_group_
 
 __all__ = ["DistributedOptimizer"]
 
@@ -136,16 +137,16 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     def create_state_multi_precision(self, index: Any, weight: mx.nd.NDArray) -> Any:
         return self._optimizer.create_state_multi_precision(index, weight)
 
-    def _push_pull(self, index: Any, grad: Any) -> None:
+    def _push_pull(self, index: Any, grad: Any, prescale: float = 1.0) -> None:
         process_set = self._process_set
         if process_set is not None and (not process_set.included() or len(rank_view(process_set).ranks) == 1):
             return  # Horovod's: outside the set (or alone in it) a rank keeps its own gradient
-        if isinstance(index, (tuple, list)):  # MXNet's aggregated updates pass lists
-            # One op per gradient, not a fused group: a fused group here hung about every
-            # second run of the training checks (tests/scripts/training_checks.py) and is left
-            # for later; DistributedTrainer fuses.
-            for i, g in zip(index, grad):
-                self._push_pull(i, g)
+        if isinstance(index, (tuple, list)) and process_set is not None:
+            for i, g in zip(index, grad):  # a process set's gradients each go alone, as in DistributedTrainer
+                self._push_pull(i, g, prescale)
+            return
+        if isinstance(index, (tuple, list)):  # MXNet's aggregated updates pass lists: one fused group
+            self._push_pull_group(list(index), list(grad), prescale)
             return
         priority = -index if isinstance(index, int) else 0
         name = f"Gradient.{index}"
@@ -156,8 +157,22 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
                        process_set=process_set)
             return
         allreduce_(grad, average=True, name=name, priority=priority, compression_spec=compression.spec,
-                   lr=float(self._optimizer.learning_rate))
+                   lr=float(self._optimizer.learning_rate), prescale_factor=prescale)
         compression.after_pull(name, grad, grad.size * np.dtype(grad.dtype).itemsize)
+
+    def _push_pull_group(self, indices: List[Any], grads: List[Any], prescale: float) -> None:
+        """An aggregated update's gradients as one engine op, small ones fused (byteps-common's grouped call)."""
+        names = [f"Gradient.{i}" for i in indices]
+        first = indices[0] if indices and isinstance(indices[0], int) else 0
+        compression = self._gradient_compression
+        if compression is None:
+            allreduce_group_(grads, names, average=True, priority=-first, prescale_factor=1.0 / self._predivide,
+                             postscale_factor=self._predivide)
+            return
+        allreduce_group_(grads, names, average=True, priority=-first, prescale_factor=prescale,
+                         compression_spec=compression.spec, lr=float(self._optimizer.learning_rate))
+        for name, grad in zip(names, grads):
+            compression.after_pull(name, grad, grad.size * np.dtype(grad.dtype).itemsize)
 
     def _add_weight_decay(self, index: Any, weight: Any, grad: Any) -> None:
         compression = self._gradient_compression
@@ -196,9 +211,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             self._update_asynchronously(exchange, index, weight,
                                         lambda: self._optimizer.update(index, weight, grad, state))
             return
-        self._push_pull(index, grad)
-        self._add_weight_decay(index, weight, grad)
-        self._optimizer.update(index, weight, grad, state)
+        self._exchange_and_update(index, weight, grad, state, self._optimizer.update)
 
     def update_multi_precision(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
         exchange = self._asynchronous_exchange()
@@ -206,9 +219,29 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             self._update_asynchronously(exchange, index, weight,
                                         lambda: self._optimizer.update_multi_precision(index, weight, grad, state))
             return
-        self._push_pull(index, grad)
-        self._add_weight_decay(index, weight, grad)
-        self._optimizer.update_multi_precision(index, weight, grad, state)
+        self._exchange_and_update(index, weight, grad, state, self._optimizer.update_multi_precision)
+
+    def _exchange_and_update(self, index: Any, weight: Any, grad: Any, state: Any,
+                             update: Callable[[Any, Any, Any, Any], None]) -> None:
+        """Average ``grad`` over the ranks, then the wrapped optimizer's ``update``.
+
+        With a compressor, in BytePS's order: the gradient is multiplied by
+        ``rescale_grad`` (gluon's 1/batch size) before it is compressed, and
+        the optimizer runs with ``rescale_grad`` 1 (onebit without scaling
+        then steps by the learning rate, as BytePS's trainer does).
+        """
+        scale = float(self._optimizer.rescale_grad) if self._gradient_compression is not None else 1.0
+        self._push_pull(index, grad, scale)
+        if scale == 1.0:
+            self._add_weight_decay(index, weight, grad)
+            update(index, weight, grad, state)
+            return
+        self._optimizer.rescale_grad = 1.0  # read when the update op is issued: restored right after
+        try:
+            self._add_weight_decay(index, weight, grad)
+            update(index, weight, grad, state)
+        finally:
+            self._optimizer.rescale_grad = scale
 
     def set_learning_rate(self, lr: float) -> None:
         self._optimizer.set_learning_rate(lr)

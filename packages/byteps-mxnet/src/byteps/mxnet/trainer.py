@@ -163,6 +163,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         super().__init__(_sorted_parameters(params), optimizer, optimizer_params=optimizer_params, kvstore=None)
         self.root_rank = root_rank
         self._predivide = float(gradient_predivide_factor)
+        self._batch_scale = 1.0  # step()'s 1/batch_size while its gradients go compressed (BytePS's order)
         self._prefix = prefix or ""
         for param in self._params:
             if param._stype != "default" or param._grad_stype != "default":
@@ -182,6 +183,27 @@ class DistributedTrainer(mx.gluon.Trainer):
                 broadcast_after_init(param, root_rank, self._parameter_name(param), process_set)
             elif param._data is not None:
                 broadcast_(param.list_data()[0], root_rank, name=self._parameter_name(param), process_set=process_set)
+
+    def step(self, batch_size: float, ignore_stale_grad: bool = False) -> None:
+        """gluon's ``step``; with a compressor in ``compression_params``, in BytePS's order.
+
+        BytePS divides each gradient by the batch size before it is
+        compressed and runs the optimizer with ``rescale_grad`` 1, so a codec
+        that is not linear in its input (onebit without scaling: ``±1``
+        whatever the scale) steps by the learning rate, not by the learning
+        rate over the batch size. ``allreduce_grads()`` followed by
+        ``update(batch_size)`` cannot know the batch size before the
+        exchange: there the optimizer divides after it, as in BytePS.
+        """
+        if self._gradient_compression is None or self._async is not None or self._on_own:
+            super().step(batch_size, ignore_stale_grad)
+            return
+        scale = self._scale
+        self._batch_scale, self._scale = scale / batch_size, batch_size  # gluon's rescale_grad becomes 1
+        try:
+            super().step(batch_size, ignore_stale_grad)
+        finally:
+            self._batch_scale, self._scale = 1.0, scale
 
     def _parameter_name(self, param: Parameter) -> str:
         return parameter_name(param.name, self._prefix)
@@ -231,6 +253,8 @@ class DistributedTrainer(mx.gluon.Trainer):
             return
         config, compression = api.worker().config, self._gradient_compression
         spec, lr = (compression.spec, float(self.learning_rate)) if compression is not None else (None, None)
+        # step() with a compressor: divided by the batch size before compression (predivide is 1 then)
+        prescale = self._batch_scale / self._predivide
         small: List[Tuple[int, Parameter, mx.nd.NDArray, mx.nd.NDArray, Any, bool]] = []
         for index, param in enumerate(self._params):
             if param.grad_req == "null":
@@ -245,18 +269,18 @@ class DistributedTrainer(mx.gluon.Trainer):
                 small.append((index, param, grad, sent, ctx, compressed))
                 continue
             name = self._gradient_name(param)
-            allreduce_(sent, average=True, name=name, priority=-index, prescale_factor=1.0 / self._predivide,
+            allreduce_(sent, average=True, name=name, priority=-index, prescale_factor=prescale,
                        postscale_factor=self._predivide, compression_spec=spec if compressed else None,
                        lr=lr if compressed else None)
             self._after_pull(name, grad, sent, ctx)
         if len(small) == 1:
             index, param, grad, sent, ctx, compressed = small[0]
             allreduce_(sent, average=True, name=self._gradient_name(param), priority=-index,
-                       prescale_factor=1.0 / self._predivide, postscale_factor=self._predivide,
+                       prescale_factor=prescale, postscale_factor=self._predivide,
                        compression_spec=spec if compressed else None, lr=lr if compressed else None)
         elif small:
             allreduce_group_([member[3] for member in small], [self._gradient_name(member[1]) for member in small],
-                             average=True, priority=-small[0][0], prescale_factor=1.0 / self._predivide,
+                             average=True, priority=-small[0][0], prescale_factor=prescale,
                              postscale_factor=self._predivide, compression_spec=spec, lr=lr)
         for _, param, grad, sent, ctx, _ in small:
             self._after_pull(self._gradient_name(param), grad, sent, ctx)

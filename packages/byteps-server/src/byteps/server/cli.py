@@ -79,7 +79,8 @@ def _run_scheduler(config: Config) -> None:
                                num_servers=config.num_server, heartbeat_timeout_s=watch, secret=config.secret,
                                job_id=config.job_id or "",
                                # bpslaunch's elastic mode: which process to leave out of the next epoch
-                               lost_node_file=os.environ.get("BYTEPS_LOST_NODE_FILE") or None)
+                               lost_node_file=os.environ.get("BYTEPS_LOST_NODE_FILE") or None,
+                               shutdown_leaves=config.shutdown_leaves_job)
     Scheduler(options).run()
 
 

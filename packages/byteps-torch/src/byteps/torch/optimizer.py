@@ -52,7 +52,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from byteps.common import api
-from byteps.common.compression import NesterovMomentum, parse_compression_params
+from byteps.common.compression import NesterovMomentum, parse_compression_params, warn_if_feedback_meets_momentum
 from byteps.common.frontend import Average, check_gradient_op, check_passes
 from byteps.common.frontend.async_training import async_enabled, check_async_compression
 from byteps.common.frontend.process import on_init
@@ -173,6 +173,7 @@ class _DistributedOptimizer:
                              f"group; the optimizer has {sorted(map(str, momenta))}")
         spec = parse_compression_params(params, momenta.pop() if wants_momentum else None)
         if spec is None or spec.momentum is None:
+            warn_if_feedback_meets_momentum(spec, max((float(m or 0.0) for m in momenta), default=0.0))
             return spec, None
         for group in self.param_groups:
             group["momentum"] = 0.0

@@ -43,7 +43,8 @@ from byteps.transport.zmq_endpoints import Connection, Listener, tcp_address
 # 2.2: FLAG_ZEROS; 2.3: FLAG_BARE; 2.4: SchedulerOptions.lost_node_file
 # 2.5: Context(shared_memory=...), payloads through shared memory on one host
 # 2.6: Context(rdma=RdmaSettings(...)): payloads by RDMA WRITE; ByteCounters.rdma_*
-INTERFACE_VERSION = (2, 8)  # 2.8: zero-copy RDMA sends, no inline writes; 2.7: FLAG_PULL, wire protocol v3
+# 2.7: FLAG_PULL, wire protocol v3 (a PUSH that is also its PULL); 2.8: zero-copy RDMA sends, no inline writes
+INTERFACE_VERSION = (2, 9)  # 2.9: SchedulerOptions.shutdown_leaves, AddressBook.shutdown_leaves
 
 __all__ = [
     "INTERFACE_VERSION",

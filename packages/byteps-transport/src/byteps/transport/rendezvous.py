@@ -101,6 +101,8 @@ class AddressBook:
     local_size: int
     rank: int  # this node's rank among its role (worker rank or server rank)
     job_id: str = ""  # the same on every node: names shared memory and local sockets
+    #: A worker's shutdown() leaves the job (BytePS), rather than suspending it for a later init() (Horovod).
+    shutdown_leaves: bool = False
 
     @property
     def num_workers(self) -> int:
@@ -114,6 +116,7 @@ class AddressBook:
             "local_size": self.local_size,
             "rank": self.rank,
             "job_id": self.job_id,
+            "shutdown_leaves": self.shutdown_leaves,
         }
 
     @classmethod
@@ -124,6 +127,7 @@ class AddressBook:
             local_size=int(obj["local_size"]),
             rank=int(obj["rank"]),
             job_id=str(obj.get("job_id", "")),
+            shutdown_leaves=bool(obj.get("shutdown_leaves", False)),
         )
 
 

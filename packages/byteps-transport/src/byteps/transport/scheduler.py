@@ -57,6 +57,9 @@ class SchedulerOptions:
     #: Where to write, as JSON, the node presumed dead when one ends the job (a launcher that re-forms the
     #: job reads it: a hung process never exits, so only the scheduler can say which one it was).
     lost_node_file: Optional[str] = None
+    #: Told to every node in the address book: a worker's shutdown() then leaves the job (BytePS's contract, role
+    #: mode), so the job ends once every worker has; otherwise shutdown() suspends for a later init() (Horovod's).
+    shutdown_leaves: bool = False
 
 
 @dataclasses.dataclass
@@ -287,7 +290,7 @@ class Scheduler:
         servers = tuple((s.info.host, s.info.port) for s in self.servers)
         for role_rank, entry in list(enumerate(self.servers)) + sorted(self.workers.items()):
             book = AddressBook(servers, self.options.num_worker_machines, self.local_size or 1, role_rank,
-                               self.job_id)
+                               self.job_id, shutdown_leaves=self.options.shutdown_leaves)
             self.listener.send(Command.ADDRESS_BOOK, SCHEDULER_SENDER,
                                payload=json_payload(book.to_json()), identity=entry.identity)
         self.book_sent = True

@@ -29,7 +29,7 @@ from byteps.common import api
 from byteps.common.compression import CompressionSpec
 from byteps.common.dtypes import DType, dtype_of
 from byteps.common.frontend.reductions import divide_towards_zero
-from byteps.common.fusion import push_pull_group_async
+from byteps.common.fusion import declare_group, push_pull_group_async
 from byteps.common.handle import Handle
 
 try:
@@ -37,7 +37,7 @@ try:
 except ImportError:  # pragma: no cover - Python < 3.8
     Protocol = object  # type: ignore[assignment,misc]
 
-__all__ = ["Staging", "Staged", "push_pull_group", "submit_group"]
+__all__ = ["Staging", "Staged", "declare_group", "push_pull_group", "submit_group"]
 
 FAMILY = "push_pull_group"
 

@@ -69,12 +69,19 @@ def shutdown() -> None:
     """Stop byteps in this process; a later init() picks up where it left off (Horovod's re-init).
 
     Pending handles become invalid. The process stays in the job until it
-    exits (or the job's end): see :func:`byteps.common.api.suspend`.
+    exits (or the job's end): see :func:`byteps.common.api.suspend`. In a
+    job whose scheduler says so (BytePS's role mode,
+    BYTEPS_SHUTDOWN_LEAVES_JOB=1) the process leaves the job here, as in
+    BytePS, so the scheduler and servers end once every worker has shut
+    down; a later init() then joins a new job.
     """
     from byteps.common.frontend import process_sets as sets
     for callback in _before_shutdown:
         callback()
-    api.suspend()
+    if api.is_initialized() and api.worker().shutdown_leaves_job:
+        api.shutdown()
+    else:
+        api.suspend()
     sets.reset()
     for callback in _after_shutdown:
         callback()
