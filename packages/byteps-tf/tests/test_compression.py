@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import keras
 import numpy as np
@@ -126,3 +127,21 @@ def test_one_worker_applies_the_momentum_it_took_from_the_optimizer(bps):
         np.testing.assert_allclose(result.numpy(), want, rtol=1e-6)
     optimizer.apply([tf.constant([1.0, 1.0])], [variable])
     assert not optimizer.momentums  # the optimizer built no momentum of its own
+
+
+def test_error_feedback_under_the_optimizers_own_momentum_warns_at_the_call(bps):
+    from byteps.common.compression import FeedbackMomentumWarning
+
+    feedback = {"compressor": "onebit", "ef": "vanilla"}
+    with pytest.warns(FeedbackMomentumWarning, match="nesterov") as caught:
+        bps.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), compression_params=feedback)
+    assert caught[0].filename == __file__  # the user's line, not byteps'
+    with pytest.warns(FeedbackMomentumWarning, match="BYTEPS_MIN_COMPRESS_BYTES"):
+        bps.DistributedOptimizer(tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), compression_params=feedback)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FeedbackMomentumWarning)
+        bps.DistributedOptimizer(keras.optimizers.SGD(0.1), compression_params=feedback)  # no momentum
+        bps.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),  # the compressor carries it
+                                 compression_params={**feedback, "momentum": "nesterov"})
+        bps.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),  # no error feedback
+                                 compression_params={"compressor": "onebit"})

@@ -39,7 +39,12 @@ import numpy as np
 import tensorflow as tf
 
 from byteps.common import api
-from byteps.common.compression import CompressionSpec, NesterovMomentum, parse_compression_params
+from byteps.common.compression import (
+    CompressionSpec,
+    NesterovMomentum,
+    parse_compression_params,
+    warn_if_feedback_meets_momentum,
+)
 from byteps.common.frontend import after_shutdown
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.graph_ops import run_eagerly
@@ -128,6 +133,9 @@ def take_compression_params(params: Optional[Mapping[str, Any]], optimizer: Any,
         compression = Compression.fp16
     if spec.compressor == "none":  # fp16 alone
         return compression, None
+    if spec.momentum is None and optimizer is not None:
+        # Error feedback under the optimizer's own momentum can diverge: say so at the user's call.
+        warn_if_feedback_meets_momentum(spec, _momentum_of(optimizer, what))
     momentum = None
     if spec.momentum is not None:
         _turn_off_momentum(optimizer, spec.momentum, what)
