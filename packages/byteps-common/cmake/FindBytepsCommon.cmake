@@ -55,7 +55,7 @@ endif()
 # of the wheel. No framework is linked: extensions exchange raw buffers.
 function(byteps_add_extension destination)
   # No link-time optimisation, as in byteps-common's own CMakeLists.txt: one translation unit per
-  # hot loop, so it only slows the build.
+  # hot loop, so it made nothing faster.
   set(CMAKE_INTERPROCEDURAL_OPTIMIZATION OFF)
   pybind11_add_module(_C ${ARGN})
   target_compile_features(_C PRIVATE cxx_std_17)
