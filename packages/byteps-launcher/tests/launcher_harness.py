@@ -13,16 +13,18 @@ someone else is never touched).
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import IO, Dict, List, Optional, Sequence
 
-from byteps.testkit import LAUNCHER, clean_env, is_alive
+from byteps.testkit import LAUNCHER, clean_env, is_alive, processes_with_variable, variable_of
 
 PY = sys.executable
 
@@ -47,6 +49,35 @@ def with_fake_server(server_code: str) -> List[str]:
         "from byteps.launcher.cli import main; sys.exit(main(sys.argv[2:]))"
     )
     return [PY, "-c", patch, server_code]
+
+
+def processes_of(job_id: str) -> List[int]:
+    """Pids of the processes whose environment names this job (every "host" and node lives here)."""
+    return processes_with_variable("BYTEPS_JOB_ID", job_id)
+
+
+def running_worker_pids(stream: IO[str], lines: List[str], job_id: str, workers: int = 2, servers: int = 2,
+                        timeout: float = 90) -> Dict[int, int]:
+    """{rank: pid} of a job of ssh_job_worker.py, read from its output (kept in ``lines``) once every worker
+    printed ``PID <rank> <pid>``; checks that the job's scheduler, servers and workers all run by then."""
+    pids, deadline = {}, time.monotonic() + timeout
+    while len(pids) < workers:
+        line = stream.readline()
+        assert line and time.monotonic() < deadline, "".join(lines)
+        lines.append(line)
+        found = re.search(r"PID (\d+) (\d+)", line)
+        if found:
+            pids[int(found.group(1))] = int(found.group(2))
+    roles = collections.Counter(variable_of(pid, "DMLC_ROLE") for pid in processes_of(job_id))
+    assert roles["scheduler"] == 1 and roles["server"] == servers and roles["worker"] == workers, roles
+    return pids
+
+
+def left_of_job(job_id: str, since: float, limit: float = 15) -> Dict[int, Optional[str]]:
+    """The job's processes (pid: role) still there ``limit`` seconds after ``since`` (waits until then or none)."""
+    while processes_of(job_id) and time.monotonic() - since < limit:
+        time.sleep(0.1)
+    return {pid: variable_of(pid, "DMLC_ROLE") for pid in processes_of(job_id)}
 
 
 class Job:

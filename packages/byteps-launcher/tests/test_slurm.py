@@ -7,7 +7,6 @@ that runs these (`nox -s tests-engines`, as root) installs slurmctld,
 slurmd, slurm-client and munge.
 """
 
-import collections
 import os
 import re
 import shutil
@@ -17,6 +16,7 @@ import sys
 import time
 
 import pytest
+from launcher_harness import left_of_job, processes_of, running_worker_pids
 
 from byteps.launcher.job_plan import UsageError
 from byteps.launcher.slurm_mode import expand_nodelist, slurm_plan
@@ -24,10 +24,8 @@ from byteps.testkit import (
     SlurmCluster,
     clean_env,
     kill_group,
-    processes_with_variable,
     rank_lines,
     slurm_available,
-    variable_of,
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,11 +44,6 @@ def cluster(tmp_path_factory):
     # Two GPUs per node, as SLURM counts them (no device here): a step that asks gets SLURM_GPUS_ON_NODE.
     with SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=2, gpus_per_node=2) as running:
         yield running
-
-
-def processes_of(job_id):
-    """Pids of the processes whose environment names this job, on every node (they all live here)."""
-    return processes_with_variable("BYTEPS_JOB_ID", job_id)
 
 
 
@@ -165,23 +158,12 @@ def test_a_killed_worker_ends_the_job_non_zero_within_15_s_and_leaves_nothing_of
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines = []
     try:
-        pids, deadline = {}, time.monotonic() + 90
-        while len(pids) < 2:
-            line = srun.stdout.readline()
-            assert line and time.monotonic() < deadline, "".join(lines)
-            lines.append(line)
-            found = re.search(r"PID (\d+) (\d+)", line)
-            if found:
-                pids[int(found.group(1))] = int(found.group(2))
-        roles = collections.Counter(variable_of(pid, "DMLC_ROLE") for pid in processes_of(job_id))
-        assert roles["scheduler"] == 1 and roles["server"] == 2 and roles["worker"] == 2, roles
+        pids = running_worker_pids(srun.stdout, lines, job_id)
         os.kill(pids[1], signal.SIGKILL)
         killed = time.monotonic()
         rest, _ = srun.communicate(timeout=30)
         ended = time.monotonic() - killed
-        while processes_of(job_id) and time.monotonic() - killed < 15:
-            time.sleep(0.1)
-        left = {pid: variable_of(pid, "DMLC_ROLE") for pid in processes_of(job_id)}
+        left = left_of_job(job_id, killed)
         output = "".join(lines) + rest
         print(f"srun ended {ended:.1f} s after the kill, the job's last process {time.monotonic() - killed:.1f} s")
         assert srun.returncode != 0, output

@@ -6,7 +6,6 @@ through ssh, as on a real cluster. The session that runs these
 (`nox -s tests-engines`) installs openssh-server from Debian's packages.
 """
 
-import collections
 import os
 import re
 import signal
@@ -16,21 +15,17 @@ import time
 
 import pytest
 
-from byteps.testkit import clean_env, processes_with_variable, rank_lines, variable_of
+from byteps.testkit import clean_env, rank_lines
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "..", "..", "examples", "torch")
 from conftest import SSH_HOSTS as HOSTS  # noqa: E402
+from launcher_harness import left_of_job, processes_of, running_worker_pids  # noqa: E402
 
 
 def bpslaunch(hosts, layout, script, args=(), env=None):
     return [sys.executable, "-m", "byteps.launcher", "--grace-period", "2", *layout, *hosts.launcher_args(), "--",
             sys.executable, script, *args], clean_env({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})})
-
-
-def processes_of(job_id):
-    """Pids of the processes whose environment names this job (on every "host": they all live here)."""
-    return processes_with_variable("BYTEPS_JOB_ID", job_id)
 
 
 
@@ -77,17 +72,9 @@ def test_killing_a_remote_worker_ends_the_job_and_leaves_no_process_on_any_host(
                           env={"BYTEPS_JOB_ID": job_id})
     launcher = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
+    lines = []
     try:
-        pids, lines, deadline = {}, [], time.monotonic() + 90
-        while len(pids) < 2:
-            line = launcher.stdout.readline()
-            assert line and time.monotonic() < deadline, "".join(lines)
-            lines.append(line)
-            found = re.search(r"PID (\d+) (\d+)", line)
-            if found:
-                pids[int(found.group(1))] = int(found.group(2))
-        roles = collections.Counter(variable_of(pid, "DMLC_ROLE") for pid in processes_of(job_id))
-        assert roles["scheduler"] == 1 and roles["server"] == 2 and roles["worker"] == 2, roles
+        pids = running_worker_pids(launcher.stdout, lines, job_id)
         os.kill(pids[1], signal.SIGKILL)  # worker 1 lives on 127.0.0.3
         killed = time.monotonic()
         rest, _ = launcher.communicate(timeout=30)
@@ -95,9 +82,7 @@ def test_killing_a_remote_worker_ends_the_job_and_leaves_no_process_on_any_host(
         assert ended < 15, "".join(lines) + rest
         assert launcher.returncode != 0, "".join(lines) + rest
         assert "worker 1" in rest and "on 127.0.0.3" in rest, rest
-        while processes_of(job_id) and time.monotonic() - killed < 15:  # the promise: nothing left by 15 s
-            time.sleep(0.1)
-        left = {pid: variable_of(pid, "DMLC_ROLE") for pid in processes_of(job_id)}
+        left = left_of_job(job_id, killed)  # the promise: nothing left by 15 s
         print(f"bpslaunch ended {ended:.1f} s after the kill, the job's last process {time.monotonic() - killed:.1f} s")
         assert left == {}, f"processes of the job outlived it by 15 s: {left}"
     finally:
