@@ -267,18 +267,19 @@ def _install(session: nox.Session, *packages: str, extra: tuple = ()) -> None:
     installed when the very same wheels and requirements already are.
     """
     built = _wheels(session, _with_siblings(packages))
-    wanted = "\n".join([*(str(built[p]) for p in packages), *(str(built[p]) for p in sorted(built)), *extra])
+    links = [arg for path in sorted(built.values()) for arg in ("--find-links", str(path.parent))]
+    arguments = [*links, *(str(built[p]) for p in packages), *extra]
+    # The install's own arguments name every wheel (a wheel's folder is its inputs' hash): the stamp.
     stamp = pathlib.Path(session.virtualenv.location) / "byteps-installed.txt"
-    if stamp.exists() and stamp.read_text() == wanted:
+    if stamp.exists() and stamp.read_text() == "\n".join(arguments):
         session.log("byteps wheels and requirements already installed in this venv")
         return
     # Every byteps wheel is version 0.1.0 whatever its source state: in a reused venv pip
     # would keep the stale copies as "already satisfied", so they all go first and pip resolves
     # them again from these builds.
     session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *PACKAGES, silent=True)
-    links = [arg for path in sorted(built.values()) for arg in ("--find-links", str(path.parent))]
-    session.install(*links, *(str(built[p]) for p in packages), *extra)
-    stamp.write_text(wanted)
+    session.install(*arguments)
+    stamp.write_text("\n".join(arguments))
 
 
 @nox.session
