@@ -50,12 +50,12 @@ def average_of(op: Optional[int], average: Optional[bool], default: bool = True)
 
 
 def check_gradient_op(op: Any, gradient_predivide_factor: float) -> None:
-    """The checks of every gradient-averaging wrapper (optimizers, tapes) on ``op`` and the predivide factor."""
-    if op == Adasum:
-        raise NotImplementedError("op=Adasum in a gradient wrapper (Horovod's Adasum delta optimizer) is not "
-                                  "supported: use Average or Sum here; allreduce(tensor, op=Adasum) works")
-    if op not in (Average, Sum):
-        raise ValueError(f"op must be Average or Sum, got {op!r}")
+    """The checks of every gradient-averaging wrapper (optimizers, tapes) on ``op`` and the predivide factor.
+
+    Adasum passes here: each adapter implements it as Horovod does (the delta optimizer in torch and TF1, the
+    gradients reduced by Adasum in tapes and Keras)."""
+    if op not in (Average, Sum, Adasum):
+        raise ValueError(f"op must be Average, Sum or Adasum, got {op!r}")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor is only supported with op=Average")
     if gradient_predivide_factor <= 0:
