@@ -88,6 +88,18 @@ def async_handles():
     assert called.wait(5), "handle_done_callback's callback never ran"
     expect_error(ValueError, "unknown push_pull handle", lambda: bps.poll(10**9))
 
+    # A named op that has finished is still in flight until its handle is synchronized (Horovod's
+    # duplicate-name tests): every rank refuses the second submission, however fast the first one ended.
+    small = torch.full((3,), float(r + 1))
+    h = bps.allreduce_async(small, op=bps.Sum, name="held")
+    while not bps.poll(h):
+        time.sleep(0.001)
+    expect_error(ValueError, "still in flight", lambda: bps.allreduce_async(small, op=bps.Sum, name="held"))
+    assert_equal(bps.synchronize(h), torch.full((3,), float(n * (n + 1) // 2)), "the held op's result")
+    bps.barrier()  # a refused call leaves the job usable
+    assert_equal(bps.allreduce(small, op=bps.Sum, name="held"), torch.full((3,), float(n * (n + 1) // 2)),
+                 "the name again after synchronize()")
+
 
 def inplace_variants():
     r, n = bps.rank(), bps.size()

@@ -314,8 +314,10 @@ class _DistributedOptimizer:
                   if p not in self._pending and (p.requires_grad or p in self._touched or p in plan)]
         self._buckets.start_unsent(plan, unsent, self._start_push_pull, self._start_bucket)
         pending, self._pending = self._pending, {}
+        waited: set = set()
         try:
             for p, item in pending.items():
+                waited.add(p)
                 result = wait_gradient(item.handle)
                 if result.is_sparse:
                     p.grad = result
@@ -331,6 +333,7 @@ class _DistributedOptimizer:
                 if p in self._sparse:
                     p.grad = p.grad.to_sparse()
         finally:
+            _spend_handles([item.handle for p, item in pending.items() if p not in waited])
             self._sparse.clear()
             for p in self._parameter_names:
                 self._passes_left[p] = self.backward_passes_per_step
@@ -405,6 +408,16 @@ class _DistributedOptimizer:
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(); push_pulls of the gradients are pending, and zeroing them now would race")
         return super().zero_grad(set_to_none)
+
+
+def _spend_handles(handles: List[Any]) -> None:
+    """After one gradient's push_pull failed: wait for the others too (their errors are the same failure), so
+    that their names are free for the next step."""
+    for handle in handles:
+        try:
+            wait_gradient(handle)
+        except Exception:  # noqa: BLE001 - the first failure is the one raised
+            pass
 
 
 def _named_parameters(optimizer: torch.optim.Optimizer,

@@ -156,13 +156,22 @@ class OpTracker:
 
     def track(self, core: Handle, name: str, token: object, start: float, nbytes: int,
               finish: Callable[[], Any]) -> int:
+        """A user's name stays in flight until the handle is synchronized (as the refusal of a second op of
+        the name says), not merely until the op finishes: an op that finished before its caller looked would
+        otherwise let a second op of the name through on one rank and refuse it on another, leaving the ranks
+        a round apart. A default name, which a later unnamed op waits for, and a failed op's name are freed
+        when the op ends, so that neither a window of unnamed ops nor a caller that gives up on a failed
+        handle waits on a synchronize() that comes later or never."""
+        held_until_synchronized = not self.names.is_default(name)
+
         def release() -> None:
             self.names.release(name, token)
 
         def finished(handle: Handle) -> None:
-            release()
             if handle.error is None:
                 self.speed.record(start, nbytes)
+            if handle.error is not None or not held_until_synchronized:
+                release()
 
         core.add_done_callback(finished)
         return self.handles.add(PendingOp(core, finish, release))

@@ -16,7 +16,8 @@ Three rules every adapter follows, kept here once:
   every rank that issues the same ops. (After ``join()`` the ranks agree on
   both again, :func:`join_state`: a rank that joined early missed some.)
 * A name may not be submitted again while an op of it is in flight
-  (:meth:`TensorNames.reserve`).
+  (:meth:`TensorNames.reserve`); a user's name stays in flight until its
+  handle is synchronized, a default name until its op is done.
 
 Example::
 
@@ -134,6 +135,11 @@ class TensorNames:
             waits = name in self._defaults
         return self._busy.reserve([name], lambda _: f"{what}: an op of this name is still in flight; synchronize() "
                                   "its handle before submitting the name again", (name,) if waits else ())
+
+    def is_default(self, name: str) -> bool:
+        """Whether ``name`` is a default name handed out by :meth:`default`."""
+        with self._lock:
+            return name in self._defaults
 
     def release(self, name: str, token: object) -> None:
         """Free ``name`` unless a later op holds it already (a late done-callback of an earlier one)."""
