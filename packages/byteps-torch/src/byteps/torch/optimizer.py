@@ -49,7 +49,6 @@ from contextlib import contextmanager
 from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from byteps.common import api
 from byteps.common.compression import NesterovMomentum, parse_compression_params, warn_if_feedback_meets_momentum
@@ -61,6 +60,7 @@ from byteps.torch.async_optimizer import AsyncDistributedOptimizer
 from byteps.torch.buckets import Bucket, GradientBuckets, push_pull_bucket, wait_gradient
 from byteps.torch.collectives import sparse_allreduce_async
 from byteps.torch.compression import Compression
+from byteps.torch.gradient_hooks import hook_gradient
 from byteps.torch.horovod_ops import allreduce_async_
 from byteps.torch.ops import push_pull_async_inplace
 
@@ -70,10 +70,6 @@ __all__ = ["DistributedOptimizer"]
 GRADIENT_PREFIX = "Gradient."
 
 
-# The hook each parameter currently has. Wrapping the same parameters again
-# (a new DistributedOptimizer for the same model) moves the hook to the new
-# optimizer, so a gradient is never push_pulled twice under one name.
-_hooks: WeakIdKeyDictionary = WeakIdKeyDictionary()   # tensor -> RemovableHandle
 _optimizers: weakref.WeakSet[Any] = weakref.WeakSet()   # every synchronous DistributedOptimizer alive
 _creation_order = itertools.count()
 
@@ -194,10 +190,7 @@ class _DistributedOptimizer:
         """
         for p in self._parameter_names:
             if p.requires_grad and p not in self._hooked:
-                previous = _hooks.pop(p, None)
-                if previous is not None:
-                    previous.remove()
-                _hooks[p] = p.register_post_accumulate_grad_hook(self._gradient_ready)
+                hook_gradient(p, self._gradient_ready)  # a wrapper made before loses p's hook
                 self._hooked.add(p)
 
     def _gradient_ready(self, p: torch.Tensor) -> None:
