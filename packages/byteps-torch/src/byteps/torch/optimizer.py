@@ -52,10 +52,11 @@ import torch
 
 from byteps.common import api
 from byteps.common.compression import NesterovMomentum, parse_compression_params, warn_if_feedback_meets_momentum
-from byteps.common.frontend import Average, check_gradient_op, check_passes
+from byteps.common.frontend import Adasum, Average, check_gradient_op, check_passes
 from byteps.common.frontend.async_training import async_enabled, check_async_compression
 from byteps.common.frontend.process import on_init
 from byteps.common.frontend.process_sets import global_process_set, rank_view
+from byteps.torch.adasum_optimizer import AdasumDistributedOptimizer, check_adasum_options
 from byteps.torch.async_optimizer import AsyncDistributedOptimizer
 from byteps.torch.buckets import Bucket, GradientBuckets, push_pull_bucket, wait_gradient
 from byteps.torch.collectives import sparse_allreduce_async
@@ -441,7 +442,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     the param groups, which is fine as long as every rank builds the same
     optimizer. ``backward_passes_per_step`` accumulates that many backward
     passes locally before communicating. ``compression=Compression.fp16``
-    sends float16. ``op`` is ``Average`` or ``Sum``. With
+    sends float16. ``op`` is ``Average`` or ``Sum``, or ``Adasum``: Horovod's
+    delta optimizer, where each rank steps on its own gradients and the
+    parameters' changes are combined by Adasum
+    (:mod:`byteps.torch.adasum_optimizer`, which lists what it refuses). With
     ``gradient_predivide_factor=f`` each gradient is divided by ``f`` before
     the sum and multiplied by ``f / size()`` after (Horovod), which can keep
     float16 sums in range.
@@ -481,11 +485,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     """
     check_gradient_op(op, gradient_predivide_factor)
     check_passes(backward_passes_per_step)
-    if isinstance(optimizer, (_DistributedOptimizer, AsyncDistributedOptimizer)):
+    if isinstance(optimizer, (_DistributedOptimizer, AsyncDistributedOptimizer, AdasumDistributedOptimizer)):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap the original optimizer once")
     named = _named_parameters(optimizer, named_parameters)
     base = optimizer.__class__
     _check_groups(groups, optimizer)
+    if op == Adasum:
+        check_adasum_options(optimizer, compression, sparse_as_dense, process_set, compression_params)
+        wrapped = _share(optimizer, type(base.__name__, (AdasumDistributedOptimizer, base), {}))
+        wrapped._setup_adasum(named, compression, backward_passes_per_step)
+        return wrapped
     if api.is_initialized() and async_enabled():
         check_async_compression(compression_params, compression is Compression.none)
         if process_set is not global_process_set and process_set is not None:
