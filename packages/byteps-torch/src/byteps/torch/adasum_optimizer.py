@@ -29,7 +29,7 @@ the wrapped optimizer's.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, NamedTuple, Tuple
+from typing import Any, Dict, List, NamedTuple, NoReturn, Tuple
 
 import torch
 
@@ -161,7 +161,7 @@ class AdasumDistributedOptimizer:
     def synchronize(self) -> None:
         """Nothing to do: each gradient was used by the local step during backward (Horovod's Adasum)."""
 
-    def skip_synchronize(self) -> Iterator[None]:
+    def skip_synchronize(self) -> NoReturn:
         """Refused, as in Horovod: there is no synchronize() to skip."""
         raise NotImplementedError("skip_synchronize() does not apply with op=Adasum: each rank steps on its own "
                                   "gradients during backward; call step() alone")
