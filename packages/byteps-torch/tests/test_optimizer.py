@@ -16,7 +16,7 @@ CHECKS = [
     "requires_grad_changes",            # frozen from the start, unfrozen later, frozen later
     "unused_parameters",                # a branch used on one rank only: the others push zeros
     "predivide_and_sum",                # gradient_predivide_factor, op=Sum
-    "errors",                           # duplicate / missing names, Adasum, zero_grad while pending
+    "errors",                           # duplicate / missing names, zero_grad while pending
     "wrapper_shares_state",             # subclass of the wrapped class, shared state, hooks once, schedulers
     "rewrapping_moves_hooks",           # a second wrapper of the same parameters takes their hooks over
     "fusion_matches_unfused",           # small gradients fused (1 or several buckets) = each sent alone

@@ -204,8 +204,6 @@ def sgd_momentum_and_scalars():
 
 def optimizer_errors():
     r = bps.rank()
-    expect_error(ValueError, "LBFGS", lambda: bps.broadcast_optimizer_state(
-        torch.optim.LBFGS(nn.Linear(2, 2).parameters()), root_rank=0))
     model = nn.Linear(4, 3 + 2 * r)  # another rank builds a different optimizer: every rank must fail
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     text = "the root has" if r != 0 else "another rank's optimizer"

@@ -240,7 +240,6 @@ def check_errors() -> None:
         sgd, named_parameters=[("a", model.a.weight)]))
     expect_error(ValueError, "(name, parameter) tuples", lambda: bps.DistributedOptimizer(
         sgd, named_parameters=[p for p in model.parameters()]))
-    expect_error(NotImplementedError, "Adasum", lambda: bps.DistributedOptimizer(sgd, op=bps.Adasum))
     expect_error(ValueError, "backward_passes_per_step", lambda: bps.DistributedOptimizer(
         sgd, backward_passes_per_step=0))
     optimizer = bps.DistributedOptimizer(sgd, named_parameters=named(model, "errors"))

@@ -55,15 +55,19 @@ def broadcast_parameters(params: Params, root_rank: int) -> None:
     _broadcast_all([(None if name is None else f"Parameter.{name}", tensor) for name, tensor in items], root_rank)
 
 
+def _describe_value(value: Any, param: torch.Tensor) -> Tuple:
+    """One state entry: a tensor by shape, dtype and device; a list or tuple (LBFGS's history) item by item;
+    anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.dtype, value.device == param.device)
+    if type(value) in (list, tuple):
+        return ("sequence", type(value), [_describe_value(item, param) for item in value])
+    return ("value", value)
+
+
 def _describe_state(state: Dict[str, Any], param: torch.Tensor) -> Dict[str, Tuple]:
-    """One parameter's optimizer state: tensors by shape, dtype and device, other values as they are."""
-    described = {}
-    for key, value in state.items():
-        if isinstance(value, torch.Tensor):
-            described[key] = ("tensor", tuple(value.shape), value.dtype, value.device == param.device)
-        else:
-            described[key] = ("value", value)
-    return described
+    """One parameter's optimizer state, as :func:`_describe_value` describes each entry."""
+    return {key: _describe_value(value, param) for key, value in state.items()}
 
 
 def _describe(optimizer: torch.optim.Optimizer) -> List[Dict[str, Any]]:
@@ -104,18 +108,34 @@ def _adopt(optimizer: torch.optim.Optimizer, root: List[Dict[str, Any]]) -> None
                 optimizer.state.pop(param, None)
                 continue
             current = optimizer.state.get(param, {})
-            state = {}
-            for key, entry in layout.items():
-                if entry[0] == "value":
-                    state[key] = entry[1]
-                    continue
-                _, shape, dtype, on_param_device = entry
-                device = param.device if on_param_device else torch.device("cpu")
-                old = current.get(key)
-                keep = (isinstance(old, torch.Tensor) and tuple(old.shape) == shape and old.dtype == dtype
-                        and old.device == device)
-                state[key] = old if keep else torch.zeros(shape, dtype=dtype, device=device)
-            optimizer.state[param] = state
+            optimizer.state[param] = {key: _adopt_value(entry, current.get(key), param)
+                                      for key, entry in layout.items()}
+
+
+def _adopt_value(entry: Tuple, old: Any, param: torch.Tensor) -> Any:
+    """The root's value for one state entry: ``old`` where it is a tensor of the same kind (filled by the
+    broadcast), zeros where it is not, the root's own for non-tensors."""
+    if entry[0] == "value":
+        return entry[1]
+    if entry[0] == "sequence":
+        _, kind, items = entry
+        olds = list(old) if type(old) in (list, tuple) and len(old) == len(items) else [None] * len(items)
+        return kind(_adopt_value(item, previous, param) for item, previous in zip(items, olds))
+    _, shape, dtype, on_param_device = entry
+    device = param.device if on_param_device else torch.device("cpu")
+    keep = (isinstance(old, torch.Tensor) and tuple(old.shape) == shape and old.dtype == dtype
+            and old.device == device)
+    return old if keep else torch.zeros(shape, dtype=dtype, device=device)
+
+
+def _state_tensors(name: str, entry: Tuple, value: Any) -> List[Tuple[str, torch.Tensor]]:
+    """The tensors of one adopted state entry, named by where they sit (``<name>.<index>`` inside lists)."""
+    if entry[0] == "tensor":
+        return [(name, value)]
+    if entry[0] == "sequence":
+        return [pair for i, (item, inner) in enumerate(zip(entry[2], value))
+                for pair in _state_tensors(f"{name}.{i}", item, inner)]
+    return []
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model: Any = None) -> None:
@@ -127,21 +147,23 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     until the broadcast fills them) and drops those the root lacks, then
     every state tensor is broadcast in place and scalar state (``step`` when
     it is a number) and ``param_groups`` options (lr, momentum, betas, ...)
-    are taken from the root. Horovod instead forces state into existence
+    are taken from the root. Lists and tuples in the state (LBFGS keeps its
+    history so, all of it under its first parameter) are taken item by item,
+    so every optimizer in ``torch.optim`` is covered. Horovod instead forces state into existence
     with a zero-gradient ``step()``, which can move parameters (weight decay)
     and advances existing state; this does neither. What that step leaves
     behind, and scripts come to rely on, is kept: an optimizer with no state
     yet gets a zero gradient for every parameter that requires one and has
-    none. ``model`` is accepted for Horovod's signature (sparse parameters
-    are broadcast like dense ones).
+    none (a sparse one for SparseAdam, which takes no other). ``model`` is
+    accepted for Horovod's signature (sparse parameters are broadcast like
+    dense ones).
     """
-    if isinstance(optimizer, torch.optim.LBFGS):
-        raise ValueError("cannot broadcast torch.optim.LBFGS state (it is not per parameter)")
     if not optimizer.state:
+        sparse = isinstance(optimizer, torch.optim.SparseAdam)  # it refuses dense gradients
         for group in optimizer.param_groups:
             for param in group["params"]:
                 if param.requires_grad and param.grad is None:
-                    param.grad = torch.zeros_like(param)
+                    param.grad = torch.zeros_like(param).to_sparse() if sparse else torch.zeros_like(param)
     is_root = rank() == root_rank
     root = broadcast_object(_describe(optimizer) if is_root else None, root_rank,
                             name="broadcast_optimizer_state.layout")
@@ -159,6 +181,5 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     for g, (group, described) in enumerate(zip(optimizer.param_groups, root)):
         for i, (param, layout) in enumerate(zip(group["params"], described["state"])):
             for key, entry in layout.items():
-                if entry[0] == "tensor":
-                    named.append((f"OptimizerState.{g}.{i}.{key}", optimizer.state[param][key]))
+                named += _state_tensors(f"OptimizerState.{g}.{i}.{key}", entry, optimizer.state[param][key])
     _broadcast_all(named, root_rank)

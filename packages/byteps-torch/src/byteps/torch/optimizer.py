@@ -49,18 +49,19 @@ from contextlib import contextmanager
 from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from byteps.common import api
 from byteps.common.compression import NesterovMomentum, parse_compression_params, warn_if_feedback_meets_momentum
-from byteps.common.frontend import Average, check_gradient_op, check_passes
+from byteps.common.frontend import Adasum, Average, check_gradient_op, check_passes
 from byteps.common.frontend.async_training import async_enabled, check_async_compression
 from byteps.common.frontend.process import on_init
 from byteps.common.frontend.process_sets import global_process_set, rank_view
+from byteps.torch.adasum_optimizer import AdasumDistributedOptimizer, check_adasum_options
 from byteps.torch.async_optimizer import AsyncDistributedOptimizer
 from byteps.torch.buckets import Bucket, GradientBuckets, push_pull_bucket, wait_gradient
 from byteps.torch.collectives import sparse_allreduce_async
 from byteps.torch.compression import Compression
+from byteps.torch.gradient_hooks import hook_gradient
 from byteps.torch.horovod_ops import allreduce_async_
 from byteps.torch.ops import push_pull_async_inplace
 
@@ -70,10 +71,6 @@ __all__ = ["DistributedOptimizer"]
 GRADIENT_PREFIX = "Gradient."
 
 
-# The hook each parameter currently has. Wrapping the same parameters again
-# (a new DistributedOptimizer for the same model) moves the hook to the new
-# optimizer, so a gradient is never push_pulled twice under one name.
-_hooks: WeakIdKeyDictionary = WeakIdKeyDictionary()   # tensor -> RemovableHandle
 _optimizers: weakref.WeakSet[Any] = weakref.WeakSet()   # every synchronous DistributedOptimizer alive
 _creation_order = itertools.count()
 
@@ -194,10 +191,7 @@ class _DistributedOptimizer:
         """
         for p in self._parameter_names:
             if p.requires_grad and p not in self._hooked:
-                previous = _hooks.pop(p, None)
-                if previous is not None:
-                    previous.remove()
-                _hooks[p] = p.register_post_accumulate_grad_hook(self._gradient_ready)
+                hook_gradient(p, self._gradient_ready)  # a wrapper made before loses p's hook
                 self._hooked.add(p)
 
     def _gradient_ready(self, p: torch.Tensor) -> None:
@@ -461,7 +455,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     the param groups, which is fine as long as every rank builds the same
     optimizer. ``backward_passes_per_step`` accumulates that many backward
     passes locally before communicating. ``compression=Compression.fp16``
-    sends float16. ``op`` is ``Average`` or ``Sum``. With
+    sends float16. ``op`` is ``Average`` or ``Sum``, or ``Adasum``: Horovod's
+    delta optimizer, where each rank steps on its own gradients and the
+    parameters' changes are combined by Adasum
+    (:mod:`byteps.torch.adasum_optimizer`, which lists what it refuses). With
     ``gradient_predivide_factor=f`` each gradient is divided by ``f`` before
     the sum and multiplied by ``f / size()`` after (Horovod), which can keep
     float16 sums in range.
@@ -501,11 +498,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     """
     check_gradient_op(op, gradient_predivide_factor)
     check_passes(backward_passes_per_step)
-    if isinstance(optimizer, (_DistributedOptimizer, AsyncDistributedOptimizer)):
+    if isinstance(optimizer, (_DistributedOptimizer, AsyncDistributedOptimizer, AdasumDistributedOptimizer)):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap the original optimizer once")
     named = _named_parameters(optimizer, named_parameters)
     base = optimizer.__class__
     _check_groups(groups, optimizer)
+    if op == Adasum:
+        check_adasum_options(optimizer, compression, sparse_as_dense, process_set, compression_params)
+        wrapped = _share(optimizer, type(base.__name__, (AdasumDistributedOptimizer, base), {}))
+        wrapped._setup_adasum(named, compression, backward_passes_per_step)
+        return wrapped
     if api.is_initialized() and async_enabled():
         check_async_compression(compression_params, compression is Compression.none)
         if process_set is not global_process_set and process_set is not None:
