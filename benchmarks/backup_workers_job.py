@@ -66,7 +66,7 @@ def main() -> None:
             optimizer.step()
             step += 1
     wall = time.perf_counter() - started
-    accuracy = evaluate(model, test_set)
+    accuracy = evaluate(model, test_set, torch.device("cpu"))
     # Backup workers keep the replicas identical: every rank applies every round's average.
     checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
     print(json.dumps({"rank": bps.rank(), "wall_s": wall, "accuracy": accuracy, "steps": step,

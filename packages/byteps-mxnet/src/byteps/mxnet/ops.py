@@ -44,8 +44,9 @@ pass, go first); byteps' own queue has no priorities yet.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import mxnet as mx
 import numpy as np
@@ -79,6 +80,7 @@ _bridge = EngineBridge()
 _names = TensorNames()
 _tokens_lock = threading.Lock()
 _tokens: Dict[str, mx.nd.NDArray] = {}
+_skipping = threading.local()  # skipping_round() on the thread that issues ops
 
 
 def _forget() -> None:
@@ -91,6 +93,37 @@ def _forget() -> None:
 on_init(_bridge.open)
 before_shutdown(lambda: _bridge.close("byteps.mxnet was shut down before this push_pull started"))
 after_shutdown(_forget)
+
+
+@contextlib.contextmanager
+def skipping_round() -> Iterator[None]:
+    """Backup workers: the ops this thread issues inside pull their round's average without pushing.
+
+    byteps-common's :meth:`~byteps.common.worker.Worker.skipping_round`
+    marks the push_pulls its own thread starts, but an op here starts its
+    push_pull later, on the submitter thread, once MXNet's engine has run
+    its ready op: so the mark is taken when the op is issued and carried to
+    that thread. Each op must be an uncompressed average over every worker
+    of a round that closed without this worker (the core refuses others;
+    MXNet raises the refusal from the next read of the op's result).
+    """
+    _skipping.on = True
+    try:
+        yield
+    finally:
+        _skipping.on = False
+
+
+def _as_issued(start: Any) -> Any:
+    """``start``, inside the core's skipping_round() on the submitter thread when issued in :func:`skipping_round`."""
+    if not getattr(_skipping, "on", False):
+        return start
+
+    def skipped(arrays, dtype):
+        with api.worker().skipping_round():
+            return start(arrays, dtype)
+
+    return skipped
 
 
 def byteps_declare_tensor(name: str) -> int:
@@ -131,7 +164,15 @@ def submit(tensor: mx.nd.NDArray, spec: OpSpec, inplace: bool, contribute: bool 
                          f"float64 arrays, not {dtype}")
     worker = api.worker()
     key = _key_name(name, tensor)
+    options = spec.push_pull_options(compression=compression_spec, lr=lr)
     worker.declare(key)  # ids follow the order ops are issued, not the order they become ready
+    if options.members is None:
+        # With backup workers a sum or broadcast goes under a tensor of its own (the core's name_for): declared
+        # here too, or the submitter thread would declare it in the order ops become ready, which differs
+        # between ranks (the servers then refuse mismatched tensors).
+        core = worker.tasks.name_for(key, worker.tasks.closes_early(options))
+        if core != key:
+            worker.declare(core)
     # Staging (unverified, see tensors.py): MXNet's engine orders the copies around the op.
     work = tensor if on_host(tensor) else tensor.copyto(mx.cpu())
     if inplace:
@@ -143,13 +184,12 @@ def submit(tensor: mx.nd.NDArray, spec: OpSpec, inplace: bool, contribute: bool 
     else:
         source = zeros_like(work) if not contribute else scaled(work, spec.prescale)
         reads, result = [source], empty_like(work)
-    options = spec.push_pull_options(compression=compression_spec, lr=lr)
 
     def start(arrays, dtype):
         output = arrays[1] if len(arrays) > 1 else None
         return worker.push_pull_async(arrays[0], key, options.replace(output=output, dtype=dtype))
 
-    _bridge.submit(reads, [result], _token(key), spec.priority, key, what, start)
+    _bridge.submit(reads, [result], _token(key), spec.priority, key, what, _as_issued(start))
     scale_(result, spec.postscale)
     if work is tensor:
         return result
@@ -194,7 +234,7 @@ def allreduce_group_(tensors: Sequence[mx.nd.NDArray], names: Sequence[str], ave
     def start(arrays, dtype):
         return all_done(push_pull_group(arrays, keys, average, compression_spec=compression_spec, lr=lr), group)
 
-    _bridge.submit([], works, _token(group), priority, group, f"allreduce_group({group!r})", start)
+    _bridge.submit([], works, _token(group), priority, group, f"allreduce_group({group!r})", _as_issued(start))
     for work, tensor in zip(works, tensors):
         scale_(work, postscale_factor)
         if work is not tensor:

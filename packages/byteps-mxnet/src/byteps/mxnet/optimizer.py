@@ -48,13 +48,14 @@ from byteps.common import api
 from byteps.common.frontend.async_training import check_async_compression
 from byteps.common.frontend.process_sets import rank_view
 from byteps.mxnet.async_training import ArrayExchange, asynchronous, check_master_weights
+from byteps.mxnet.backup_workers import rounds_behind, skip_round
 from byteps.mxnet.gradient_compression import take_compression_params
 from byteps.mxnet.ops import allreduce_, allreduce_group_
 
 __all__ = ["DistributedOptimizer"]
 
 #: Attributes that live on the wrapper itself; everything else is the wrapped optimizer's.
-_OWN = ("_optimizer", "_predivide", "_gradient_compression", "_async", "_process_set")
+_OWN = ("_optimizer", "_predivide", "_gradient_compression", "_async", "_process_set", "_last_grads")
 
 #: ``_async`` before the training mode is known (wrapped before ``init()``).
 _UNDECIDED = object()
@@ -103,6 +104,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         object.__setattr__(self, "_gradient_compression", compression)
         object.__setattr__(self, "_async", _UNDECIDED)
         object.__setattr__(self, "_process_set", process_set)
+        object.__setattr__(self, "_last_grads", {})  # index -> the gradient last push_pulled (skip_step waits)
         self._asynchronous_exchange()
 
     def __getattr__(self, item: str) -> Any:
@@ -126,6 +128,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         object.__setattr__(self, "_gradient_compression", state.get("compression"))
         object.__setattr__(self, "_async", _UNDECIDED)  # the exchange holds no state worth saving: decided anew
         object.__setattr__(self, "_process_set", None)
+        object.__setattr__(self, "_last_grads", {})
 
     @property
     def learning_rate(self) -> float:
@@ -150,6 +153,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             return
         priority = -index if isinstance(index, int) else 0
         name = f"Gradient.{index}"
+        self._last_grads[index] = grad
         compression = self._gradient_compression
         if compression is None:
             allreduce_(grad, average=True, name=name, priority=priority,
@@ -163,6 +167,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     def _push_pull_group(self, indices: List[Any], grads: List[Any], prescale: float) -> None:
         """An aggregated update's gradients as one engine op, small ones fused (byteps-common's grouped call)."""
         names = [f"Gradient.{i}" for i in indices]
+        self._last_grads.update(zip(indices, grads))
         first = indices[0] if indices and isinstance(indices[0], int) else 0
         compression = self._gradient_compression
         if compression is None:
@@ -242,6 +247,59 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             update(index, weight, grad, state)
         finally:
             self._optimizer.rescale_grad = scale
+
+    def skip_step(self, owner: Any, batch_size: Optional[float] = None) -> bool:
+        """Backup workers (BYTEPS_BACKUP_WORKERS): step without computing when this worker is behind.
+
+        ``owner`` is what updates through this optimizer: a gluon
+        ``Trainer`` built with ``kvstore=None`` (then ``batch_size`` is
+        its ``step``'s) or a Module (``module.update()``). When the answers
+        of the last update said that the next round has already closed
+        without this worker, this takes that round's averaged gradients
+        from the servers, updates with them (every trainable parameter) and
+        returns True: skip this batch's forward and backward. Otherwise (in
+        time, no backup workers, one worker, ``compression_params``, a
+        ``process_set``, asynchronous training) it returns False: compute
+        as usual. See :meth:`byteps.mxnet.DistributedTrainer.skip_step`,
+        the same for gluon with the parameters' broadcast::
+
+            trainer = mx.gluon.Trainer(net.collect_params(), opt, kvstore=None)
+            for x, y in batches:
+                if opt.skip_step(trainer, batch_size):
+                    continue
+                ...                                   # forward, backward
+                trainer.step(batch_size)
+
+            if opt.skip_step(module):                 # the Module API
+                continue
+        """
+        step, params = self._skipped_update(owner, batch_size)
+        if self._async is not None or self._process_set is not None or self._gradient_compression is not None:
+            return False
+        if rounds_behind(self._last_grads.values()) < 1:
+            return False
+        skip_round(step, params)
+        return True
+
+    def _skipped_update(self, owner: Any, batch_size: Optional[float]) -> tuple:
+        """What skip_step runs for ``owner`` and the gluon Parameters whose gradients it marks fresh."""
+        from byteps.mxnet.trainer import DistributedTrainer
+
+        if isinstance(owner, DistributedTrainer):
+            raise ValueError("DistributedOptimizer.skip_step: a DistributedTrainer does not update through a "
+                             "DistributedOptimizer; call trainer.skip_step(batch_size) instead")
+        if getattr(owner, "_optimizer", None) is not self:
+            raise ValueError(f"DistributedOptimizer.skip_step: pass the gluon Trainer (kvstore=None) or the Module "
+                             f"that updates through this optimizer, got {type(owner).__name__} that does not")
+        if isinstance(owner, mx.gluon.Trainer):
+            if batch_size is None:
+                raise ValueError("DistributedOptimizer.skip_step(trainer, batch_size): the batch_size of the "
+                                 "trainer's step() is needed, it rescales the averaged gradients")
+            return (lambda: owner.step(batch_size)), owner._params
+        if batch_size is not None:
+            raise ValueError("DistributedOptimizer.skip_step(module): a Module's update() takes no batch_size; "
+                             "leave it out")
+        return owner.update, ()
 
     def set_learning_rate(self, lr: float) -> None:
         self._optimizer.set_learning_rate(lr)

@@ -51,6 +51,7 @@ from byteps.common.frontend.async_training import check_async_compression
 from byteps.common.frontend.process import size
 from byteps.common.frontend.process_sets import rank_view
 from byteps.mxnet.async_training import ArrayExchange, asynchronous, check_master_weights
+from byteps.mxnet.backup_workers import rounds_behind, skip_round
 from byteps.mxnet.compression import Compression
 from byteps.mxnet.functions import broadcast_after_init, parameter_name
 from byteps.mxnet.gradient_compression import take_compression_params
@@ -204,6 +205,38 @@ class DistributedTrainer(mx.gluon.Trainer):
             super().step(batch_size, ignore_stale_grad)
         finally:
             self._batch_scale, self._scale = 1.0, scale
+
+    def skip_step(self, batch_size: float) -> bool:
+        """Backup workers (BYTEPS_BACKUP_WORKERS): step without computing when this worker is behind.
+
+        When the answers of the last step said that the next round has
+        already closed without this worker (the others went on without
+        it), this takes that round's averaged gradients from the servers,
+        steps with them (``step(batch_size)``, every trainable parameter
+        updated) and returns True: skip this batch's forward and backward,
+        as the others applied that round without it. Otherwise (in time, no
+        backup workers, one worker, a compressor in ``compression_params``,
+        a ``process_set``, asynchronous training) it returns False: compute
+        as usual. It first waits for the last step's exchange (only its
+        answers tell), which the next forward pass would wait for anyway.
+        A slow worker then computes only the rounds it can still join, and
+        the job goes at the pace of the others::
+
+            for x, y in batches:
+                if trainer.skip_step(batch_size):
+                    continue
+                with mx.autograd.record():
+                    loss = loss_fn(net(x), y)
+                loss.backward()
+                trainer.step(batch_size)
+        """
+        if self._async is not None or self._process_set is not None or self._gradient_compression is not None:
+            return False
+        trainable = [param for param in self._params if param.grad_req != "null"]
+        if self._params_to_init or rounds_behind(param.list_grad()[0] for param in trainable) < 1:
+            return False
+        skip_round(lambda: self.step(batch_size), trainable)
+        return True
 
     def _parameter_name(self, param: Parameter) -> str:
         return parameter_name(param.name, self._prefix)
