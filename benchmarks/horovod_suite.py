@@ -20,7 +20,10 @@ Usage::
     python benchmarks/horovod_suite.py ... --mode ps    # --workers 2 --servers 1
 
 It prints one line per test (pass/fail/skip) and a summary; ``--results``
-writes them as JSON for docs/horovod-compatibility.md.
+writes them as JSON for docs/horovod-compatibility.md. ``--whole-file`` runs
+the file as Horovod's CI does instead, every test in one job (so a test that
+leaves the job broken fails the ones after it), ``--timeout`` then being the
+job's; ``--exclude a,b`` deselects tests there.
 """
 
 from __future__ import annotations
@@ -149,6 +152,63 @@ def run_test(python: str, suite_path: pathlib.Path, test: str, mode: str, timeou
     return {"test": test, "result": result, "seconds": round(time.monotonic() - start, 1), "reason": reason}
 
 
+#: one rank's verdict on one test in a -v log: "[worker 1] test_torch.py::TorchTests::test_x PASSED [ 4%]"
+_VERDICT = re.compile(r"^\[worker (\d+)\] \S+::(\w+) (PASSED|FAILED|SKIPPED|ERROR)")
+
+
+def run_whole_file(python: str, suite_path: pathlib.Path, mode: str, timeout_s: float,
+                   excluded: List[str]) -> List[Dict]:
+    """The suite as Horovod's CI runs it: every test in one job, one pytest process per rank.
+
+    A test passes when every rank says PASSED (skip: every rank skipped it); a
+    test some rank failed or errored in (its tearDown included) fails; tests the job never reached (it
+    hung or timed out before them) are ``not run``. ``excluded`` tests are deselected.
+    """
+    deselect = " ".join(f"--deselect {suite_path.name}::{_test_class(suite_path)}::{test}" for test in excluded)
+    pytest = f"{python} -m pytest -v -p no:cacheprovider {suite_path.name} {deselect}"
+    command = [python, "-m", "byteps.launcher", *MODES[mode], "--", "sh", "-c", pytest]
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                cwd=suite_path.parent, start_new_session=True)
+    try:
+        log, _ = launcher.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        launcher.terminate()
+        try:
+            log, _ = launcher.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            log, _ = launcher.communicate()
+        log = (log or "") + f"\ntimed out after {timeout_s:g} s"
+    verdicts: Dict[str, Dict[int, List[str]]] = {}
+    for line in log.splitlines():
+        found = _VERDICT.match(line)
+        if found:
+            verdicts.setdefault(found.group(2), {}).setdefault(int(found.group(1)), []).append(found.group(3))
+    results = []
+    for test in collect(python, suite_path):
+        if test in excluded:
+            continue
+        by_rank = verdicts.get(test, {})
+        said = [v for rank in range(2) for v in by_rank.get(rank, [])]
+        if len(by_rank) < 2:
+            result = "not run" if not by_rank else "fail"
+        elif any(v in ("FAILED", "ERROR") for v in said):
+            result = "fail"
+        elif all(v == "SKIPPED" for v in said):
+            result = "skip"
+        else:
+            result = "pass" if "SKIPPED" not in said else "skip"
+        results.append({"test": test, "result": result, "ranks": {str(r): v for r, v in by_rank.items()}})
+    tail = log.strip().splitlines()[-1] if log.strip() else ""
+    results.append({"test": "(job)", "result": "end", "reason": tail[:300]})
+    return results
+
+
+def _test_class(suite_path: pathlib.Path) -> str:
+    found = re.search(r"^class (\w+)\(", suite_path.read_text(), flags=re.M)
+    return found.group(1) if found else ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--horovod", type=pathlib.Path, required=True, help="a Horovod checkout (e.g. tag v0.28.1)")
@@ -157,9 +217,14 @@ def main() -> int:
     parser.add_argument("-k", dest="only", default=None, help="run only tests whose name contains this")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per test job")
     parser.add_argument("--results", type=pathlib.Path, default=None)
+    parser.add_argument("--whole-file", action="store_true",
+                        help="run the whole file in one job, as Horovod's CI does (--timeout is then the job's)")
+    parser.add_argument("--exclude", default="", help="with --whole-file: tests to deselect (comma-separated)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hvd-suite-") as work:
         suite_path = prepare(args.horovod, args.suite, pathlib.Path(work))
+        if args.whole_file:
+            return _report_whole_file(args, suite_path)
         tests = [t for t in collect(sys.executable, suite_path) if args.only is None or args.only in t]
         results = []
         for test in tests:
@@ -172,6 +237,20 @@ def main() -> int:
     if args.results:
         args.results.write_text(json.dumps({"suite": args.suite, "mode": args.mode, "counts": counts,
                                             "tests": results}, indent=1))
+    return 0
+
+
+def _report_whole_file(args: argparse.Namespace, suite_path: pathlib.Path) -> int:
+    excluded = [t for t in args.exclude.split(",") if t]
+    results = run_whole_file(sys.executable, suite_path, args.mode, args.timeout, excluded)
+    for result in results:
+        print(f"{result['result']:7}  {result['test']}  {result.get('ranks', result.get('reason', ''))}", flush=True)
+    counts = {kind: sum(r["result"] == kind for r in results) for kind in ("pass", "fail", "skip", "not run")}
+    print(f"{args.suite} {args.mode}, whole file in one job: {counts['pass']} passed, {counts['fail']} failed, "
+          f"{counts['skip']} skipped, {counts['not run']} not run, {len(excluded)} deselected")
+    if args.results:
+        args.results.write_text(json.dumps({"suite": args.suite, "mode": args.mode, "whole_file": True,
+                                            "excluded": excluded, "counts": counts, "tests": results}, indent=1))
     return 0
 
 
