@@ -147,7 +147,13 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     Horovod's signature. ``compression=Compression.fp16`` sends float16;
     ``sparse_as_dense=True`` densifies ``tf.IndexedSlices`` gradients, which
     are otherwise gathered from every rank (see
-    :mod:`byteps.tensorflow.gradients`); ``op`` is ``Average`` or ``Sum``.
+    :mod:`byteps.tensorflow.gradients`); ``op`` is ``Average``, ``Sum`` or
+    ``Adasum`` (Horovod's: each gradient combined by Adasum over the
+    ranks, a power-of-two number of them; ``tf.IndexedSlices`` need
+    ``sparse_as_dense=True``; not with ``gradient_predivide_factor`` or
+    ``compression_params``)::
+
+        tape = bps.DistributedGradientTape(tape, op=bps.Adasum)
     All gradients of one ``gradient()`` call travel as one group (byteps
     pipelines them), so ``num_groups``/``groups`` are accepted and ignored,
     as are the device arguments. ``tape.register_local_source(var)`` keeps

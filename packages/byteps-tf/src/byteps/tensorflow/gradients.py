@@ -16,6 +16,16 @@ per process).
 * ``gradient_predivide_factor=f`` divides by ``f`` before the sum and
   multiplies by ``f / size()`` after (Horovod), for float16 range.
 * With one worker nothing is sent (as in Horovod).
+* ``op=Adasum`` (Horovod's): each dense gradient is combined by Adasum
+  (:mod:`byteps.common.frontend.adasum`) instead of averaged, computed by
+  every rank from all ranks' gradients (:class:`~byteps.tensorflow.reduction.AdasumReduce`),
+  bit-identical on every rank. As in Horovod: floating-point gradients,
+  a power-of-two number of ranks, ``tf.IndexedSlices`` only with
+  ``sparse_as_dense=True``, no ``gradient_predivide_factor``;
+  ``compression=Compression.fp16`` sends float16 and combines it in
+  float32. Not with ``compression_params`` (BytePS's compressors compress
+  the servers' sums, and Adasum is not a sum). A process set combines its
+  ranks' gradients (Horovod refuses sets; here they work as for Average).
 * ``process_set`` (Horovod's): the gradients are averaged over that set's
   ranks only, one push_pull each (fusion spans every rank); a rank outside
   the set, or alone in it, keeps its own gradients, as Horovod's wrappers
@@ -37,16 +47,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, List, Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 
-from byteps.common.frontend import Average, check_gradient_op, size
+from byteps.common.frontend import Average, check_gradient_op, is_initialized, size
+from byteps.common.frontend.adasum import check_adasum
 from byteps.common.frontend.collectives import RankView
 from byteps.common.frontend.process_sets import global_process_set, rank_view
+from byteps.common.frontend.reductions import Adasum
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.gradient_compression import GradientCompression
 from byteps.tensorflow.graph_ops import run_group
 from byteps.tensorflow.ops import check_process_set
-from byteps.tensorflow.reduction import Gather, Reduce
+from byteps.tensorflow.reduction import AdasumReduce, Gather, Reduce
 
 __all__ = ["GradientReducer"]
 
@@ -73,6 +86,18 @@ class GradientReducer:
             if self.compressed is not None:
                 raise ValueError("compression_params compress over every rank: drop process_set, or drop "
                                  "compression_params to average over the process set")
+        if self.op == Adasum:
+            if self.compressed is not None:
+                raise ValueError("op=Adasum combines every rank's gradients, and compression_params compress the "
+                                 "servers' sums: drop compression_params (compression=Compression.fp16 works)")
+            if is_initialized():
+                self.check_adasum_ranks()
+
+    def check_adasum_ranks(self) -> None:
+        """Horovod's limit: Adasum combines a power-of-two number of ranks (those of the process set)."""
+        included, _ = self._members()
+        if included:
+            check_adasum(self.group_size(), np.float32, f"{self.prefix} with op=Adasum")
 
     def _members(self) -> Tuple[bool, Optional[RankView]]:
         """Whether this rank reduces, and over which process set's ranks (None: every rank)."""
@@ -109,6 +134,8 @@ class GradientReducer:
         group = self.group_size()
         if group == 1 or not included:
             return self._local_momentum(gradients) if momentum else gradients
+        if self.op == Adasum:
+            return self._adasum(gradients, view)
         average = self.op == Average
         predivide = self.gradient_predivide_factor
         specs, inputs, finishers = [], [], []
@@ -144,6 +171,30 @@ class GradientReducer:
                                                       [sent.dtype.size for sent in inputs], True)
             for i, gradient in zip(indices, with_momentum):
                 reduced[i] = gradient
+        return reduced
+
+    def _adasum(self, gradients: List[Optional[Any]], view: Optional[RankView]) -> List[Optional[Any]]:
+        """Each dense gradient combined by Adasum over the ranks, all of them in one group."""
+        self.check_adasum_ranks()
+        specs, inputs, finishers = [], [], []
+        for i, gradient in enumerate(gradients):
+            if gradient is None:
+                continue
+            if isinstance(gradient, tf.IndexedSlices):
+                if not self.sparse_as_dense:
+                    raise NotImplementedError(f"{self.prefix}: op=Adasum combines dense gradients only, and gradient "
+                                              f"{i} is a tf.IndexedSlices (as in Horovod): pass sparse_as_dense=True")
+                gradient = tf.convert_to_tensor(gradient)
+            sent, ctx = self.compression.compress(tf.convert_to_tensor(gradient))
+            check_adasum(self.group_size(), sent.dtype.as_numpy_dtype if sent.dtype != tf.bfloat16 else np.float32,
+                         f"{self.prefix}.{i} with op=Adasum")
+            specs.append(AdasumReduce(f"{self.prefix}.{i}", view=view))
+            inputs.append(sent)
+            finishers.append((i, ctx))
+        outputs = run_group(specs, inputs)
+        reduced: List[Optional[Any]] = [None] * len(gradients)
+        for output, (i, ctx) in zip(outputs, finishers):
+            reduced[i] = self.compression.decompress(output, ctx)
         return reduced
 
     def _scaled_local(self, gradient: Optional[Any]) -> Optional[Any]:

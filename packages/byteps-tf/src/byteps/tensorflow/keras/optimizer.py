@@ -166,7 +166,9 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
     optimizer saves, loads and broadcasts exactly the state of the one it
     copies. ``compression``, ``sparse_as_dense``, ``op`` and
     ``gradient_predivide_factor`` are as in
-    :func:`byteps.tensorflow.DistributedGradientTape`; ``name`` names the
+    :func:`byteps.tensorflow.DistributedGradientTape`: with ``op=Adasum``
+    the gradients are combined by Adasum (as Horovod's Keras wrapper does;
+    with N > 1, the passes' sums); ``name`` names the
     byteps tensors (default: the optimizer's name). Device and group
     arguments are accepted and ignored. ``register_local_var(var)`` keeps
     ``var``'s gradient local (not sent), divided by ``size()`` when
