@@ -250,12 +250,14 @@ class GradientReducer:
                 static = tf.get_static_value(gradient.dense_shape)
                 shape = tf.TensorShape(None if static is None else [int(d) for d in static])
             else:
+                if not hasattr(gradient, "shape") or not hasattr(gradient, "dtype"):
+                    gradient = tf.convert_to_tensor(gradient)  # what reduce() sends
                 shape = tf.TensorShape(gradient.shape)
             if not shape.is_fully_defined():
                 skippable = False
                 layout.append(None)
                 continue
-            layout.append((tuple(shape.as_list()), gradient.dtype))
+            layout.append((tuple(shape.as_list()), tf.as_dtype(gradient.dtype)))
         return SentRound(tuple(layout), None if local is None else tuple(bool(m) for m in local), skippable, self)
 
     def skip_round(self) -> Optional[List[Optional[tf.Tensor]]]:
