@@ -1,4 +1,5 @@
-"""The gradient wrappers in a real 3-rank job: process sets, the TF1 optimizer's backward passes, scale factors.
+"""The gradient wrappers in a real 3-rank job: process sets, the TF1 optimizer's backward passes, scale factors,
+op=Adasum's refusal of 3 ranks and Adasum over a process set of 2.
 
 Runs scripts/wrapper_checks.py under the real bpslaunch (``-np 3``), once
 with Keras 3 and once with Keras 2 (``TF_USE_LEGACY_KERAS=1``, whose
@@ -19,4 +20,4 @@ KERAS = {"keras3": {}, "keras2": {"TF_USE_LEGACY_KERAS": "1"}}
 @pytest.mark.parametrize("keras", KERAS)
 def test_wrappers_under_bpslaunch(keras):
     result = launch_tf_job(["-np", "3"], f"{SCRIPTS}/wrapper_checks.py", env=KERAS[keras], timeout=300)
-    assert_all_ok(result, checks=7, ranks=3)
+    assert_all_ok(result, checks=8, ranks=3)

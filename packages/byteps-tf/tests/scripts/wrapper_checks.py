@@ -16,6 +16,8 @@ Every rank computes what it expects with numpy, from every rank's inputs:
   in ``tf.function`` and in a TF1 graph;
 * ``prescale_factor``/``postscale_factor`` on IndexedSlices and on
   ``grouped_allreduce``, over every rank and over a set;
+* ``op=Adasum``: refused at the call with 3 ranks (not a power of two);
+  combined over the set {0, 2} by the tape, eagerly and in ``tf.function``;
 * after the errors, a collective and a barrier on every rank still work.
 
 Prints ``OK <check>`` per check and ``ALL OK <n>``.
@@ -122,6 +124,25 @@ def tf1_optimizer_process_sets():
         x = tf.constant(x_of(r))
         run_once(how, lambda opt=opt, w=w, x=x: opt.minimize(lambda: tf.reduce_sum(w * x), var_list=[w]))
         assert_close(w, 1.0 - expected_mean(r), f"TF1 optimizer over the set, {how}")
+
+
+def adasum_ranks():
+    """op=Adasum needs a power-of-two number of ranks: 3 are refused at the call; a set of 2 combines its two."""
+    r = bps.rank()
+    expect_error(NotImplementedError, "power-of-two number of ranks", lambda: bps.DistributedGradientTape(
+        tf.GradientTape(), op=bps.Adasum))
+    expect_error(NotImplementedError, "power-of-two number of ranks", lambda: bps.DistributedOptimizer(
+        keras.optimizers.SGD(0.1), op=bps.Adasum))
+    expect_error(NotImplementedError, "power-of-two number of ranks", lambda: bps.DistributedOptimizer(
+        tf.compat.v1.train.GradientDescentOptimizer(0.1), op=bps.Adasum))
+    w = tf.Variable(tf.ones([4]))
+    a, b = (x_of(k).astype(np.float64) for k in SET)
+    combined = (1 - a @ b / (2 * a @ a)) * a + (1 - a @ b / (2 * b @ b)) * b
+    want = combined if r in SET else x_of(r)
+    for how, gradient in (("eager", tape_gradient(w, tf.constant(x_of(r)), process_set=evens, op=bps.Adasum)),
+                          ("tf.function", tf.function(lambda t: tape_gradient(w, t, process_set=evens,
+                                                                              op=bps.Adasum))(tf.constant(x_of(r))))):
+        assert_close(gradient, want, f"tape Adasum over the set, {how}")
 
 
 def broadcast_variables_process_sets():
@@ -269,6 +290,7 @@ def main():
     checks.run("broadcast_variables with a process set", broadcast_variables_process_sets)
     checks.run("TF1 DistributedOptimizer with backward_passes_per_step=2", tf1_backward_passes)
     checks.run("prescale_factor and postscale_factor", scale_factors)
+    checks.run("op=Adasum: a power-of-two number of ranks, over a process set", adasum_ranks)
     checks.run("errors, and the job usable after them", wrapper_errors)
     bps.remove_process_set(evens)
     bps.shutdown()

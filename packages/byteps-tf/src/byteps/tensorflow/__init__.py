@@ -70,7 +70,11 @@ from byteps.tensorflow.functions import (  # noqa: E402
     broadcast_object,
     broadcast_variables,
 )
-from byteps.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape  # noqa: E402
+from byteps.tensorflow.gradient_tape import (  # noqa: E402
+    DistributedGradientTape,
+    PartialDistributedGradientTape,
+    skip_step,
+)
 from byteps.tensorflow.grouped import grouped_allreduce  # noqa: E402
 from byteps.tensorflow.ops import allgather, allreduce, broadcast, push_pull  # noqa: E402
 from byteps.tensorflow.optimizer import DistributedOptimizer  # noqa: E402
@@ -96,6 +100,7 @@ __all__ = [
     "broadcast_variables", "broadcast_", "broadcast_global_variables", "broadcast_object",
     # training
     "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "SyncBatchNormalization",  # noqa: F405  (lazy, below)
+    "skip_step",  # backup workers (BYTEPS_BACKUP_WORKERS): ours, not Horovod's
     "PushPullError",
 ]
 

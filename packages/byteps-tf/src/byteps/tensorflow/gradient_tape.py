@@ -63,10 +63,10 @@ from byteps.common.frontend.reductions import Average
 from byteps.tensorflow.async_training import asynchronous, is_variable, tape_exchange
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.gradient_compression import take_compression_params
-from byteps.tensorflow.gradients import GradientReducer
+from byteps.tensorflow.gradients import GradientReducer, last_round
 from byteps.tensorflow.ops import check_process_set
 
-__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape", "local_layer_variables"]
+__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape", "local_layer_variables", "skip_step"]
 
 _classes: Dict[type, type] = {}
 
@@ -147,7 +147,13 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     Horovod's signature. ``compression=Compression.fp16`` sends float16;
     ``sparse_as_dense=True`` densifies ``tf.IndexedSlices`` gradients, which
     are otherwise gathered from every rank (see
-    :mod:`byteps.tensorflow.gradients`); ``op`` is ``Average`` or ``Sum``.
+    :mod:`byteps.tensorflow.gradients`); ``op`` is ``Average``, ``Sum`` or
+    ``Adasum`` (Horovod's: each gradient combined by Adasum over the
+    ranks, a power-of-two number of them; ``tf.IndexedSlices`` need
+    ``sparse_as_dense=True``; not with ``gradient_predivide_factor`` or
+    ``compression_params``)::
+
+        tape = bps.DistributedGradientTape(tape, op=bps.Adasum)
     All gradients of one ``gradient()`` call travel as one group (byteps
     pipelines them), so ``num_groups``/``groups`` are accepted and ignored,
     as are the device arguments. ``tape.register_local_source(var)`` keeps
@@ -197,6 +203,51 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     tape._byteps_async = async_mode
     tape._byteps_local = {}
     return tape
+
+
+def skip_step(optimizer: Any, variables: Any) -> bool:
+    """Backup workers (BYTEPS_BACKUP_WORKERS=b, docs/async.md): skip this step's compute when behind.
+
+    When the servers' answers to the last ``DistributedGradientTape.gradient()``
+    said that the next round already closed without this worker (``n - b``
+    others pushed it), this pulls that round's averaged gradients from the
+    servers without pushing, applies them with ``optimizer`` (a plain Keras
+    or TF1 optimizer, the one the tape's gradients go to) to ``variables``
+    (the tape's sources, in the same order) and returns True: skip this
+    batch's forward and backward pass, as the others applied that round
+    without this worker. Otherwise it returns False and does nothing:
+    compute the step as usual. Call it eagerly, before the step (which may
+    be a ``tf.function``)::
+
+        for x, y in dataset:
+            if bps.skip_step(optimizer, model.trainable_variables):
+                continue                        # behind: this round closed without us, its update is applied
+            train_step(x, y)                    # tape, DistributedGradientTape.gradient(), apply_gradients
+
+    Every worker thus applies the same sequence of averaged gradients and
+    the replicas stay identical. It replays the last ``gradient()`` call
+    (one per step); only a plain average over every worker can be skipped:
+    with ``op=Sum``/``Adasum``, a predivide factor, ``compression_params``, a
+    process set, gathered ``tf.IndexedSlices``, or asynchronous training it
+    returns False. Horovod has no equivalent.
+    """
+    if getattr(optimizer, "_byteps_reducer", None) is not None or isinstance(getattr(optimizer, "_reducer", None),
+                                                                             GradientReducer):
+        raise ValueError("skip_step(optimizer, variables) applies a DistributedGradientTape's round with the plain "
+                         "optimizer its gradients go to; a byteps DistributedOptimizer has its own "
+                         "optimizer.skip_step()")
+    sent = last_round("DistributedGradientTape")
+    if sent is None:
+        return False
+    variables = tf.nest.flatten(variables)
+    sent.check_variables(variables, "skip_step")
+    averaged = sent.skip()
+    if averaged is None:
+        return False
+    pairs = [(gradient, variable) for gradient, variable in zip(averaged, variables) if gradient is not None]
+    if pairs:
+        optimizer.apply_gradients(pairs)
+    return True
 
 
 def local_layer_variables(local_layers: Any) -> List[Any]:

@@ -16,6 +16,16 @@ per process).
 * ``gradient_predivide_factor=f`` divides by ``f`` before the sum and
   multiplies by ``f / size()`` after (Horovod), for float16 range.
 * With one worker nothing is sent (as in Horovod).
+* ``op=Adasum`` (Horovod's): each dense gradient is combined by Adasum
+  (:mod:`byteps.common.frontend.adasum`) instead of averaged, computed by
+  every rank from all ranks' gradients (:class:`~byteps.tensorflow.reduction.AdasumReduce`),
+  bit-identical on every rank. As in Horovod: floating-point gradients,
+  a power-of-two number of ranks, ``tf.IndexedSlices`` only with
+  ``sparse_as_dense=True``, no ``gradient_predivide_factor``;
+  ``compression=Compression.fp16`` sends float16 and combines it in
+  float32. Not with ``compression_params`` (BytePS's compressors compress
+  the servers' sums, and Adasum is not a sum). A process set combines its
+  ranks' gradients (Horovod refuses sets; here they work as for Average).
 * ``process_set`` (Horovod's): the gradients are averaged over that set's
   ranks only, one push_pull each (fusion spans every rank); a rank outside
   the set, or alone in it, keeps its own gradients, as Horovod's wrappers
@@ -23,6 +33,15 @@ per process).
   gradients' scaling) are the set's.
 * Gradients of worker-local variables (``local``) are not sent; Horovod
   divides them by ``size()`` (``scale_local_gradients``) and so do we.
+* Backup workers (BYTEPS_BACKUP_WORKERS, docs/async.md): each reduce
+  remembers, per ``prefix``, which gradients it sent (their places,
+  shapes and dtypes; at trace time inside a graph), and
+  :meth:`GradientReducer.skip_round` replays that round eagerly inside
+  ``worker.skipping_round()`` when this worker learnt that the round
+  closed without it: the servers' averages of the round, nothing pushed.
+  Only a plain average over every worker can be skipped (no predivide
+  factor, ``compression_params``, process set, Adasum or gathered
+  ``tf.IndexedSlices``): only such a round closes early.
 * ``compression`` with a :class:`~byteps.tensorflow.gradient_compression.GradientCompression`
   (BytePS's ``compression_params``): each dense gradient large enough to be
   compressed is averaged, then compressed alone by the worker core (fused
@@ -35,20 +54,74 @@ per process).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 
-from byteps.common.frontend import Average, check_gradient_op, size
+from byteps.common import api
+from byteps.common.frontend import Average, check_gradient_op, is_initialized, size
+from byteps.common.frontend.adasum import check_adasum
 from byteps.common.frontend.collectives import RankView
 from byteps.common.frontend.process_sets import global_process_set, rank_view
+from byteps.common.frontend.reductions import Adasum
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.gradient_compression import GradientCompression
 from byteps.tensorflow.graph_ops import run_group
 from byteps.tensorflow.ops import check_process_set
-from byteps.tensorflow.reduction import Gather, Reduce
+from byteps.tensorflow.reduction import AdasumReduce, Gather, Reduce
 
-__all__ = ["GradientReducer"]
+__all__ = ["GradientReducer", "SentRound", "last_round"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SentRound:
+    """What one reduce sent: for each gradient of the call, its (shape, dtype) if it went dense through the
+    servers' average, else None; and whether the whole round can be skipped (see the module doc)."""
+
+    layout: Tuple[Optional[Tuple[Tuple[int, ...], tf.DType]], ...]
+    local: Optional[Tuple[bool, ...]]
+    skippable: bool
+    reducer: GradientReducer = dataclasses.field(compare=False, repr=False)
+
+    def check_variables(self, variables: Sequence[Any], what: str) -> None:
+        """``variables`` must be those the round's gradients were for: as many, the same shapes."""
+        if len(variables) != len(self.layout):
+            raise ValueError(f"{what}: the last round had {len(self.layout)} gradients, got {len(variables)} "
+                             "variables: pass the variables whose gradients the tape computed, in that order")
+        for i, (variable, spec) in enumerate(zip(variables, self.layout)):
+            if spec is not None and tuple(variable.shape.as_list()) != spec[0]:
+                raise ValueError(f"{what}: variable {i} ({getattr(variable, 'name', '?')}) has shape "
+                                 f"{tuple(variable.shape.as_list())}, the round's gradient {i} had {spec[0]}: pass "
+                                 "the variables whose gradients the tape computed, in that order")
+
+    def skip(self) -> Optional[List[Optional[tf.Tensor]]]:
+        """Backup workers: if this worker learnt that its next round closed without it, that round's averages
+        from the servers (pulled, nothing pushed), in the places of this round's gradients (None where it
+        sent none); else None, and nothing happens. Eagerly only (the skipping flag is this thread's).
+
+        Every push_pull since the last call counts: the servers' answers said how many rounds had closed
+        after them (``take_rounds_behind``, read and reset here).
+        """
+        if not tf.executing_eagerly():
+            raise RuntimeError("skip_step() runs eagerly, before the step: call it outside tf.function")
+        if not self.skippable or not api.is_initialized():
+            return None
+        worker = api.worker()
+        if worker.take_rounds_behind() < 1:
+            return None
+        zeros = [None if spec is None else tf.zeros(spec[0], spec[1]) for spec in self.layout]
+        with worker.skipping_round():
+            return self.reducer.reduce(zeros, self.local)
+
+
+def last_round(prefix: str) -> Optional[SentRound]:
+    """The last round the reducers of ``prefix`` sent (None before the first)."""
+    return _last_rounds.get(prefix)
+
+
+#: The last round each prefix sent (tapes are made anew every step: the prefix is what lasts).
+_last_rounds: Dict[str, SentRound] = {}
 
 
 @dataclasses.dataclass
@@ -73,6 +146,18 @@ class GradientReducer:
             if self.compressed is not None:
                 raise ValueError("compression_params compress over every rank: drop process_set, or drop "
                                  "compression_params to average over the process set")
+        if self.op == Adasum:
+            if self.compressed is not None:
+                raise ValueError("op=Adasum combines every rank's gradients, and compression_params compress the "
+                                 "servers' sums: drop compression_params (compression=Compression.fp16 works)")
+            if is_initialized():
+                self.check_adasum_ranks()
+
+    def check_adasum_ranks(self) -> None:
+        """Horovod's limit: Adasum combines a power-of-two number of ranks (those of the process set)."""
+        included, _ = self._members()
+        if included:
+            check_adasum(self.group_size(), np.float32, f"{self.prefix} with op=Adasum")
 
     def _members(self) -> Tuple[bool, Optional[RankView]]:
         """Whether this rank reduces, and over which process set's ranks (None: every rank)."""
@@ -95,6 +180,7 @@ class GradientReducer:
         ``scale_local_gradients`` it is divided by ``size()``, as Horovod does.
         """
         gradients = list(gradients)
+        _last_rounds[self.prefix] = self._round_of(gradients, local)
         if local is not None and any(local):
             if self.compressed is not None and self.compressed.momentum is not None:
                 raise ValueError("local variables and compression_params with momentum cannot be combined: "
@@ -109,6 +195,8 @@ class GradientReducer:
         group = self.group_size()
         if group == 1 or not included:
             return self._local_momentum(gradients) if momentum else gradients
+        if self.op == Adasum:
+            return self._adasum(gradients, view)
         average = self.op == Average
         predivide = self.gradient_predivide_factor
         specs, inputs, finishers = [], [], []
@@ -144,6 +232,61 @@ class GradientReducer:
                                                       [sent.dtype.size for sent in inputs], True)
             for i, gradient in zip(indices, with_momentum):
                 reduced[i] = gradient
+        return reduced
+
+    def _round_of(self, gradients: Sequence[Optional[Any]], local: Optional[Sequence[bool]]) -> SentRound:
+        layout: List[Optional[Tuple[Tuple[int, ...], tf.DType]]] = []
+        skippable = (self.op == Average and self.gradient_predivide_factor == 1.0 and self.compressed is None
+                     and self.process_set is None and size() > 1)
+        for i, gradient in enumerate(gradients):
+            if gradient is None or (local is not None and local[i]):
+                layout.append(None)
+                continue
+            if isinstance(gradient, tf.IndexedSlices) and not self.sparse_as_dense:
+                skippable = False  # gathered: every rank's slices, a round that waits for every rank
+                layout.append(None)
+                continue
+            if isinstance(gradient, tf.IndexedSlices):  # sent dense (sparse_as_dense)
+                static = tf.get_static_value(gradient.dense_shape)
+                shape = tf.TensorShape(None if static is None else [int(d) for d in static])
+            else:
+                if not hasattr(gradient, "shape") or not hasattr(gradient, "dtype"):
+                    gradient = tf.convert_to_tensor(gradient)  # what reduce() sends
+                shape = tf.TensorShape(gradient.shape)
+            if not shape.is_fully_defined():
+                skippable = False
+                layout.append(None)
+                continue
+            layout.append((tuple(shape.as_list()), tf.as_dtype(gradient.dtype)))
+        return SentRound(tuple(layout), None if local is None else tuple(bool(m) for m in local), skippable, self)
+
+    def skip_round(self) -> Optional[List[Optional[tf.Tensor]]]:
+        """:meth:`SentRound.skip` of this reducer's prefix's last round (None before the first)."""
+        sent = last_round(self.prefix)
+        return None if sent is None else sent.skip()
+
+    def _adasum(self, gradients: List[Optional[Any]], view: Optional[RankView]) -> List[Optional[Any]]:
+        """Each dense gradient combined by Adasum over the ranks, all of them in one group."""
+        self.check_adasum_ranks()
+        specs, inputs, finishers = [], [], []
+        for i, gradient in enumerate(gradients):
+            if gradient is None:
+                continue
+            if isinstance(gradient, tf.IndexedSlices):
+                if not self.sparse_as_dense:
+                    raise NotImplementedError(f"{self.prefix}: op=Adasum combines dense gradients only, and gradient "
+                                              f"{i} is a tf.IndexedSlices (as in Horovod): pass sparse_as_dense=True")
+                gradient = tf.convert_to_tensor(gradient)
+            sent, ctx = self.compression.compress(tf.convert_to_tensor(gradient))
+            check_adasum(self.group_size(), sent.dtype.as_numpy_dtype if sent.dtype != tf.bfloat16 else np.float32,
+                         f"{self.prefix}.{i} with op=Adasum")
+            specs.append(AdasumReduce(f"{self.prefix}.{i}", view=view))
+            inputs.append(sent)
+            finishers.append((i, ctx))
+        outputs = run_group(specs, inputs)
+        reduced: List[Optional[Any]] = [None] * len(gradients)
+        for output, (i, ctx) in zip(outputs, finishers):
+            reduced[i] = self.compression.decompress(output, ctx)
         return reduced
 
     def _scaled_local(self, gradient: Optional[Any]) -> Optional[Any]:

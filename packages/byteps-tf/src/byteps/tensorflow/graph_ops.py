@@ -40,7 +40,7 @@ _last_op: weakref.WeakKeyDictionary[object, tf.Operation] = weakref.WeakKeyDicti
 def _static_shapes(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]) -> List[tf.TensorShape]:
     shapes, position = [], 0
     for spec in specs:
-        if isinstance(spec, Reduce):
+        if not isinstance(spec, Gather):  # a Reduce or an AdasumReduce: the input's shape
             shapes.append(inputs[position].shape)
         else:
             for tensor in inputs[position:position + spec.parts]:

@@ -29,7 +29,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from byteps.common.frontend import check_passes
-from byteps.common.frontend.reductions import Average
+from byteps.common.frontend.reductions import Adasum, Average
+from byteps.tensorflow.adasum_optimizer import DistributedAdasumV1Optimizer
 from byteps.tensorflow.async_training import ExchangesByList, asynchronous
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.gradient_compression import take_compression_params
@@ -150,6 +151,14 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
     set applies its own gradients, as Horovod's wrappers do (see
     :mod:`byteps.tensorflow.gradients`).
 
+    ``op=Adasum``: with a TF1 optimizer, Horovod's delta optimizer (each
+    worker steps locally; every ``backward_passes_per_step``-th step the
+    variables' changes are combined by Adasum:
+    :mod:`byteps.tensorflow.adasum_optimizer`); with a Keras optimizer the
+    gradients are combined by Adasum, as ``byteps.tensorflow.keras``'s
+    wrapper does (Horovod's ``horovod.tensorflow.DistributedOptimizer``
+    refuses Keras with Adasum, its Keras module does this).
+
     ``compression_params`` is BytePS's gradient compression, the dict of
     docs/compression.md, e.g. ``{"compressor": "onebit", "scaling": True,
     "ef": "vanilla", "momentum": "nesterov"}``: gradients of at least
@@ -183,6 +192,11 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
                                                           "DistributedOptimizer")
         reducer = GradientReducer(prefix, compression, sparse_as_dense, op, gradient_predivide_factor, compressed,
                                   process_set=process_set)
+        if op == Adasum and not async_mode:
+            if average_aggregated_gradients:
+                raise ValueError("op=Adasum takes backward_passes_per_step local steps between combinations, "
+                                 "it does not aggregate gradients: drop average_aggregated_gradients (as Horovod)")
+            return DistributedAdasumV1Optimizer(optimizer, name, use_locking, reducer, backward_passes_per_step)
         return _DistributedV1Optimizer(optimizer, name, use_locking, reducer, prefix if async_mode else None,
                                        backward_passes_per_step, average_aggregated_gradients)
     raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer or a tf.compat.v1.train.Optimizer, "

@@ -12,7 +12,11 @@ A group is a list of specs, each with its input tensors:
   (:func:`byteps.common.frontend.collectives.allgather`: the ranks' layouts
   first, then a zero buffer in which each rank writes its own bytes; adding
   zeros is exact, so the result is the concatenation, bit for bit, for any
-  dtype).
+  dtype);
+* :class:`AdasumReduce` combines one floating-point tensor over the ranks
+  by Horovod's Adasum, from every rank's tensor
+  (:func:`byteps.common.frontend.collectives.reduce_by_gather`): what the
+  gradient wrappers do with ``op=Adasum``.
 
 Everything of a group is in flight at once (pipelined by byteps' comm
 thread) and the group returns when all of it is done. Consecutive Reduce
@@ -38,18 +42,20 @@ from __future__ import annotations
 import dataclasses
 from typing import List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import tensorflow as tf
 
 from byteps.common import Handle, JobLost, PushPullError
 from byteps.common.compression import CompressionSpec
 from byteps.common.dtypes import DType
 from byteps.common.frontend import TensorNames, after_shutdown
-from byteps.common.frontend.collectives import RankView, allgather
+from byteps.common.frontend.collectives import RankView, allgather, reduce_by_gather
 from byteps.common.frontend.group import push_pull_group
+from byteps.common.frontend.reductions import Adasum
 from byteps.tensorflow.tensors import ResultBuffer, _on_cpu, byteps_dtype, from_piece, host_view, to_piece
 
-__all__ = ["Reduce", "Gather", "Spec", "MismatchError", "JobLostError", "JOB_LOST_MARK", "as_tensorflow_error",
-           "execute", "key_name", "forget_names", "tensor_names"]
+__all__ = ["Reduce", "Gather", "AdasumReduce", "Spec", "MismatchError", "JobLostError", "JOB_LOST_MARK",
+           "as_tensorflow_error", "execute", "key_name", "forget_names", "tensor_names"]
 
 
 class MismatchError(PushPullError, tf.errors.FailedPreconditionError):
@@ -132,7 +138,22 @@ class Gather:
         return self.parts + 1
 
 
-Spec = Union[Reduce, Gather]
+@dataclasses.dataclass(frozen=True)
+class AdasumReduce:
+    """Horovod's Adasum of one floating-point tensor over the ranks (of ``view``), computed by every rank from
+    all ranks' tensors (:mod:`byteps.common.frontend.adasum`); float16 and bfloat16 are combined in float32, as
+    ``allreduce(op=Adasum)`` does. Output: the combined tensor, of the input's shape and dtype."""
+
+    name: str
+    view: Optional[RankView] = None  # a process set's ranks; None: every rank
+
+    inputs = 1
+
+    def outputs(self) -> int:
+        return 1
+
+
+Spec = Union[Reduce, Gather, AdasumReduce]
 
 #: Default names, per-layout names (see the module doc) of this adapter.
 tensor_names = TensorNames()
@@ -227,6 +248,26 @@ class _GatherInFlight:
         return outputs
 
 
+class _AdasumInFlight:
+    """An Adasum through the front's gather of every rank's tensor (one gather, combined here)."""
+
+    def __init__(self, spec: AdasumReduce, tensor: tf.Tensor) -> None:
+        compute = tensor.numpy()
+        if tensor.dtype in (tf.float16, tf.bfloat16):
+            compute = compute.astype(np.float32)
+        self.dtype, self.device = tensor.dtype, "" if _on_cpu(tensor) else tensor.device
+        self.started = reduce_by_gather(spec.name, to_piece(tf.convert_to_tensor(compute)), Adasum, compute.dtype,
+                                        spec.view)
+
+    def waiting(self) -> List[Handle]:
+        return [self.started.core]
+
+    def tensors(self) -> List[tf.Tensor]:
+        self.started.core.wait()
+        with tf.device(self.device or "/CPU:0"):
+            return [tf.cast(tf.convert_to_tensor(self.started.finish()), self.dtype)]
+
+
 def execute(specs: Sequence[Spec], inputs: Sequence[tf.Tensor], lr: Optional[float] = None) -> List[tf.Tensor]:
     """Run a group eagerly; returns the outputs of every spec, flattened in order.
 
@@ -239,7 +280,7 @@ def execute(specs: Sequence[Spec], inputs: Sequence[tf.Tensor], lr: Optional[flo
     for spec, tensors in _split(specs, inputs):
         for tensor in tensors if isinstance(spec, Reduce) else ():  # a gather moves any dtype
             byteps_dtype(tensor.dtype, f"push_pull({spec.name!r})")
-    started: List[Union[_Pending, _GatherInFlight]] = []
+    started: List[Union[_Pending, _GatherInFlight, _AdasumInFlight]] = []
     run: List[Tuple[Reduce, tf.Tensor]] = []  # consecutive Reduce specs of one averaging flag, root, compression
 
     def kind(spec: Reduce) -> tuple:
@@ -254,8 +295,10 @@ def execute(specs: Sequence[Spec], inputs: Sequence[tf.Tensor], lr: Optional[flo
             run = []
             if isinstance(spec, Reduce):
                 run.append((spec, tensors[0]))
-            else:
+            elif isinstance(spec, Gather):
                 started.append(_GatherInFlight(spec, tensors))
+            else:
+                started.append(_AdasumInFlight(spec, tensors[0]))
         started.extend(_submit_reduces(run, lr))
     except BaseException:
         _drain(started)
@@ -283,7 +326,7 @@ def _split(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]):
         raise ValueError(f"a group of {len(specs)} specs takes {position} inputs, got {len(inputs)}")
 
 
-def _drain(started: Sequence[Union[_Pending, _GatherInFlight]]) -> None:
+def _drain(started: Sequence[Union[_Pending, _GatherInFlight, _AdasumInFlight]]) -> None:
     for item in started:
         pendings = [item] if isinstance(item, _Pending) else item.waiting()
         for pending in pendings:

@@ -1,4 +1,5 @@
-"""Horovod's Keras callbacks: broadcast at the start, average metrics, warm up and schedule the learning rate.
+"""Horovod's Keras callbacks: broadcast at the start, average metrics, warm up and schedule the learning rate;
+and ours for backup workers (:class:`SkipStepCallback`).
 
 Example::
 
@@ -26,7 +27,7 @@ from byteps.tensorflow.which_keras import keras
 
 __all__ = [
     "BroadcastGlobalVariablesCallback", "MetricAverageCallback",
-    "LearningRateScheduleCallback", "LearningRateWarmupCallback",
+    "LearningRateScheduleCallback", "LearningRateWarmupCallback", "SkipStepCallback",
 ]
 
 
@@ -194,3 +195,61 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         if epoch == self.end_epoch - 1 and self.verbose > 0:
             lr = learning_rate(self.model.optimizer)
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {lr:g}.", flush=True)
+
+
+class SkipStepCallback(keras.callbacks.Callback):
+    """Backup workers (BYTEPS_BACKUP_WORKERS=b, docs/async.md) in ``model.fit``: a worker that fell behind
+    skips the batches of the rounds that closed without it.
+
+    Before each batch it asks the model's byteps ``DistributedOptimizer``
+    for :meth:`skip_step`; when that applied a closed round's averages, fit
+    takes the batch from its iterator and drops it without running the train
+    step (no forward or backward pass, no push), so a slow worker computes
+    only the rounds it can still join and the job goes at the pace of the
+    others. This is done by wrapping ``model.train_function`` for the
+    duration of ``fit`` (Keras calls it once per batch, after the
+    callbacks' ``on_train_batch_begin``): a callback alone cannot stop fit
+    from computing a batch, and the optimizer is only reached after the
+    forward and backward pass. The logs of a skipped batch are the model's
+    metrics as they are. ``skipped`` counts the batches skipped (all ``fit``
+    calls). Needs ``steps_per_execution=1`` and every worker with the same
+    number of batches per epoch::
+
+        model.compile(optimizer=bps.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+        model.fit(x, y, callbacks=[bps.callbacks.BroadcastGlobalVariablesCallback(0),
+                                   bps.callbacks.SkipStepCallback()])
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skipped = 0
+        self._wrapped: Any = None
+
+    def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        model = self.model
+        optimizer = model.optimizer
+        if not callable(getattr(optimizer, "skip_step", None)) or not hasattr(optimizer, "_byteps_reducer"):
+            raise ValueError("SkipStepCallback needs the model compiled with a byteps DistributedOptimizer, got "
+                             f"{type(optimizer).__module__}.{type(optimizer).__name__}")
+        steps = getattr(model, "steps_per_execution", None)
+        if steps is None:  # Keras 2 keeps it in a variable
+            steps = getattr(model, "_steps_per_execution", None)
+        if steps is not None and int(np.asarray(steps)) != 1:
+            raise ValueError(f"SkipStepCallback skips one batch at a time: compile with steps_per_execution=1, "
+                             f"not {int(np.asarray(steps))}")
+        inner = model.train_function
+        self._wrapped = inner
+
+        def train_function(iterator: Any) -> Any:
+            if optimizer.skip_step():
+                next(iterator)  # this batch's data goes unused, as the backup workers' work does in the paper
+                self.skipped += 1
+                return model.get_metrics_result()
+            return inner(iterator)
+
+        model.train_function = train_function
+
+    def on_train_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        if self._wrapped is not None:
+            self.model.train_function = self._wrapped
+            self._wrapped = None

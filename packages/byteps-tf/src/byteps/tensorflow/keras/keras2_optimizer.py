@@ -77,6 +77,20 @@ class Keras2DistributedOptimizer:
         # Between a compute_gradients that reduced and the apply_gradients that takes its result: where the
         # reduction was traced (_EAGER, or the graph of a tf.function); _NONE otherwise.
         object.__setattr__(self, "_byteps_reduced_in", _NONE)
+        object.__setattr__(self, "_byteps_sent_for", None)  # the variables of the last averaged round
+
+    def skip_step(self) -> bool:
+        """Backup workers: as the Keras 3 wrapper's ``skip_step()`` (the round's averages applied eagerly with
+        this optimizer's own update, True), or False; not with ``backward_passes_per_step`` > 1."""
+        if self._byteps_passes != 1 or self._byteps_sent_for is None:
+            return False
+        averaged = self._byteps_reducer.skip_round()
+        if averaged is None:
+            return False
+        pairs = [(g, v) for g, v in zip(averaged, self._byteps_sent_for) if g is not None]
+        if pairs:
+            super().apply_gradients(pairs)  # type: ignore[misc]
+        return True
 
     def register_local_var(self, var: Any) -> None:
         """Horovod's: ``var``'s gradient stays this worker's own (not sent)."""
@@ -130,6 +144,7 @@ class Keras2DistributedOptimizer:
         """Averaged over the workers; with N > 1 added to the local sums, which are averaged every N-th pass."""
         local = [v.ref() in self._byteps_local for v in variables] if self._byteps_local else None
         if self._byteps_passes == 1:
+            object.__setattr__(self, "_byteps_sent_for", list(variables))
             return self._byteps_reducer.reduce(grads, local)
         if self._agg_helper is None:
             # The optimizer's slots and the sums are made here, outside the tf.cond that applies: a variable

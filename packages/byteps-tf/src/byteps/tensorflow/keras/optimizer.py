@@ -71,6 +71,7 @@ class _DistributedOptimizer:
         object.__setattr__(self, "_byteps_async_prefix", async_prefix)  # None: synchronous training
         object.__setattr__(self, "_byteps_exchange", None)
         object.__setattr__(self, "_byteps_local", set())  # _var_key of worker-local variables
+        object.__setattr__(self, "_byteps_sent_for", None)  # the variables of the last averaged round
 
     def register_local_var(self, var: Any) -> None:
         """Horovod's: ``var``'s gradient stays this worker's own (not sent; divided by ``size()`` unless
@@ -110,6 +111,8 @@ class _DistributedOptimizer:
         """One update: synchronous, the averaged gradients; asynchronous, the local ones and the exchange."""
         apply = super().apply
         exchange = self._byteps_exchange
+        if exchange is None:
+            object.__setattr__(self, "_byteps_sent_for", given if given is not None else self._trainable_variables)
         if exchange is None or not grads:
             apply(self._byteps_reducer.reduce(grads, self._byteps_local_mask(given)) if exchange is None
                   else grads, given)
@@ -117,6 +120,35 @@ class _DistributedOptimizer:
         # Every variable the optimizer was built for goes (unchanged ones with a zero delta): the same names
         # on every rank whichever subset a call updates.
         exchange.around(lambda: apply(grads, given))
+
+    def skip_step(self) -> bool:
+        """Backup workers (BYTEPS_BACKUP_WORKERS=b, docs/async.md): step without computing when behind.
+
+        When the servers' answers to the last update said that the next round
+        already closed without this worker, this pulls that round's averaged
+        gradients (nothing pushed), applies them (an eager update, the same
+        one the others applied) and returns True: skip this batch's forward
+        and backward pass. Otherwise (in time, no backup workers, one worker,
+        ``backward_passes_per_step`` > 1, asynchronous training, or a round that
+        cannot close early: see :func:`byteps.tensorflow.skip_step`) it returns
+        False: compute the step as usual. Call it eagerly, before the step::
+
+            for x, y in dataset:
+                if opt.skip_step():
+                    continue
+                train_step(x, y)        # a tf.function: tape, opt.apply_gradients(...)
+
+        In ``model.fit`` use :class:`byteps.tensorflow.keras.callbacks.SkipStepCallback`.
+        """
+        if self._byteps_passes != 1 or self._byteps_exchange is not None or self._byteps_sent_for is None:
+            return False
+        averaged = self._byteps_reducer.skip_round()
+        if averaged is None:
+            return False
+        pairs = [(g, v) for g, v in zip(averaged, self._byteps_sent_for) if g is not None]
+        if pairs:
+            super().apply([g for g, _ in pairs], [v for _, v in pairs])
+        return True
 
     def _byteps_local_mask(self, given: Optional[List[Any]]) -> Optional[List[bool]]:
         if not self._byteps_local:
@@ -166,7 +198,9 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
     optimizer saves, loads and broadcasts exactly the state of the one it
     copies. ``compression``, ``sparse_as_dense``, ``op`` and
     ``gradient_predivide_factor`` are as in
-    :func:`byteps.tensorflow.DistributedGradientTape`; ``name`` names the
+    :func:`byteps.tensorflow.DistributedGradientTape`: with ``op=Adasum``
+    the gradients are combined by Adasum (as Horovod's Keras wrapper does;
+    with N > 1, the passes' sums); ``name`` names the
     byteps tensors (default: the optimizer's name). Device and group
     arguments are accepted and ignored. ``register_local_var(var)`` keeps
     ``var``'s gradient local (not sent), divided by ``size()`` when
