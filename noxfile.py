@@ -284,11 +284,14 @@ def _install(session: nox.Session, *packages: str, extra: tuple = ()) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff, the performance reference's check, versions, build requirements, and no byteps/__init__.py."""
+    """ruff, the performance reference's check, the refusals' check, versions, build requirements, and no
+    byteps/__init__.py."""
     session.install("ruff")
     session.run("ruff", "check", "packages", "benchmarks", "examples", "noxfile.py")
     # docs/performance.md stays a reference: every figure names the command that makes it, under 300 lines.
     session.run("python", str(ROOT / "benchmarks" / "check_performance_reference.py"))
+    # docs/horovod-compatibility.md lists every raise NotImplementedError(...) of the packages, one row each.
+    session.run("python", str(ROOT / "benchmarks" / "check_refusals.py"))
     _check_versions(session)
     unbuilt = sorted({r for p in PACKAGES for r in _pyproject_list(p, "requires")} - set(BUILD_REQUIREMENTS))
     if unbuilt:
