@@ -33,6 +33,8 @@ CASES = {
     "onebit-scaling-ef-nesterov": ({"compressor": "onebit", "scaling": True, "ef": "vanilla",
                                     "momentum": "nesterov"}, 0.9, 0.0),
     "randomk-seeded-ef": ({"compressor": "randomk", "k": 20, "seed": 7, "ef": "vanilla"}, 0.0, 0.0),
+    "topk-fraction-ef-nesterov": ({"compressor": "topk", "k": 0.1, "ef": "vanilla", "momentum": "nesterov"},
+                                  0.9, 0.0),
     "dithering-seeded": ({"compressor": "dithering", "k": 8, "seed": 11}, 0.0, 0.0),
     "dithering-natural-ef-nesterov-optimizer": ({"compressor": "dithering", "k": 4, "partition": "natural",
                                                  "seed": 3, "ef": "vanilla", "momentum": "nesterov"}, 0.5, 0.0),

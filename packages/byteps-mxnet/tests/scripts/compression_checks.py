@@ -32,6 +32,8 @@ CASES = {
     "onebit-scaling-ef-nesterov": ({"compressor": "onebit", "scaling": True, "ef": "vanilla",
                                     "momentum": "nesterov"}, {"momentum": 0.9}, False),
     "randomk-seeded-ef": ({"compressor": "randomk", "k": 20, "seed": 7, "ef": "vanilla"}, {}, False),
+    "topk-fraction-ef-nesterov": ({"compressor": "topk", "k": 0.1, "ef": "vanilla", "momentum": "nesterov"},
+                                  {"momentum": 0.9}, False),
     "dithering-seeded": ({"compressor": "dithering", "k": 8, "seed": 11}, {}, False),
     "dithering-natural-ef-nesterov-optimizer": ({"compressor": "dithering", "k": 4, "partition": "natural",
                                                  "seed": 3, "ef": "vanilla", "momentum": "nesterov"},
