@@ -119,7 +119,9 @@ def test_public_api_is_complete():
 
 
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
-def test_collectives_under_bpslaunch(layout):
-    """allgather, alltoall, reducescatter, Min/Max/Product, objects, process sets and join (collectives_checks.py)."""
-    result = launch_mxnet_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "collectives_checks.py"))
-    assert_all_ok(result, checks=6)
+def test_collectives_under_bpslaunch(layout, tmp_path):
+    """allgather, alltoall, reducescatter, Min/Max/Product, objects, process sets, join and the timeline
+    (collectives_checks.py)."""
+    result = launch_mxnet_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "collectives_checks.py"),
+                              env={"BYTEPS_TEST_TMP": str(tmp_path)})
+    assert_all_ok(result, checks=7)

@@ -1,11 +1,15 @@
 """Worker script: Horovod's collectives beyond allreduce for NDArrays (allgather, alltoall, reducescatter,
-Min/Max/Product, objects, process sets, join), checked by every rank against a numpy reference.
+Min/Max/Product, objects, process sets, join), checked by every rank against a numpy reference, and the
+timeline rank 0 writes around a few allreduces.
 
-Run under bpslaunch with 2 ranks. Prints ``OK <check>`` per check and
+Run under bpslaunch with 2 ranks, BYTEPS_TEST_TMP naming a folder for the timeline. Prints ``OK <check>`` per check and
 ``ALL OK <n>``; the first failure exits 1.
 """
 
 from __future__ import annotations
+
+import json
+import os
 
 import mxnet as mx
 import numpy as np
@@ -166,6 +170,40 @@ def uneven_join():
     assert_array(y, np.full((2,), float(sum(range(n))), dtype="float32"), "after join")
 
 
+def timeline():
+    """Horovod's start_timeline/stop_timeline: rank 0 writes Chrome-trace JSON of the push_pulls in between."""
+    r, n = bps.rank(), bps.size()
+    path = os.path.join(os.environ["BYTEPS_TEST_TMP"], "timeline.json")
+    expect_error(ValueError, "file_path must not be empty", lambda: bps.start_timeline(""))
+    bps.start_timeline(path)
+    for step in range(2):
+        for name in ("timeline.a", "timeline.b"):
+            y = bps.allreduce(mx.nd.ones((1000,)) * (r + step), name=name, op=bps.Sum)
+            assert_array(y, np.full((1000,), float(sum(k + step for k in range(n))), "float32"), f"{name} {step}")
+    mx.nd.waitall()  # MXNet runs the ops later: the trace holds only what ran before the stop
+    bps.stop_timeline()
+    after = bps.allreduce(mx.nd.ones((1000,)), name="timeline.after", op=bps.Sum)
+    assert_array(after, np.full((1000,), float(n), "float32"), "after the timeline")
+    if r != 0:
+        return  # Horovod's coordinator alone writes the timeline
+    with open(path) as handle:
+        trace = json.load(handle)
+    events = trace["traceEvents"]
+    assert isinstance(events, list) and events, trace
+    for event in events:
+        assert event["ph"] in ("X", "M") and isinstance(event["name"], str) and event["pid"] == 0, event
+        if event["ph"] == "X":
+            assert event["ts"] > 0 and event["dur"] >= 0 and isinstance(event["tid"], int), event
+    spans = [e for e in events if e["ph"] == "X"]
+    tensors = sorted((e["name"], e["args"]["step"]) for e in spans if e["cat"] == "tensor")
+    assert tensors == [("timeline.a", 1), ("timeline.a", 2), ("timeline.b", 1), ("timeline.b", 2)], tensors
+    for name in ("timeline.a", "timeline.b"):  # and their routes: push and pull where a server sums them
+        route = {e["cat"] for e in spans if e["name"] == name} - {"tensor"}
+        want = {"push", "pull"} if bps.local_size() == 1 else set()
+        assert route and route >= want, (name, route)
+    assert {e["name"] for e in spans} == {"timeline.a", "timeline.b"}, spans  # not "timeline.after"
+
+
 def main():
     bps.init()
     checks.run("allgather of every dtype, grouped, objects", allgathers)
@@ -175,6 +213,7 @@ def main():
     checks.run("allreduce, broadcast, DistributedOptimizer and DistributedTrainer over process sets",
                reductions_over_process_sets)
     checks.run("join with uneven data", uneven_join)
+    checks.run("timeline: rank 0 writes the push_pulls between start and stop", timeline)
     mx.nd.waitall()
     bps.shutdown()
     checks.done()
