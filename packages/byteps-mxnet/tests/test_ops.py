@@ -120,8 +120,8 @@ def test_public_api_is_complete():
 
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
 def test_collectives_under_bpslaunch(layout, tmp_path):
-    """allgather, alltoall, reducescatter, Min/Max/Product, objects, process sets, join and the timeline
-    (collectives_checks.py)."""
+    """allgather, alltoall, reducescatter, Min/Max/Product, objects, process sets, join, failures that leave
+    the job usable, and the timeline (collectives_checks.py)."""
     result = launch_mxnet_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "collectives_checks.py"),
                               env={"BYTEPS_TEST_TMP": str(tmp_path)})
-    assert_all_ok(result, checks=7)
+    assert_all_ok(result, checks=8)

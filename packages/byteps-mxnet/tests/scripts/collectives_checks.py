@@ -1,6 +1,7 @@
 """Worker script: Horovod's collectives beyond allreduce for NDArrays (allgather, alltoall, reducescatter,
-Min/Max/Product, objects, process sets, join), checked by every rank against a numpy reference, and the
-timeline rank 0 writes around a few allreduces.
+Min/Max/Product, objects, process sets, join), checked by every rank against a numpy reference; ranks that
+disagree, failing on every rank and leaving the job usable; and the timeline rank 0 writes around a few
+allreduces.
 
 Run under bpslaunch with 2 ranks, BYTEPS_TEST_TMP naming a folder for the timeline. Prints ``OK <check>`` per check and
 ``ALL OK <n>``; the first failure exits 1.
@@ -127,6 +128,8 @@ def reductions_over_process_sets():
                      lambda: bps.broadcast(z, root_rank=0, process_set=singles[n - 1]))
     # Ranks that name different roots fail on every rank (Horovod's broadcast rank error)
     expect_error(mx.base.MXNetError, "root", lambda: bps.broadcast(z, root_rank=r, name="set.roots").asnumpy())
+    assert_array(bps.broadcast(z + r, root_rank=n - 1, name="set.roots.after", process_set=pair),
+                 np.full((3,), n - 1, dtype="float32"), "a broadcast after a failed one")
     # DistributedOptimizer over a set: averaged within it; alone in a set, a rank keeps its gradient
     for process_set, averaged in ((pair, True), (mine, False)):
         opt = bps.DistributedOptimizer(mx.optimizer.SGD(learning_rate=1.0), process_set=process_set)
@@ -168,6 +171,35 @@ def uneven_join():
     assert bps.join() == n - 1
     y = bps.allreduce(mx.nd.ones((2,)) * r, op=bps.Sum, name="after.join")
     assert_array(y, np.full((2,), float(sum(range(n))), dtype="float32"), "after join")
+
+
+def failures_leave_the_job_usable():
+    """Ranks that disagree fail on every rank, with both sides named, and the next op of the kind works."""
+    r, n = bps.rank(), bps.size()
+
+    def fails(text, call, *named):
+        message = expect_error(bps.PushPullError, text, call)
+        assert all(part in message for part in named), message
+
+    fails("ranks disagree on the shape after the first dimension",
+          lambda: bps.allgather(mx.nd.ones((2, 3 + r)), name="bad.cols"), "rank 0 has (3,)", "rank 1 has (4,)")
+    fails("ranks disagree on the dtype",
+          lambda: bps.allgather(mx.nd.ones((2,), dtype="float32" if r else "int32"), name="bad.dtype"),
+          "rank 0 has int32", "rank 1 has float32")
+    got = bps.allgather(mx.nd.ones((1, 3)) * r, name="good.gather")
+    assert_array(got, np.concatenate([np.full((1, 3), k, "float32") for k in range(n)]), "allgather after")
+    fails("ranks disagree on the shape after the first dimension",
+          lambda: bps.alltoall(mx.nd.ones((n, 1 + r)), name="bad.a2a"), "rank 0 has (1,)", "rank 1 has (2,)")
+    got = bps.alltoall(mx.nd.array(block(r, n, "float32")), name="good.a2a")
+    assert_array(got, np.concatenate([block(k, n, "float32")[r:r + 1] for k in range(n)]), "alltoall after")
+    fails("mismatch for", lambda: bps.reducescatter(mx.nd.ones((n, 1 + r)), name="bad.rs"),
+          "'bad.rs' (shape 2x1", "'bad.rs' (shape 2x2")
+    got = bps.reducescatter(mx.nd.array(block(r, n, "float32")), name="good.rs", op=bps.Sum)
+    assert_array(got, sum(block(k, n, "float32") for k in range(n))[r:r + 1], "reducescatter after")
+    fails("ranks disagree on the shape", lambda: bps.allreduce(mx.nd.ones((2 + r,)), op=bps.Max, name="bad.max"),
+          "rank 0 has (2,)", "rank 1 has (3,)")
+    got = bps.allreduce(mx.nd.array([r, -r], dtype="int32"), op=bps.Max, name="good.max")
+    assert_array(got, np.array([n - 1, 0], "int32"), "Max after")
 
 
 def timeline():
@@ -213,6 +245,7 @@ def main():
     checks.run("allreduce, broadcast, DistributedOptimizer and DistributedTrainer over process sets",
                reductions_over_process_sets)
     checks.run("join with uneven data", uneven_join)
+    checks.run("failed collectives: every rank fails, and the next one works", failures_leave_the_job_usable)
     checks.run("timeline: rank 0 writes the push_pulls between start and stop", timeline)
     mx.nd.waitall()
     bps.shutdown()
