@@ -98,7 +98,7 @@ def prepare(horovod: pathlib.Path, suite: str, into: pathlib.Path) -> pathlib.Pa
 def collect(python: str, suite_path: pathlib.Path) -> List[str]:
     out = subprocess.run([python, "-m", "pytest", "--collect-only", "-q", str(suite_path)],
                          capture_output=True, text=True, cwd=suite_path.parent)
-    ids = [line.split("::")[-1] for line in out.stdout.splitlines() if "::" in line]
+    ids = [line.split("::")[-1] for line in out.stdout.splitlines() if line.startswith(f"{suite_path.name}::")]
     if not ids:
         raise SystemExit(f"collected no tests from {suite_path}:\n{out.stdout}\n{out.stderr}")
     return ids
