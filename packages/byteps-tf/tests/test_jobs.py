@@ -79,6 +79,7 @@ def test_keras_2_in_a_tf1_graph_under_bpslaunch():
 
 
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
-def test_collectives_under_bpslaunch(layout):
-    result = launch_tf_job(JOB_LAYOUTS[layout], f"{SCRIPTS}/collectives_checks.py")
-    assert_all_ok(result, checks=10)
+def test_collectives_under_bpslaunch(layout, tmp_path):
+    result = launch_tf_job(JOB_LAYOUTS[layout], f"{SCRIPTS}/collectives_checks.py",
+                           env={"BYTEPS_TEST_TMP": str(tmp_path)})
+    assert_all_ok(result, checks=11)
