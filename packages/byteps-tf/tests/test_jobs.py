@@ -4,7 +4,7 @@ Each job runs one worker script that checks many things on every rank
 (TensorFlow's import dominates a job's cost, so checks are combined):
 
 * scripts/ops_checks.py under both layouts: push_pull/allreduce of every
-  dtype eagerly and in tf.function, default names, compression, gradients
+  dtype eagerly and in tf.function, default names, compression (fp16, bf16), gradients
   of the ops, broadcasts, broadcast_variables, allgather,
   DistributedGradientTape (dense and IndexedSlices), the TF1 optimizer, and
   errors, including ranks that disagree on a shape or dtype;
@@ -35,7 +35,7 @@ from byteps.testkit import JOB_LAYOUTS, assert_all_ok, rank_lines, report
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
 def test_ops_under_bpslaunch(layout):
     result = launch_tf_job(JOB_LAYOUTS[layout], f"{SCRIPTS}/ops_checks.py")
-    assert_all_ok(result, checks=13)
+    assert_all_ok(result, checks=14)
     local_size = 2 if layout == "one-machine-np2" else 1
     for rank in range(2):
         lines = rank_lines(result.stdout, rank)
