@@ -17,6 +17,8 @@ is checked against references each rank computes itself:
   averaging, learning-rate warmup);
 * SyncBatchNormalization as a Keras 2 layer against numpy on both ranks'
   batches; PartialDistributedGradientTape's local/global split;
+* byteps.keras's own allreduce, allgather and broadcast; DistributedOptimizer
+  with fp16 and bf16 compression against the average of the rounded gradients;
 * the errors a Keras 2 script can run into.
 """
 
