@@ -1,12 +1,15 @@
 """Worker script: Horovod's collectives beyond allreduce in byteps.tensorflow (allgather of any dtype,
 alltoall, reducescatter, grouped allreduce, Min/Max/Product, narrow integers, objects, process sets,
-mismatches as FailedPreconditionError, also inside graphs; SyncBatchNormalization), eagerly and inside
-tf.function, checked by every rank.
+mismatches as FailedPreconditionError, also inside graphs, and the job usable after them;
+SyncBatchNormalization; the timeline), eagerly and inside tf.function, checked by every rank.
 
 Run under bpslaunch with 2 ranks. Prints ``OK <check>`` per check and ``ALL OK <n>``.
 """
 
 from __future__ import annotations
+
+import json
+import os
 
 import numpy as np
 import tensorflow as tf
@@ -49,6 +52,16 @@ def alltoall_and_reducescatter():
     scaled = bps.reducescatter(tf.ones([2 * n]), name="rs.avg", prescale_factor=4.0, postscale_factor=0.5)
     assert_equal(scaled, tf.fill([2], 2.0), "reducescatter average with scaling")
     expect_error(NotImplementedError, "Average or Sum", lambda: bps.reducescatter(tf.ones([n]), op=bps.Max))
+    # grouped: each tensor scattered as reducescatter would (an integer Sum and a float Average, in order)
+    widths = tf.reshape(tf.range(n * 2, dtype=tf.float32) * (r + 1), [n, 2])
+    ints, floats = bps.grouped_reducescatter([x, widths], op=bps.Sum, name="rs.grouped")
+    assert_equal(ints, total[first:first + counts[r]], "grouped reducescatter Sum (int32)")
+    assert_equal(floats, tf.reshape(tf.range(n * 2, dtype=tf.float32), [n, 2])[r:r + 1] * (n * (n + 1) / 2),
+                 "grouped reducescatter Sum (float32)")
+    mean = bps.grouped_reducescatter([widths], name="rs.grouped.avg", postscale_factor=2.0)
+    assert len(mean) == 1
+    assert_equal(mean[0], tf.reshape(tf.range(n * 2, dtype=tf.float32), [n, 2])[r:r + 1] * (n + 1),
+                 "grouped reducescatter Average, postscaled")
 
 
 def ops_and_dtypes():
@@ -83,15 +96,24 @@ def inside_tf_function():
     @tf.function
     def step(x):
         return (bps.alltoall(x, name="f.a2a"), bps.allreduce(x, op=bps.Min, name="f.min"),
+                bps.allreduce(x, op=bps.Max, name="f.max"), bps.allreduce(x, op=bps.Product, name="f.prod"),
                 bps.reducescatter(x, op=bps.Sum, name="f.rs"), bps.allgather(x, name="f.ag"))
 
     for i in range(2):
-        x = tf.range(2 * n, dtype=tf.float32) + r + i
-        a2a, smallest, scattered, gathered = step(x)
-        assert_equal(smallest, tf.range(2 * n, dtype=tf.float32) + i, "tf.function Min")
+        x = tf.range(2 * n, dtype=tf.float32) + r + i   # rank k's element j: j + k + i
+        a2a, smallest, largest, product, scattered, gathered = step(x)
+        j = np.arange(2 * n)
+        assert_equal(smallest, tf.constant(j + i, tf.float32), "tf.function Min")
+        assert_equal(largest, tf.constant(j + n - 1 + i, tf.float32), "tf.function Max")
+        assert_equal(product, tf.constant(np.prod([j + k + i for k in range(n)], axis=0), tf.float32),
+                     "tf.function Product")
         assert_equal(scattered, tf.constant([2.0 * r + j for j in range(2)]) * n + sum(range(n)) + n * i,
                      "tf.function reducescatter")
-        assert gathered.shape == (2 * n * n,) and a2a.shape == (2 * n,)
+        # alltoall splits evenly: rank r gets elements 2r, 2r + 1 of every rank's tensor, in rank order
+        assert_equal(a2a, tf.constant([2 * r + e + k + i for k in range(n) for e in range(2)], tf.float32),
+                     "tf.function alltoall")
+        assert_equal(gathered, tf.constant([e + k + i for k in range(n) for e in range(2 * n)], tf.float32),
+                     "tf.function allgather")
 
 
 def gradients():
@@ -141,6 +163,12 @@ def mismatches():
         summed = bps.allreduce(tf.ones([3 + r]), op=bps.Sum, name="bad.graph")
         with tf.compat.v1.Session() as session:
             expect_error(tf.errors.FailedPreconditionError, "shape", lambda: session.run(summed))
+    # the failed rounds leave the job usable: the next collectives and a barrier work on every rank
+    n = bps.size()
+    assert_equal(bps.allgather(tf.fill([1, 3], r), name="after.bad"), tf.constant([[k] * 3 for k in range(n)]),
+                 "allgather after the mismatches")
+    assert_equal(fn(tf.fill([1, 3], float(r))), tf.constant([[float(k)] * 3 for k in range(n)]),
+                 "the failed tf.function again, with matching shapes")
     bps.barrier()
 
 
@@ -196,6 +224,29 @@ def uneven_join():
     assert_equal(y, tf.fill([2], float(sum(range(n)))), "unnamed allreduce after join")
 
 
+def timeline():
+    """start_timeline .. stop_timeline around eager and tf.function allreduces: rank 0 writes a Chrome trace
+    naming the tensors reduced inside the window, and only those."""
+    path = os.path.join(os.environ["BYTEPS_TEST_TMP"], "timeline.json")
+    expect_error(ValueError, "file_path must not be empty", lambda: bps.start_timeline(""))
+    bps.start_timeline(path)
+    traced = tf.function(lambda t: bps.allreduce(t, op=bps.Sum, name="timeline.fn"))
+    for _ in range(2):
+        bps.allreduce(tf.ones([1000]), name="timeline.eager")
+        traced(tf.ones([10]))
+    bps.stop_timeline()
+    bps.allreduce(tf.ones([1000]), name="timeline.after")
+    bps.barrier()
+    if bps.rank() != 0:
+        return   # Horovod's rank 0 alone writes the timeline
+    with open(path) as handle:
+        spans = [e for e in json.load(handle)["traceEvents"] if e["ph"] == "X"]
+    tensors = [e["name"] for e in spans if e["cat"] == "tensor"]
+    assert sum("timeline.eager" in name for name in tensors) == 2, tensors
+    assert sum("timeline.fn" in name for name in tensors) == 2, tensors
+    assert not any("timeline.after" in e["name"] for e in spans), spans
+
+
 def main():
     bps.init()
     checks.run("allgather of any dtype, objects, grouped", allgather_any_dtype)
@@ -207,6 +258,7 @@ def main():
     checks.run("mismatches", mismatches)
     checks.run("SyncBatchNormalization", sync_batch_normalization)
     checks.run("build flags", build_flags)
+    checks.run("timeline", timeline)
     checks.run("join with uneven data", uneven_join)
     bps.shutdown()
     checks.done()

@@ -17,6 +17,8 @@ is checked against references each rank computes itself:
   averaging, learning-rate warmup);
 * SyncBatchNormalization as a Keras 2 layer against numpy on both ranks'
   batches; PartialDistributedGradientTape's local/global split;
+* byteps.keras's own allreduce, allgather and broadcast; DistributedOptimizer
+  with fp16 and bf16 compression against the average of the rounded gradients;
 * the errors a Keras 2 script can run into.
 """
 
@@ -202,6 +204,36 @@ def local_and_global_gradients():
     assert_close(others[0][1], np.full(2, (n + 1) / 2, "float32"), "a shared gradient is averaged")
 
 
+def keras_api():
+    """byteps.keras's own ops under Keras 2: thin wrappers of byteps.tensorflow's, on tensor-like values."""
+    r, n = bps.rank(), bps.size()
+    assert_equal(bps.allreduce(np.float32(r + 1), op=bps.Sum, name="k2.ar"), tf.constant(n * (n + 1) / 2,
+                 tf.float32), "allreduce")
+    assert_equal(bps.allgather(np.full([r + 1, 2], r, "int32"), name="k2.ag"),
+                 tf.constant([[k, k] for k in range(n) for _ in range(k + 1)], tf.int32), "allgather of uneven rows")
+    assert_equal(bps.broadcast(np.array([r + 5.0, -r], "float32"), 1, name="k2.bc"), tf.constant([6.0, -1.0]),
+                 "broadcast from rank 1")
+    assert_equal(bps.broadcast(tf.fill([2, 2], r), 0, name="k2.bc0"), tf.zeros([2, 2], tf.int32),
+                 "broadcast from rank 0")
+
+def compressed_updates():
+    """DistributedOptimizer(compression=fp16 / bf16): each rank's gradient goes as a 16-bit float. 0.5, -3, 96
+    are exact in both; 1 + 2**-12 is not (rank k sends k + 1 for its (k + 1) * (1 + 2**-12)), so the update
+    is the average of the rounded gradients, not of the exact ones."""
+    r, n = bps.rank(), bps.size()
+    base = np.array([0.5, -3.0, 96.0, 1.0 + 2.0 ** -12], "float32")
+    for compression, half in ((bps.Compression.fp16, tf.float16), (bps.Compression.bf16, tf.bfloat16)):
+        sent = [tf.cast(tf.cast(base * (k + 1), half), tf.float64).numpy() for k in range(n)]
+        want = (-sum(sent) / n).astype("float32")
+        assert want[3] == -(n + 1) / 2, want   # the exact average would be (n + 1) / 2 * (1 + 2**-12)
+        v = tf.Variable(np.zeros(4, "float32"))
+        optimizer = bps.DistributedOptimizer(keras.optimizers.SGD(1.0), compression=compression)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(v * base * (r + 1))
+        optimizer.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+        assert_equal(v, want, f"SGD(1) update with {half.name} compression")
+
+
 def errors():
     import keras as keras3
 
@@ -230,5 +262,7 @@ checks.run("compute_gradients reduces (Horovod's place), apply_gradients only wh
 checks.run("callbacks: broadcast, metric average, learning-rate warmup", callbacks)
 checks.run("SyncBatchNormalization (Keras 2) against numpy", sync_batch_norm)
 checks.run("PartialDistributedGradientTape.get_local_and_global_gradients", local_and_global_gradients)
+checks.run("the Keras API: allreduce, allgather, broadcast", keras_api)
+checks.run("DistributedOptimizer with Compression.fp16 and bf16, against a reference", compressed_updates)
 checks.run("errors", errors)
 checks.done()

@@ -165,6 +165,8 @@ def keras_api():
     assert_equal(bps.allreduce(np.float32(r + 1), op=bps.Sum), tf.constant(n * (n + 1) / 2, tf.float32), "allreduce")
     assert_equal(bps.push_pull([float(r)], name="k.pp"), tf.constant([(n - 1) / 2], tf.float32), "push_pull")
     assert_equal(bps.broadcast(np.int64(r + 5), 1, name="k.bc"), tf.constant(6, tf.int64), "broadcast")
+    assert_equal(bps.allgather(np.full([r + 1, 2], r, "int32"), name="k.ag"),
+                 tf.constant([[k, k] for k in range(n) for _ in range(k + 1)], tf.int32), "allgather of uneven rows")
     expect_error(RuntimeError, "TF1 graph", lambda: bps.broadcast_global_variables(0))
     optimizer = keras.optimizers.SGD(0.1)
     optimizer.build([keras.Variable(np.zeros(2, "float32"))])
@@ -172,6 +174,24 @@ def keras_api():
     wrapped = byteps.tensorflow.DistributedOptimizer(keras.optimizers.RMSprop(0.1), backward_passes_per_step=3)
     assert isinstance(wrapped, keras.optimizers.RMSprop) and wrapped._byteps_passes == 3
     expect_error(ValueError, "already a DistributedOptimizer", lambda: bps.DistributedOptimizer(wrapped))
+
+
+def compressed_updates():
+    """DistributedOptimizer(compression=fp16 / bf16): each rank's gradient goes as a 16-bit float. 0.5, -3, 96
+    are exact in both; 1 + 2**-12 is not (rank k sends k + 1 for its (k + 1) * (1 + 2**-12)), so the update
+    is the average of the rounded gradients, not of the exact ones."""
+    r, n = bps.rank(), bps.size()
+    base = np.array([0.5, -3.0, 96.0, 1.0 + 2.0 ** -12], "float32")
+    for compression, half in ((bps.Compression.fp16, tf.float16), (bps.Compression.bf16, tf.bfloat16)):
+        sent = [tf.cast(tf.cast(base * (k + 1), half), tf.float64).numpy() for k in range(n)]
+        want = (-sum(sent) / n).astype("float32")
+        assert want[3] == -(n + 1) / 2, want   # the exact average would be (n + 1) / 2 * (1 + 2**-12)
+        v = tf.Variable(np.zeros(4, "float32"))
+        optimizer = bps.DistributedOptimizer(keras.optimizers.SGD(1.0), compression=compression)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(v * base * (r + 1))
+        optimizer.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+        assert_equal(v, want, f"SGD(1) update with {half.name} compression")
 
 
 def custom_loop_in_function():
@@ -263,6 +283,7 @@ def main():
     checks.run("model.fit with the callbacks", fit_with_callbacks)
     checks.run("load_model", load_model)
     checks.run("keras API", keras_api)
+    checks.run("DistributedOptimizer with Compression.fp16 and bf16, against a reference", compressed_updates)
     checks.run("custom loop in tf.function", custom_loop_in_function)
     checks.run("local layers: PartialDistributedOptimizer, PartialDistributedGradientTape, callback",
                local_layers)

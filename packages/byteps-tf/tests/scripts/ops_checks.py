@@ -107,6 +107,34 @@ def compression_and_scaling():
     assert_equal(y, tf.fill([6], total * 2), "scaling and compression in tf.function")
 
 
+def bf16_compression():
+    """Compression.bf16 sends each rank's float32/float64 values as bfloat16: values exact in bfloat16 come
+    back exact (sum and average); 257 is not (8 significant bits), so each rank sends 256."""
+    r, n = bps.rank(), bps.size()
+    base = np.array([0.5, -3.0, 96.0, 1.25, 257.0])
+
+    def want(average, dtype):
+        sent = [tf.cast(tf.cast(base * (k + 1), tf.bfloat16), tf.float64).numpy() for k in range(n)]
+        total = tf.cast(tf.cast(sum(sent) / (n if average else 1), tf.bfloat16), dtype)
+        assert np.all(total.numpy()[:4] == (base * n * (n + 1) / 2 / (n if average else 1))[:4])
+        return total
+
+    x = tf.constant(base * (r + 1), tf.float32)
+    y = bps.allreduce(x, op=bps.Sum, name="bf16", compression=bps.Compression.bf16)
+    assert_equal(y, want(False, tf.float32), "bf16 compression, Sum")
+    assert float(y[4]) != 257.0 * n * (n + 1) / 2, y
+    y = bps.allreduce(tf.cast(x, tf.float64), name="bf16.avg", compression=bps.Compression.bf16)
+    assert_equal(y, want(True, tf.float64), "bf16 compression of float64, Average")
+    fn = tf.function(lambda t: (bps.allreduce(t, op=bps.Sum, name="bf16.fn", compression=bps.Compression.bf16),
+                                bps.push_pull(t, name="bf16.fn.pp", compression=bps.Compression.bf16)))
+    total, mean = fn(x)
+    assert_equal(total, want(False, tf.float32), "bf16 compression in tf.function, Sum")
+    assert_equal(mean, want(True, tf.float32), "bf16 compression in tf.function, push_pull average")
+    halves = tf.constant([1.0, -2.5], tf.float16) * (r + 1)   # 16-bit floats go as they are
+    assert_equal(bps.allreduce(halves, op=bps.Sum, name="bf16.f16", compression=bps.Compression.bf16),
+                 tf.constant([1.0, -2.5], tf.float16) * (n * (n + 1) / 2), "bf16 compression leaves float16")
+
+
 def gradients_of_ops():
     r, n = bps.rank(), bps.size()
     total = n * (n + 1) / 2
@@ -325,8 +353,14 @@ def errors_and_mismatches():
     # inside a graph the error keeps its class (byteps.tensorflow.graph_errors), as Horovod's
     message = expect_error(tf.errors.FailedPreconditionError, "mismatch.fn", lambda: fn(tf.ones([3], dtype)))
     print(f"MISMATCH tf.function: {' '.join(message.splitlines())}", flush=True)
+    # the refused calls and the failed rounds leave the job usable: collectives, eager and in a tf.function,
+    # and a barrier work on every rank. (Not under the failed names: each rank's name keeps the layout it
+    # first declared, so after a shape or dtype mismatch a retry of that name no longer pairs up.)
     y = bps.allreduce(tf.fill([3], float(r + 1)), op=bps.Sum, name="after.mismatch")
     assert_equal(y, tf.fill([3], float(bps.size() * (bps.size() + 1) // 2)), "allreduce after the errors")
+    fn = tf.function(lambda t: bps.allreduce(t, name="after.mismatch.fn"))
+    assert_equal(fn(tf.fill([3], float(r + 1))), tf.fill([3], (bps.size() + 1) / 2), "tf.function after the errors")
+    bps.barrier()
 
 
 def process_info():
@@ -345,6 +379,7 @@ def main():
     checks.run("big and empty tensors", big_and_empty_tensors)
     checks.run("default names", default_names)
     checks.run("compression and scaling", compression_and_scaling)
+    checks.run("Compression.bf16, eager and in tf.function", bf16_compression)
     checks.run("gradients of ops", gradients_of_ops)
     checks.run("broadcasts", broadcasts)
     checks.run("broadcast_variables and broadcast_object", broadcast_variables_and_objects)
