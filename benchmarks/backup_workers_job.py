@@ -15,10 +15,7 @@ computed and a checksum of its parameters as one JSON line.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import random
 import sys
 import time
 
@@ -28,19 +25,14 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "torch"))
+from backup_workers_contract import emulate_compute, parse_args, report  # noqa: E402
 from train_digits import DigitsNet, evaluate, load_data  # noqa: E402
 
 import byteps.torch as bps  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--step-ms", type=float, default=20.0)
-    parser.add_argument("--slowdown", type=float, default=3.0)
-    parser.add_argument("--straggler", choices=("random", "fixed"), default="random")
-    parser.add_argument("--skip", action="store_true", help="skip the rounds that closed without this worker")
-    args = parser.parse_args()
+    args = parse_args(__doc__.splitlines()[0])
     bps.init()
     torch.manual_seed(bps.rank())
     torch.set_num_threads(1)
@@ -59,8 +51,7 @@ def main() -> None:
                 step += 1
                 continue
             computed += 1
-            straggler = random.Random(step).randrange(bps.size()) if args.straggler == "random" else bps.size() - 1
-            time.sleep(args.step_ms / 1000 * (args.slowdown if bps.rank() == straggler else 1.0))
+            emulate_compute(step, bps.rank(), bps.size(), args)
             optimizer.zero_grad()
             F.cross_entropy(model(images), labels).backward()
             optimizer.step()
@@ -69,8 +60,7 @@ def main() -> None:
     accuracy = evaluate(model, test_set, torch.device("cpu"))
     # Backup workers keep the replicas identical: every rank applies every round's average.
     checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
-    print(json.dumps({"rank": bps.rank(), "wall_s": wall, "accuracy": accuracy, "steps": step,
-                      "computed": computed, "checksum": checksum}), flush=True)
+    report(bps.rank(), wall, accuracy, step, computed, checksum)
     bps.shutdown()
 
 

@@ -16,10 +16,7 @@ as one JSON line.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import random
 import sys
 import time
 
@@ -28,6 +25,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "mxnet"))
+from backup_workers_contract import emulate_compute, parse_args, report  # noqa: E402
 from train_digits import digits_net, load_data  # noqa: E402
 
 import byteps.mxnet as bps  # noqa: E402
@@ -36,13 +34,7 @@ BATCH, LR = 32, 0.05  # per worker, as in the example (the rate is scaled by the
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--step-ms", type=float, default=20.0)
-    parser.add_argument("--slowdown", type=float, default=3.0)
-    parser.add_argument("--straggler", choices=("random", "fixed"), default="random")
-    parser.add_argument("--skip", action="store_true", help="skip the rounds that closed without this worker")
-    args = parser.parse_args()
+    args = parse_args(__doc__.splitlines()[0])
     bps.init()
     mx.random.seed(bps.rank())  # different initial weights: the trainer's broadcast makes them rank 0's
     train_x, test_x, train_y, test_y = load_data(0)
@@ -63,8 +55,7 @@ def main() -> None:
                 step += 1
                 continue
             computed += 1
-            straggler = random.Random(step).randrange(bps.size()) if args.straggler == "random" else bps.size() - 1
-            time.sleep(args.step_ms / 1000 * (args.slowdown if bps.rank() == straggler else 1.0))
+            emulate_compute(step, bps.rank(), bps.size(), args)
             images, labels = mx.nd.array(train_x[batch]), mx.nd.array(train_y[batch])
             with autograd.record():
                 loss = loss_fn(net(images), labels)
@@ -77,8 +68,7 @@ def main() -> None:
     accuracy = float((predictions == test_y).mean())
     # Backup workers keep the replicas identical: every rank applies every round's average.
     checksum = float(sum(p.data().asnumpy().astype(np.float64).sum() for p in net.collect_params().values()))
-    print(json.dumps({"rank": bps.rank(), "wall_s": wall, "accuracy": accuracy, "steps": step,
-                      "computed": computed, "checksum": checksum}), flush=True)
+    report(bps.rank(), wall, accuracy, step, computed, checksum)
     bps.shutdown()
 
 

@@ -23,9 +23,7 @@ parameters as one JSON line.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import random
 import sys
 import time
 
@@ -35,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from backup_workers_contract import emulate_compute, parse_args, report  # noqa: E402
 from train_digits_keras import load_data, make_model  # noqa: E402
 
 import byteps.keras as bps  # noqa: E402
@@ -43,9 +42,9 @@ import byteps.keras as bps  # noqa: E402
 class EmulatedCompute(keras.callbacks.Callback):
     """Sleeps in fit's train function (so a batch that SkipStepCallback drops does not): the straggler longer."""
 
-    def __init__(self, step_ms: float, slowdown: float, straggler: str) -> None:
+    def __init__(self, args: argparse.Namespace) -> None:
         super().__init__()
-        self.step_ms, self.slowdown, self.straggler = step_ms, slowdown, straggler
+        self.args = args
         self.step = 0          # every batch, skipped or not: the same step numbers on every rank
         self.computed = 0
         self.first_done = None  # when the first step ended (it traces the train function)
@@ -54,9 +53,7 @@ class EmulatedCompute(keras.callbacks.Callback):
         inner = self.model.train_function
 
         def train_function(iterator):
-            straggler = (random.Random(self.step).randrange(bps.size()) if self.straggler == "random"
-                         else bps.size() - 1)
-            time.sleep(self.step_ms / 1000 * (self.slowdown if bps.rank() == straggler else 1.0))
+            emulate_compute(self.step, bps.rank(), bps.size(), self.args)
             self.computed += 1
             return inner(iterator)
 
@@ -68,13 +65,7 @@ class EmulatedCompute(keras.callbacks.Callback):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--step-ms", type=float, default=20.0)
-    parser.add_argument("--slowdown", type=float, default=3.0)
-    parser.add_argument("--straggler", choices=("random", "fixed"), default="random")
-    parser.add_argument("--skip", action="store_true", help="skip the rounds that closed without this worker")
-    args = parser.parse_args()
+    args = parse_args(__doc__.splitlines()[0])
     bps.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     keras.utils.set_random_seed(bps.rank())  # different initial weights: the broadcast makes them equal
@@ -83,7 +74,7 @@ def main() -> None:
     model = make_model()
     optimizer = bps.DistributedOptimizer(keras.optimizers.SGD(0.05 * bps.size(), momentum=0.9))
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    compute = EmulatedCompute(args.step_ms, args.slowdown, args.straggler)
+    compute = EmulatedCompute(args)
     # SkipStepCallback after EmulatedCompute: it wraps the train function that sleeps, so a skip sleeps not.
     callbacks = [bps.callbacks.BroadcastGlobalVariablesCallback(0), compute,
                  *([bps.callbacks.SkipStepCallback()] if args.skip else [])]
@@ -93,8 +84,7 @@ def main() -> None:
     accuracy = float(np.mean(np.argmax(logits, axis=1) == y_test))
     # Backup workers keep the replicas identical: every rank applies every round's average.
     checksum = float(sum(np.sum(v.numpy().astype(np.float64)) for v in model.trainable_variables))
-    print(json.dumps({"rank": bps.rank(), "wall_s": wall, "accuracy": accuracy, "steps": compute.step,
-                      "computed": compute.computed, "checksum": checksum}), flush=True)
+    report(bps.rank(), wall, accuracy, compute.step, compute.computed, checksum)
     bps.shutdown()
 
 
