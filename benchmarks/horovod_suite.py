@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 MODES = {
     "np2": ["-np", "2"],
@@ -123,26 +123,34 @@ def outcome(report_dir: pathlib.Path, ranks: int) -> str:
     return "skip" if "skip" in results else "pass"
 
 
-def run_test(python: str, suite_path: pathlib.Path, test: str, mode: str, timeout_s: float) -> Dict:
-    report_dir = pathlib.Path(tempfile.mkdtemp(prefix="hvd-report-"))
-    pytest = (f"{python} -m pytest -q -x -p no:cacheprovider {suite_path.name} -k '{test} and not {test}_' "
-              f"--junitxml={report_dir}/rank$HOROVOD_RANK.xml")
+def _launch(python: str, mode: str, pytest: str, cwd: pathlib.Path, timeout_s: float) -> Tuple[str, Optional[int]]:
+    """Run ``pytest`` (a shell command) on every rank of a bpslaunch job in ``mode``: (its output, its exit
+    status), the status None when it ran past ``timeout_s`` and was ended."""
     command = [python, "-m", "byteps.launcher", *MODES[mode], "--", "sh", "-c", pytest]
-    start = time.monotonic()
     launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                cwd=suite_path.parent, start_new_session=True)
+                                cwd=cwd, start_new_session=True)
     try:
         log, _ = launcher.communicate(timeout=timeout_s)
-        rc = launcher.returncode
+        return log, launcher.returncode
     except subprocess.TimeoutExpired:
         # SIGTERM lets bpslaunch end its job (workers included); the group kill is the last resort.
         launcher.terminate()
         try:
-            output, _ = launcher.communicate(timeout=15)
+            log, _ = launcher.communicate(timeout=15)
         except subprocess.TimeoutExpired:
             os.killpg(launcher.pid, signal.SIGKILL)
-            output, _ = launcher.communicate()
-        log, rc = f"timed out after {timeout_s:g} s\n{output or ''}", -1
+            log, _ = launcher.communicate()
+        return log or "", None
+
+
+def run_test(python: str, suite_path: pathlib.Path, test: str, mode: str, timeout_s: float) -> Dict:
+    report_dir = pathlib.Path(tempfile.mkdtemp(prefix="hvd-report-"))
+    pytest = (f"{python} -m pytest -q -x -p no:cacheprovider {suite_path.name} -k '{test} and not {test}_' "
+              f"--junitxml={report_dir}/rank$HOROVOD_RANK.xml")
+    start = time.monotonic()
+    log, rc = _launch(python, mode, pytest, suite_path.parent, timeout_s)
+    if rc is None:
+        log, rc = f"timed out after {timeout_s:g} s\n{log}", -1
     result = outcome(report_dir, 2) if rc in (0, 1) else "fail"
     shutil.rmtree(report_dir, ignore_errors=True)
     reason = ""
@@ -168,19 +176,9 @@ def run_whole_file(python: str, suite_path: pathlib.Path, mode: str, timeout_s: 
     report_dir = pathlib.Path(tempfile.mkdtemp(prefix="hvd-report-"))
     pytest = (f"{python} -m pytest -v -p no:cacheprovider {suite_path.name} {deselect} "
               f"--junitxml={report_dir}/rank$HOROVOD_RANK.xml")
-    command = [python, "-m", "byteps.launcher", *MODES[mode], "--", "sh", "-c", pytest]
-    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                cwd=suite_path.parent, start_new_session=True)
-    try:
-        log, _ = launcher.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        launcher.terminate()
-        try:
-            log, _ = launcher.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            log, _ = launcher.communicate()
-        log = (log or "") + f"\ntimed out after {timeout_s:g} s"
+    log, rc = _launch(python, mode, pytest, suite_path.parent, timeout_s)
+    if rc is None:
+        log += f"\ntimed out after {timeout_s:g} s"
     if log_path is not None:
         log_path.write_text(log)
     verdicts: Dict[str, Dict[int, List[str]]] = {}
