@@ -50,3 +50,18 @@ def test_a_default_name_is_free_when_its_op_ends():
     core.set_done()
     # a later unnamed op of the same default name waits for this one's end, not for its synchronize()
     tracker.names.reserve(name, "allreduce()")
+
+
+def test_layouts_number_by_first_use_and_a_join_starts_the_uses_afresh():
+    """Without a worker: a name's first use and uses of the layout in use announce nothing (an announcement
+    would need the worker, which raises here); after a join, neither does the next use of any layout."""
+    names = TensorNames()
+    a, b, c = ((2,), "float32"), ((3,), "float32"), ((4,), "int32")
+    assert names.key("w", a) == "w" and names.key("w", a) == "w"
+    assert names.key("w", b, scope=2) == "w#1"  # a process set's first use: its own layout in use, nothing to tell
+    with pytest.raises(ValueError, match="init"):
+        names.key("w", b)  # a switch in the global set: announced, and there is no worker to announce with
+    assert names.key("w", a) == "w"  # the refused switch changed nothing
+    # Another rank went on to use "w" with c while this one had joined (join_state(): its layout list).
+    names.adopt_layouts({"w": [repr(a), repr(b), repr(c)]})
+    assert names.key("w", c) == "w#2" and names.key("w", c, scope=2) == "w#2"

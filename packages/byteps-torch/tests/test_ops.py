@@ -31,7 +31,7 @@ def test_ops_under_bpslaunch(layout):
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
 def test_shape_or_dtype_mismatch_fails_on_every_rank(layout):
     result = launch_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "mismatch_checks.py"))
-    assert_all_ok(result, checks=3)
+    assert_all_ok(result, checks=4)
     for rank in range(2):
         lines = rank_lines(result.stdout, rank)
         shape = next(line for line in lines if line.startswith("MISMATCH shape"))
@@ -39,6 +39,8 @@ def test_shape_or_dtype_mismatch_fails_on_every_rank(layout):
         dtype = next(line for line in lines if line.startswith("MISMATCH dtype"))
         assert "12 bytes of float32" in dtype and "12 bytes of int32" in dtype, dtype
         assert re.search(r"worker [01] declares", shape), shape
+        switch = next(line for line in lines if line.startswith("MISMATCH switch dtype"))
+        assert "different shapes or dtypes" in switch or "another shape or dtype" in switch, switch
 
 
 # --- one process: no scheduler or server, push_pull is a copy (as in BytePS) -----------------

@@ -3,6 +3,13 @@
 Run under bpslaunch (2 ranks). Rank 0 and the others push the same name with
 another shape, then another dtype; every rank must see a PushPullError that
 names both descriptions, and the job must go on working for other names.
+
+Then a name used before: one rank switches it to another dtype, or back to
+an earlier shape, while the others go on as before (each side has a tensor
+of its own for that layout, so nothing meets but the switch's notice); every
+rank must fail within the job's time, and the name must work afterwards,
+switches the ranks agree on included (Horovod's allreduce/broadcast type
+error tests run in one job).
 """
 
 from __future__ import annotations
@@ -38,8 +45,35 @@ def main():
         assert_equal(y, torch.full((3,), float(bps.size() * (bps.size() + 1) // 2)), "push_pull after the errors")
 
     check("other names still work", still_works)
+    check("a switch of a used name's layout that the others do not make fails on every rank", layout_switches)
     bps.shutdown()
-    print("ALL OK 3", flush=True)
+    print("ALL OK 4", flush=True)
+
+
+def layout_switches():
+    r, n = bps.rank(), bps.size()
+    total = float(n * (n + 1) // 2)
+
+    def agreed(shape, what):
+        y = bps.allreduce(torch.full(shape, float(r + 1)), op=bps.Sum, name="switch")
+        assert_equal(y, torch.full(shape, total), what)
+
+    agreed((5,), "first use")
+    dtype = torch.int32 if r == 0 else torch.float32  # rank 0 switches to a new dtype, the others stay
+    expect_push_pull_error("switch dtype", lambda: bps.allreduce(torch.ones(5, dtype=dtype), name="switch"))
+    agreed((5,), "the old layout after a refused switch")
+    agreed((3,), "a switch every rank makes")
+    shape = (5,) if r == 0 else (3,)  # rank 0 goes back to the first shape, the others stay
+    expect_push_pull_error("switch back", lambda: bps.allreduce(torch.ones(shape), name="switch"))
+    agreed((3,), "the layout in use after a refused switch back")
+    agreed((5,), "a switch back every rank makes")
+    # unnamed broadcasts, as Horovod's broadcast_type_error test issues them
+    x = torch.ones(4, dtype=torch.int32 if r == 0 else torch.float32)
+    bps.broadcast(torch.ones(4), root_rank=0, name="switch.b")
+    expect_push_pull_error("broadcast switch", lambda: bps.broadcast(x, root_rank=0, name="switch.b"))
+    bps.barrier()
+    assert_equal(bps.broadcast(torch.full((4,), float(r)), root_rank=0, name="switch.b"), torch.zeros(4),
+                 "broadcast after a refused switch")
 
 
 if __name__ == "__main__":

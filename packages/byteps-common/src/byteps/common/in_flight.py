@@ -54,6 +54,11 @@ class NamesInFlight:
                 del self._busy[name]
                 self._released.notify_all()
 
+    def wait_free(self, name: str) -> None:
+        """Return once ``name`` is not in flight."""
+        with self._released:
+            self._released.wait_for(lambda: name not in self._busy)
+
     def clear(self) -> None:
         with self._released:
             self._busy.clear()

@@ -70,6 +70,12 @@ class PushPullOptions:
     ``nonzero`` (byte offsets ``(start, end)``): the tensor is zeros outside,
     so those bytes need not travel. ``skip_pull`` (byte ranges): the caller
     does not need the sum there (it holds it, or does not read it).
+
+    ``notice`` (a layout's text, e.g. ``"((3,), 'float32')"``): the round
+    carries no data; it tells the other ranks that this rank now uses the
+    name behind this tensor with that layout (see
+    :meth:`Worker.announce_layout`). Every rank must push the same notice
+    in the round, or it fails on every rank.
     """
 
     average: bool = True
@@ -87,6 +93,7 @@ class PushPullOptions:
     stream: Optional[int] = None
     nonzero: Optional[ByteRange] = None
     skip_pull: Tuple[ByteRange, ...] = ()
+    notice: Optional[str] = None
 
     def __post_init__(self) -> None:
         set_ = lambda field, value: object.__setattr__(self, field, value)  # noqa: E731 -- frozen
@@ -123,6 +130,10 @@ class PushPullOptions:
         set_("skip_pull", tuple(_byte_range(span, "skip_pull") for span in self.skip_pull))
         if self.lr is not None:
             set_("lr", float(self.lr))
+        if self.notice is not None and (not isinstance(self.notice, str) or not self.notice
+                                        or self.asynchronous or self.compression is not None):
+            raise ValueError(f"notice must be a non-empty layout text, on an uncompressed synchronous tensor "
+                             f"(got {self.notice!r})")
         if self.asynchronous and (self.members is not None or self.average or self.compression is not None):
             raise ValueError("an asynchronous exchange sums deltas over every worker, uncompressed: "
                              "no members, average=False, no compression")

@@ -15,12 +15,13 @@ Either way a mismatch fails every rank with both descriptions named.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from typing import Any, Optional, Sequence, Tuple
 
 from byteps.common.dtypes import DType
 
 __all__ = ["PartitionSpec", "TensorDescription", "describe_tensor", "dtype_name", "MISMATCH_ADVICE", "quorum_aux",
-           "split_quorum_aux"]
+           "split_quorum_aux", "TAG_NOTICE", "notice_tag"]
 
 MISMATCH_ADVICE = "every worker must push_pull the same tensors (same names, shapes, dtypes, order)"
 
@@ -138,13 +139,23 @@ def split_quorum_aux(aux: int) -> Tuple[int, int]:
 
 #: The tag of a sum that gathers (allgather, alltoall, ... built from sums): a rank that joined cannot add zeros.
 TAG_GATHER = 1 << 31
+#: The tag bit of a layout notice (:func:`notice_tag`): a round that carries no data but says this rank now
+#: uses the tensor's name with another shape or dtype; the low 30 bits identify that layout.
+TAG_NOTICE = 1 << 30
+
+
+def notice_tag(layout: str) -> int:
+    """The tag of a notice that a name is now used with ``layout`` (a text every rank writes alike)."""
+    return TAG_NOTICE | zlib.crc32(layout.encode()) & (TAG_NOTICE - 1)
 
 
 def describe_op(average: bool, tag: int) -> str:
     """What a worker does with a tensor, for mismatch messages: ``tag`` is 0, 1 + the root of a broadcast,
-    or :data:`TAG_GATHER`."""
+    :data:`TAG_GATHER` or a :func:`notice_tag`."""
     if tag == TAG_GATHER:
         return "gathers"
+    if tag & TAG_NOTICE:
+        return f"now uses its name with another shape or dtype (layout {tag & (TAG_NOTICE - 1):#x})"
     if tag:
         return f"broadcasts from rank {tag - 1}"
     return "averages" if average else "sums"

@@ -110,6 +110,10 @@ class TensorRegistry:
             self.first_start = time.monotonic()
         return tensor_id, round_, plan
 
+    def wait_idle(self, name: str) -> None:
+        """Return once no push_pull of ``name`` is in flight."""
+        self._in_flight.wait_free(name)
+
     def finished(self, name: str, closed_after: Optional[int] = None) -> None:
         self._in_flight.release(name)
         with self._lock:

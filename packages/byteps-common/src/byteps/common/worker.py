@@ -27,6 +27,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
+import numpy as np
+
 from byteps.common.compression import CompressionSpec
 from byteps.common.config import Config
 from byteps.common.engine import CommLoop, EngineOptions, TaskMaker
@@ -158,6 +160,30 @@ class Worker:
     def push_pull(self, tensor: Any, name: str, options: PushPullOptions = DEFAULT_OPTIONS) -> Any:
         """Synchronous push_pull; returns the output array."""
         return self.push_pull_async(tensor, name, options).wait()
+
+    def announce_layout(self, name: str, layout: str, set_id: int = 0) -> bool:
+        """Tell the other ranks (of process set ``set_id``; 0: every rank), in a round of ``name`` that
+        carries no data, that this rank now uses the name's user-level name with ``layout`` (a text every
+        rank writes alike), and wait for the round.
+
+        Adapters give each (shape, dtype) a name is used with a tensor of its
+        own (:mod:`byteps.common.frontend.names`); a rank that switches to
+        another one announces it on the tensor of the name's last use, where
+        the other ranks push that round too. The round fails on every rank
+        (PushPullError naming both uses) unless all of them announce the
+        same layout, instead of each rank waiting on its own tensor for ever.
+        Returns False where nothing was announced: ``name`` has no earlier
+        push_pull of its own in the set from host memory here (a fused
+        bucket's member has none), or one whose rounds cannot carry a notice
+        (compressed, asynchronous, backup workers' quorum rounds).
+        """
+        last = self.tasks.last_use(name, set_id)
+        if last is None:
+            return False
+        self.registry.wait_idle(last.tensor)
+        self.push_pull(np.zeros(last.shape, last.dtype), name,
+                       last.options.replace(notice=layout, nonzero=None, skip_pull=(), stream=None))
+        return True
 
     @contextlib.contextmanager
     def skipping_round(self) -> Iterator[None]:

@@ -120,8 +120,8 @@ def reducescatter(tensor: mx.nd.NDArray, name: Optional[str] = None, op: Any = A
     host = scaled(tensor, prescale_factor).asnumpy()
     dtype = dtype_name(tensor)
     rows = _run("reducescatter", name,
-                lambda key: front.reducescatter(_names.key(key, (host.shape, dtype)), host, dtype, average,
-                                                rank_view(process_set)))
+                lambda key: front.reducescatter(_names.key(key, (host.shape, dtype), rank_view(process_set).set_id),
+                                                host, dtype, average, rank_view(process_set)))
     return scaled(mx.nd.array(rows, ctx=tensor.context, dtype=dtype), postscale_factor)
 
 

@@ -77,7 +77,7 @@ __all__ = [
 ]
 
 _bridge = EngineBridge()
-_names = TensorNames()
+_names = TensorNames(settle=lambda key: _token(key).wait_to_read())  # a switch is announced after the ops issued
 _tokens_lock = threading.Lock()
 _tokens: Dict[str, mx.nd.NDArray] = {}
 _skipping = threading.local()  # skipping_round() on the thread that issues ops
@@ -131,9 +131,10 @@ def byteps_declare_tensor(name: str) -> int:
     return api.declare(name)
 
 
-def _key_name(name: str, array: mx.nd.NDArray) -> str:
-    """The byteps tensor behind a name: one per (shape, dtype) it is used with, ``"<name>#<k>"`` after the first."""
-    return _names.key(name, (tuple(array.shape), dtype_name(array)))
+def _key_name(name: str, array: mx.nd.NDArray, set_id: int = 0) -> str:
+    """The byteps tensor behind a name: one per (shape, dtype) it is used with, ``"<name>#<k>"`` after the first
+    (a switch of layout is announced to the ranks of process set ``set_id``)."""
+    return _names.key(name, (tuple(array.shape), dtype_name(array)), set_id)
 
 
 def _token(key: str) -> mx.nd.NDArray:
@@ -163,7 +164,7 @@ def submit(tensor: mx.nd.NDArray, spec: OpSpec, inplace: bool, contribute: bool 
         raise ValueError(f"{what}: compression_params {compression_spec.compressor!r} takes float16, float32 or "
                          f"float64 arrays, not {dtype}")
     worker = api.worker()
-    key = _key_name(name, tensor)
+    key = _key_name(name, tensor, spec.set_id)
     options = spec.push_pull_options(compression=compression_spec, lr=lr)
     worker.declare(key)  # ids follow the order ops are issued, not the order they become ready
     if options.members is None:

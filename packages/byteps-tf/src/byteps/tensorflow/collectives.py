@@ -148,7 +148,8 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "", compre
             dtype = byteps_dtype(x.dtype, f"reducescatter({key!r})")
             array = np.ascontiguousarray(x.numpy()).view(dtype.storage)
             # One byteps tensor per (name, shape, dtype), as for allreduce (see byteps.tensorflow.reduction).
-            started.append(front.reducescatter(key_name(key, array.shape, dtype), array, dtype, average, view))
+            started.append(front.reducescatter(key_name(key, array.shape, dtype, view.set_id), array, dtype, average,
+                                               view))
         return [tf.convert_to_tensor(np.asarray(_finish(s)).view(x.dtype.as_numpy_dtype), dtype=x.dtype)
                 for s, x in zip(started, xs)]
 

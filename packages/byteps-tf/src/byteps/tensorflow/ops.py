@@ -81,7 +81,7 @@ def _reduce_in_set(tensor: tf.Tensor, name: str, average: bool, view: RankView, 
         array = np.array(x.numpy()).view(dtype.storage)
         if root is not None and rank() != root:
             array[...] = 0
-        view.push_pull(key_name(name, array.shape, dtype), array, average=average, dtype=dtype, root=root)
+        view.push_pull(key_name(name, array.shape, dtype, view.set_id), array, average=average, dtype=dtype, root=root)
         return [tf.convert_to_tensor(array.view(x.dtype.as_numpy_dtype), dtype=x.dtype)]
 
     return run_collective(body, [tensor], [tensor.dtype], [tensor.shape])[0]

@@ -159,9 +159,10 @@ Spec = Union[Reduce, Gather, AdasumReduce]
 tensor_names = TensorNames()
 
 
-def key_name(name: str, shape: Sequence[int], dtype: DType) -> str:
-    """The byteps tensor name behind a user's name: one per (shape, dtype) it is used with."""
-    return tensor_names.key(name, (tuple(int(d) for d in shape), dtype))
+def key_name(name: str, shape: Sequence[int], dtype: DType, set_id: int = 0) -> str:
+    """The byteps tensor name behind a user's name: one per (shape, dtype) it is used with (in process set
+    ``set_id``: a switch of layout is announced to that set's ranks)."""
+    return tensor_names.key(name, (tuple(int(d) for d in shape), dtype), set_id)
 
 
 #: Forget name layouts (at shutdown: a new job starts with fresh tensor ids).
@@ -196,7 +197,7 @@ def _submit_reduces(run: Sequence[Tuple[Reduce, tf.Tensor]], lr: Optional[float]
         view = host_view(tensor, f"push_pull({spec.name!r})")
         result = ResultBuffer.like(view, zero=not spec.contribute)
         source = view.array if spec.contribute else result.array
-        key = key_name(spec.name, view.shape, result.dtype)
+        key = key_name(spec.name, view.shape, result.dtype, spec.view.set_id if spec.view is not None else 0)
         pending = _Pending(None, result, view.shape, view.device)
         pendings.append(pending)
         if result.array.nbytes == 0:  # nothing to send; every rank has the same empty result

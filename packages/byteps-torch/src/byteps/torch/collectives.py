@@ -252,7 +252,8 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
     def steps(resolved: str) -> List[front.Started]:
         # One byteps tensor per (name, shape, dtype), as for allreduce (see byteps.torch.ops).
         return [front.reducescatter(_names.key(f"{resolved}.{i}" if len(staged) > 1 else resolved,
-                                               (tuple(array.shape), dtype)), array, dtype, average, view)
+                                               (tuple(array.shape), dtype), view.set_id), array, dtype, average,
+                                     view)
                 for i, (_, array, dtype) in enumerate(staged)]
 
     def finish(parts: List[np.ndarray]) -> List[torch.Tensor]:

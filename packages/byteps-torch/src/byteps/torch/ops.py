@@ -99,9 +99,9 @@ def wire_size(tensor: torch.Tensor, compression: Any = Compression.none) -> Opti
     return tensor.numel() * itemsize, itemsize
 
 
-def _key_name(name: str, tensor: torch.Tensor) -> str:
+def _key_name(name: str, tensor: torch.Tensor, set_id: int = 0) -> str:
     """The byteps tensor name behind a user's name: one per (shape, dtype) it is used with (see the front)."""
-    return _names.key(name, (tuple(tensor.shape), tensor.dtype))
+    return _names.key(name, (tuple(tensor.shape), tensor.dtype), set_id)
 
 
 def submit(tensor: torch.Tensor, spec: OpSpec, inplace: bool, compression: Any = Compression.none,
@@ -120,13 +120,13 @@ def submit(tensor: torch.Tensor, spec: OpSpec, inplace: bool, compression: Any =
     on_device = sent.device.type == "cuda"
     if on_device:
         dtype = byteps_dtype(sent.dtype, what)
-        key = _key_name(name, sent)
     else:
         host = HostTensor.of(sent, what)
         sent, dtype = host.host, host.dtype
-        key = _key_name(name, sent)
     token = _names.reserve(name, what)
     try:
+        # with the name reserved: a switch of layout is announced after the name's last use
+        key = _key_name(name, sent, spec.set_id)
         # Does byteps work on the caller's own memory? Then an out-of-place op needs an output.
         aliased = shares_memory(sent, tensor)
         if not contribute:

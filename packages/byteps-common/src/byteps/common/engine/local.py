@@ -71,15 +71,15 @@ log = logging.getLogger("byteps.common.engine.local")
 
 class Ready:
     """One LOCAL_READY: a peer's partition is in its slot (``about``, ``spec``, ``server``: the first round's
-    description of the tensor and of this partition's key)."""
+    description of the tensor and of this partition's key; ``notice``: the layout a layout notice announces)."""
 
-    __slots__ = ("rank", "nbytes", "dtype", "flags", "about", "spec", "server")
+    __slots__ = ("rank", "nbytes", "dtype", "flags", "about", "spec", "server", "notice")
 
     def __init__(self, rank: int, nbytes: int, dtype: int, flags: int, fields: Optional[dict]) -> None:
         self.rank, self.nbytes, self.dtype, self.flags = rank, nbytes, dtype, flags
-        self.about = TensorDescription.from_json(fields) if fields is not None else None
-        self.spec = fields.get("spec") if fields is not None else None
-        self.server = fields.get("server") if fields is not None else None
+        fields = fields or {}
+        self.about = TensorDescription.from_json(fields) if "name" in fields else None
+        self.spec, self.server, self.notice = fields.get("spec"), fields.get("server"), fields.get("notice")
 
 
 class LocalGroup:
@@ -168,13 +168,15 @@ class LocalGroup:
         a server, and what this partition's key is (so a root that has joined can stand in for it), and,
         summed on the GPU, where this rank's device slot is. ``zeros``: this rank copied nothing."""
         task, part = trip.task, trip.part
-        about = None
+        fields = {}
         if task.round == 0:
             fields = _description(task, self.global_rank).to_json()
             fields["spec"], fields["server"] = partition_spec(task, part).to_json(), part.server
             if device_slot is not None:
                 fields["device_slot"] = device_slot.hex()
-            about = json_payload(fields)
+        if task.notice is not None:
+            fields["notice"] = task.notice
+        about = json_payload(fields) if fields else None
         root = self.root_of(task.plan.tensor_id, part, self.members_of(task))
         flags = local_flags(task) | (LOCAL_ZEROS if zeros else 0)
         self.channel.send(root, Command.LOCAL_READY, part.key, task.round, part.nbytes, int(task.source.dtype),
@@ -216,7 +218,7 @@ class LocalGroup:
         command = header.command
         if command == Command.LOCAL_READY:
             fields = parse_json_payload(message.payload) if message.payload is not None else None
-            if fields is not None:
+            if fields is not None and "name" in fields:
                 self.stand_ins.learn(header.key, fields)
                 if fields.get("device_slot"):
                     self.device.learn(header.sender, header.key >> PARTITION_INDEX_BITS, fields["device_slot"])
@@ -284,7 +286,7 @@ class LocalGroup:
             return None
         del self._waiting[entry]
         self._ready.pop(entry, None)
-        if absent and task.tag:
+        if absent and task.tag and task.notice is None:  # a joined rank's zeros agree with a notice
             raise TaskFailed(RuntimeError(joined_text(task.name, absent)))
         self._check_peers(task, part, ready)
         if summed_on_gpu(task):
@@ -314,6 +316,9 @@ class LocalGroup:
         """Every ready peer pushes the same tensor, partition and op as this rank; else TaskFailed."""
         dtype, flags = int(task.source.dtype), local_flags(task)
         for peer in ready:
+            if peer.notice != task.notice:
+                raise TaskFailed(ValueError(_notice_mismatch(task, (peer.rank, peer.notice),
+                                                             (self.local_rank, task.notice))))
             if peer.about is not None and not task.stand_in:  # first round only
                 mine = _description(task, self.global_rank)
                 if not peer.about.same_tensor(mine):
@@ -373,6 +378,14 @@ class LocalGroup:
     def close(self) -> None:
         self.channel.close()
         self.segments.close()
+
+
+def _notice_mismatch(task: PushPullTask, *ranks: Tuple[int, Optional[str]]) -> str:
+    """The error of a round where local ranks disagree on a name's layout: who uses which."""
+    uses = [f"local rank {rank} " + (f"now uses it with layout {notice}" if notice is not None else
+                                     "uses it as before") for rank, notice in ranks]
+    return (f"push_pull({task.name!r}): the ranks use this name with different shapes or dtypes: "
+            f"{'; '.join(uses)}; every rank must pass the same shape and dtype under a name")
 
 
 def _zeros_here(trip: PartitionTrip) -> bool:

@@ -2,7 +2,9 @@
 
 Bit 0 is FLAG_AVERAGE; bits 1-6 the task's tag (0; a broadcast's root modulo
 62, plus 1; 63 for a round skipped by backup workers); bit 7, LOCAL_ZEROS,
-says the rank's input is zeros there and was not copied into its slot.
+says the rank's input is zeros there and was not copied into its slot. A
+layout notice's tag is 0 here (a joined rank's zeros agree with it); the
+layout it announces travels in the message's JSON, compared by the root.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ SKIPPED_TAG = 63
 
 def local_flags(task: Any) -> int:
     """The flags every local rank of ``task``'s round sends (without LOCAL_ZEROS)."""
-    tag = SKIPPED_TAG if task.skipped else (task.tag - 1) % (SKIPPED_TAG - 1) + 1 if task.tag else 0
+    tag = SKIPPED_TAG if task.skipped else (task.tag - 1) % (SKIPPED_TAG - 1) + 1 if task.tag and not task.notice else 0
     return (FLAG_AVERAGE if task.average else 0) | tag << 1
 
 

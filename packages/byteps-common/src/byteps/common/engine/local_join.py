@@ -32,6 +32,7 @@ from byteps.common.engine.task import PartitionTrip, PushPullTask
 from byteps.common.handle import Handle
 from byteps.common.options import PushPullOptions
 from byteps.common.partition import MAX_PARTITIONS, PARTITION_INDEX_BITS, PartitionPlan
+from byteps.common.tensor_description import notice_tag
 from byteps.transport import FLAG_AVERAGE
 
 __all__ = ["JoinedRanks", "StandIns", "joined_text"]
@@ -126,8 +127,9 @@ class StandIns:
         key, round_ = entry
         tensor_id, index = key >> PARTITION_INDEX_BITS, key & (MAX_PARTITIONS - 1)
         first = ready[0]
-        if any((peer.nbytes, peer.dtype, peer.flags & TAG_BITS | peer.flags & FLAG_AVERAGE) !=
-               (first.nbytes, first.dtype, first.flags & TAG_BITS | first.flags & FLAG_AVERAGE) for peer in ready):
+        if any((peer.nbytes, peer.dtype, peer.flags & TAG_BITS | peer.flags & FLAG_AVERAGE, peer.notice) !=
+               (first.nbytes, first.dtype, first.flags & TAG_BITS | first.flags & FLAG_AVERAGE, first.notice)
+               for peer in ready):
             return (f"tensor id {tensor_id} partition {index} round {round_}: local ranks disagree "
                     f"({', '.join(f'{p.rank}: {describe_local(p.nbytes, p.dtype, p.flags)}' for p in ready)})")
         tag = (first.flags & TAG_BITS) >> 1
@@ -168,9 +170,11 @@ class StandIns:
         average = bool(first.flags & FLAG_AVERAGE)
         own = group.segment_of(tensor_id, nbytes, f"tensor id {tensor_id}").whole(group.local_rank)
         view = TensorView(array=own.view(dtype.storage).reshape(shape), data=own, dtype=dtype)
+        notice = first.notice  # a layout notice the others push: the machine's push carries it too
         task = PushPullTask(name=name, round=round_, source=view, output=view,
                             plan=PartitionPlan(tensor_id, nbytes, (part,)), handle=Handle(name, None),
-                            options=PushPullOptions(average=average, lr=lr), average_over=average_over,
+                            options=PushPullOptions(average=average, lr=lr, notice=notice),
+                            tag=notice_tag(notice) if notice is not None else 0, average_over=average_over,
                             machines=machines, compression=compression, quorum=quorum if average else 0,
                             skipped=(first.flags & TAG_BITS) >> 1 == SKIPPED_TAG, nonzero=(0, 0), stand_in=True)
         servers = bool(self._num_servers) and task.spans_machines()

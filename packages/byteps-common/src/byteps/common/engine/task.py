@@ -74,6 +74,11 @@ class PushPullTask:
     def lr(self) -> Optional[float]:
         return self.options.lr
 
+    @property
+    def notice(self) -> Optional[str]:
+        """A layout notice's layout: the round carries no data (see PushPullOptions.notice)."""
+        return self.options.notice
+
     def spans_machines(self) -> bool:
         """Whether the task's ranks live on more than one machine (else the local sum is the result)."""
         return self.options.members is None or self.machines > 1

@@ -11,7 +11,9 @@ before anything is sent.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
+
+import numpy as np
 
 from byteps.common.buffers import input_and_output_views
 from byteps.common.compression import COMPRESSIBLE_DTYPES
@@ -22,10 +24,19 @@ from byteps.common.engine.device import DeviceCopyDone
 from byteps.common.engine.task import PushPullTask
 from byteps.common.handle import Handle
 from byteps.common.options import PushPullOptions
-from byteps.common.tensor_description import TAG_GATHER
+from byteps.common.tensor_description import TAG_GATHER, notice_tag
 from byteps.common.tensor_registry import TensorRegistry
 
-__all__ = ["TaskMaker", "TrackedHandle"]
+__all__ = ["TaskMaker", "TrackedHandle", "LastUse"]
+
+
+class LastUse(NamedTuple):
+    """A name's last push_pull from host memory: what a layout notice on it sends again (as zeros)."""
+
+    shape: Tuple[int, ...]
+    dtype: np.dtype
+    options: PushPullOptions
+    tensor: str  # the tensor behind the name (a process set's or backup workers' own)
 
 
 class TrackedHandle(Handle):
@@ -55,6 +66,8 @@ class TaskMaker:
         self.has_servers, self._post = has_servers, post
         self.staging = DeviceStaging()  # CUDA tensors' pinned buffers (CuPy only once one arrives)
         self._compressors: Dict[str, TensorCompressor] = {}  # compressed tensors' state, kept across rounds
+        # (name, process set id) -> its last push_pull there that a notice could follow
+        self._last_use: Dict[Tuple[str, int], LastUse] = {}
 
     def closes_early(self, options: PushPullOptions) -> bool:
         """Backup workers: whether this push_pull's rounds close once all machines but BYTEPS_BACKUP_WORKERS
@@ -81,7 +94,7 @@ class TaskMaker:
              skipped: bool = False) -> Tuple[Optional[PushPullTask], Handle]:
         """The task of one push_pull and its handle; no task where this worker has no engine (the handle is
         then done: a single process's push_pull is a copy)."""
-        what = f"push_pull({name!r})"
+        what, key = f"push_pull({name!r})", name
         closes_early = self.closes_early(options)
         staged, source, target = self._views(tensor, name, what, options, closes_early)
         if options.compression is not None and source.dtype not in COMPRESSIBLE_DTYPES:
@@ -125,6 +138,8 @@ class TaskMaker:
         except BaseException:
             self.registry.finished(name)
             raise
+        if options.notice is None:
+            self._remember(key, name, tensor, options, staged is not None or closes_early)
         if staged is not None:
             post = self._post
             start = staged.start_local if staged.local else staged.start
@@ -155,7 +170,9 @@ class TaskMaker:
             compressor = self._compressor(name, source, plan, options)
         tag = root + 1 if root is not None else 0 if options.joinable else TAG_GATHER
         nonzero, skip_pull = options.nonzero, options.skip_pull
-        if root is not None and root != self.rank:
+        if options.notice is not None:  # no data: zeros pushed as headers, nothing pulled back
+            tag, nonzero, skip_pull = notice_tag(options.notice), (0, 0), ((0, source.nbytes),)
+        elif root is not None and root != self.rank:
             nonzero = (0, 0)  # a broadcast's other ranks push zeros: none of them need to travel
         elif root is not None and not options.asynchronous and target.data is source.data:
             skip_pull = ((0, source.nbytes),)  # the others push zeros: the root's tensor is the sum
@@ -188,6 +205,21 @@ class TaskMaker:
         if compressor is None or not compressor.matches(options.compression, source.dtype, segments):
             compressor = self._compressors[name] = TensorCompressor(options.compression, source.dtype, segments)
         return compressor
+
+    def _remember(self, key: str, tensor_name: str, tensor: Any, options: PushPullOptions, unfit: bool) -> None:
+        """Keep what a layout notice on ``key`` would send; forget it where a notice cannot follow (a CUDA
+        tensor, a compressed, asynchronous or backup-workers round: those keys take no data-less round)."""
+        scoped = (key, options.set_id)
+        if unfit or options.compression is not None or options.asynchronous or not isinstance(tensor, np.ndarray):
+            self._last_use.pop(scoped, None)
+        else:
+            kept = options if options.output is None else options.replace(output=None)  # not the caller's buffer
+            self._last_use[scoped] = LastUse(tensor.shape, tensor.dtype, kept, tensor_name)
+
+    def last_use(self, key: str, set_id: int = 0) -> Optional[LastUse]:
+        """The last push_pull of ``key`` in process set ``set_id`` (0: every rank) that a layout notice can
+        follow (None: none, or one that cannot)."""
+        return self._last_use.get((key, set_id))
 
     def close(self) -> None:
         self.staging.close()

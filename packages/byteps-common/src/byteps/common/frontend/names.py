@@ -15,6 +15,13 @@ Three rules every adapter follows, kept here once:
   later ones become ``"<name>#<k>"`` in order of first use, the same on
   every rank that issues the same ops. (After ``join()`` the ranks agree on
   both again, :func:`join_state`: a rank that joined early missed some.)
+* A rank that uses a name with another layout than at its last use first
+  announces the switch on the last use's tensor
+  (:meth:`byteps.common.Worker.announce_layout`), where the other ranks
+  meet it: if they go on with the old layout, or switch to another one,
+  the round fails on every rank, naming both, where each rank would
+  otherwise wait on a tensor of its own for ever. A refused switch is
+  forgotten, so the ranks still agree on the name's layouts afterwards.
 * A name may not be submitted again while an op of it is in flight
   (:meth:`TensorNames.reserve`); a user's name stays in flight until its
   handle is synchronized, a default name until its op is done.
@@ -31,7 +38,7 @@ Example::
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, Hashable, List, Optional
+from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 from byteps.common.in_flight import NamesInFlight
 
@@ -56,7 +63,9 @@ def join_state() -> Dict[str, Any]:
 
 def adopt_join_states(states: List[Dict[str, Any]]) -> None:
     """Take every rank's :func:`join_state` and continue from the furthest: the largest counters, and per
-    name the longest layout list (ranks see a name's layouts in one order, so each list extends the others)."""
+    name the longest layout list (ranks see a name's layouts in one order, so each list extends the others).
+    No layout is in use afterwards: a rank that joined early has not pushed the tensors of the others' last
+    uses, so it could not announce a switch on them; each name's next use starts afresh on every rank."""
     with _counter_lock:
         for state in states:
             for family, count in state["counters"].items():
@@ -79,12 +88,20 @@ def check_name(family: str, name: Any) -> str:
 
 
 class TensorNames:
-    """Default names, per-layout byteps names and names in flight, of one adapter (thread-safe)."""
+    """Default names, per-layout byteps names and names in flight, of one adapter (thread-safe).
 
-    def __init__(self) -> None:
+    ``settle(key)``, where given, returns once every op the adapter issued on
+    the byteps tensor ``key`` has started (an adapter whose ops start later
+    than issued, on an engine of its own): a layout switch is announced
+    after them.
+    """
+
+    def __init__(self, settle: Optional[Callable[[str], None]] = None) -> None:
         self._lock = threading.Lock()
+        self._settle = settle
         self._defaults: set = set()  # the default names handed out (at most DEFAULT_NAME_WINDOW per family)
         self._layouts: Dict[str, List[str]] = {}  # name -> repr() of each layout, in order of first use
+        self._current: Dict[Tuple[str, int], int] = {}  # (name, process set id) -> index of the layout in use there
         self._busy = NamesInFlight()  # names of the ops in flight
         with _counter_lock:
             _instances.append(self)
@@ -103,26 +120,48 @@ class TensorNames:
         """The user's name (checked), or the next default name of ``family``."""
         return self.default(family) if name is None else check_name(family, name)
 
-    def key(self, name: str, layout: Hashable) -> str:
-        """The byteps tensor name of ``name`` used with ``layout`` (e.g. ``(shape, dtype)``)."""
+    def key(self, name: str, layout: Hashable, scope: int = 0) -> str:
+        """The byteps tensor name of ``name`` used with ``layout`` (e.g. ``(shape, dtype)``) in the process set
+        ``scope`` (its id; 0: every rank). A switch from the layout of the name's last use in that set is
+        announced first (see the module doc); raises if the set's other ranks do not make the same switch."""
         layout = repr(layout)
         with self._lock:
             seen = self._layouts.setdefault(name, [])
-            if layout not in seen:
+            added = layout not in seen
+            if added:
                 seen.append(layout)
             index = seen.index(layout)
-        return name if index == 0 else f"{name}#{index}"
+            before = self._current.setdefault((name, scope), index)
+        if before != index:
+            previous = _layout_key(name, before)
+            try:
+                if self._settle is not None:
+                    self._settle(previous)
+                from byteps.common import api  # noqa: PLC0415 -- the front is imported by the api
+
+                api.worker().announce_layout(previous, layout, scope)
+            except BaseException:
+                if added:
+                    with self._lock:
+                        if seen and seen[-1] == layout:
+                            seen.pop()  # the others never saw it: a later use numbers it as they do
+                raise
+            with self._lock:
+                self._current[(name, scope)] = index
+        return _layout_key(name, index)
 
     def layouts(self) -> Dict[str, List[str]]:
         with self._lock:
             return {name: list(seen) for name, seen in self._layouts.items()}
 
     def adopt_layouts(self, layouts: Dict[str, List[str]]) -> None:
-        """Layout lists that extend this one's (after a join), replacing it."""
+        """Layout lists that extend this one's (after a join), replacing it; no layout is in use afterwards
+        (see :func:`adopt_join_states`)."""
         with self._lock:
             for name, seen in layouts.items():
                 if len(seen) > len(self._layouts.get(name, ())):
                     self._layouts[name] = list(seen)
+            self._current.clear()
 
     def reserve(self, name: str, what: str) -> object:
         """Mark ``name`` in flight; returns the token that releases it.
@@ -146,6 +185,11 @@ class TensorNames:
         self._busy.release(name, token)
 
     def forget(self) -> None:
-        """Forget names in flight (at shutdown). Layouts stay: a later init() resumes the same worker,
-        whose tensors keep their sizes (see :func:`byteps.common.api.suspend`)."""
+        """Forget names in flight (at shutdown). Layouts stay, and the layout in use of each name: a later
+        init() resumes the same worker, whose tensors keep their sizes and last uses (see
+        :func:`byteps.common.api.suspend`)."""
         self._busy.clear()
+
+
+def _layout_key(name: str, index: int) -> str:
+    return name if index == 0 else f"{name}#{index}"

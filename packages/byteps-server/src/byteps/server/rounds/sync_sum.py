@@ -14,8 +14,14 @@ server answers with an ERROR):
 - one push per machine and round (with several worker processes per
   machine, the partition's local root pushes for the machine);
 - every push of a round averages or sums alike (FLAG_AVERAGE) and carries
-  the same aux (1 + a broadcast's root, a gather's tag, else 0): a push
-  that differs fails the round on every machine that pushed it;
+  the same aux (1 + a broadcast's root, a gather's tag, a layout notice's
+  tag, else 0): a push that differs fails the round on every machine that
+  pushed it;
+- a push of a later round than the open one means its machine failed the
+  open round (a refused push, a mismatch among its local ranks): the open
+  round is closed with zeros for the machines missing, its pulls answered
+  with the ERROR, and a late push of it is refused, so the key's next
+  rounds pair up on every machine again;
 - a pull names the last closed round or the next, and a connection has at
   most one pull pending per key;
 - FLAG_ZEROS: a gather's partition this worker has no bytes in, zeros not
@@ -39,7 +45,7 @@ import logging
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from byteps.common.tensor_description import describe_op
+from byteps.common.tensor_description import TAG_NOTICE, describe_op
 from byteps.server.rounds.compressed import CompressedSums
 from byteps.server.rounds.key_state import KeyState, RoundServices, wire_log
 from byteps.server.stall_inspector import PartialRound
@@ -89,12 +95,17 @@ class SyncSum:
         self.round_first = 0  # the rank that pushed it, for a mismatch's message
         self.round_after_join = False  # a joined machine pushed the open round: it started after every join
         self.join_failed: Dict[int, str] = {}  # round a joined machine could not take part in -> the ERROR
+        self.abandoned: Dict[int, str] = {}  # round a machine failed and went past -> the ERROR its pulls get
 
     # --- pushes ----------------------------------------------------------------------------
     def push(self, message: Message) -> None:
         header = message.header
         machine = header.sender // self.local_size
         pushed = self.pushed
+        if self.abandoned and header.round in self.abandoned:
+            raise ValueError(self.abandoned[header.round])
+        if pushed and not self.spec.quorum and header.round > self.engine.completed_round(self.key) + 1:
+            self._abandon_open_round(header)
         if machine in pushed:
             raise ValueError(f"second push of round {header.round} for {self.spec.describe()}")
         flags = header.flags & _ROUND_FLAGS
@@ -145,6 +156,20 @@ class SyncSum:
                 self.send(Command.ERROR, self.rank, self.key, header.round, payload=text.encode(), identity=identity)
         raise ValueError(text)
 
+    def _abandon_open_round(self, header: Any) -> None:
+        """A machine pushed a round past the open one, which it failed: close the open round with zeros for
+        the machines missing (the engine then holds no partial sum) and answer its pulls with an ERROR."""
+        round_ = self.engine.completed_round(self.key) + 1
+        self.abandoned[round_] = (f"round {round_} of {self.spec.describe()} failed (worker {header.sender} went on "
+                                  f"to round {header.round}); see the first error of this push_pull")
+        zeros = self.services.zeros(self.spec.nbytes)
+        missing = 0
+        while not self.engine.push(self.key, round_, zeros, zeros=True):
+            missing += 1
+            if missing > self.services.num_machines:
+                raise RuntimeError(f"{self.spec.describe()}: round {round_} does not close")
+        self._close()
+
     def _close(self) -> None:
         """The open round is complete: keep what its pulls need, start the next, answer what waits."""
         round_ = self.engine.completed_round(self.key)
@@ -190,7 +215,7 @@ class SyncSum:
         """Push zeros into the open round for each of ``machines`` (joined); close it if they complete it."""
         for machine in machines:
             round_ = self.engine.completed_round(self.key) + 1
-            if self.round_tag:
+            if self.round_tag and not self.round_tag & TAG_NOTICE:  # a joined machine's zeros agree with a notice
                 self.join_failed[round_] = self.joined.refusal(self.spec, self.round_tag, machine)
             complete = self.engine.push(self.key, round_, self.services.zeros(self.spec.nbytes), zeros=True)
             self.pushed[machine] = None
@@ -267,9 +292,9 @@ class SyncSum:
     def _send_answer(self, identity: bytes, round_: int, result: Any, aux: int) -> None:
         """Send one pull its answer. The send holds a view of the engine's sum, so once the engine releases the
         round its buffer goes back to the pool only when the send is done."""
-        if self.join_failed and round_ in self.join_failed:
-            self.send(Command.ERROR, self.rank, self.key, round_, payload=self.join_failed[round_].encode(),
-                      identity=identity)
+        failed = (self.join_failed or self.abandoned) and (self.join_failed.get(round_) or self.abandoned.get(round_))
+        if failed:
+            self.send(Command.ERROR, self.rank, self.key, round_, payload=failed.encode(), identity=identity)
             return
         tracer = self.tracer
         sending = time.time() if tracer is not None and tracer.traces(round_) else 0.0
