@@ -301,8 +301,10 @@ def execute(specs: Sequence[Spec], inputs: Sequence[tf.Tensor], lr: Optional[flo
             else:
                 started.append(_AdasumInFlight(spec, tensors[0]))
         started.extend(_submit_reduces(run, lr))
-    except BaseException:
+    except BaseException as exc:
         _drain(started)
+        if isinstance(exc, PushPullError):  # a switch of layout the other ranks did not make (key_name)
+            raise as_tensorflow_error(exc) from exc
         raise
     outputs: List[tf.Tensor] = []
     failure: Optional[BaseException] = None

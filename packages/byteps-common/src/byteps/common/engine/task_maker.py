@@ -121,7 +121,10 @@ class TaskMaker:
                 raise ValueError(f"{what}: an asynchronous tensor's first push_pull broadcasts its initial "
                                  "value (root=...), and only the first")
 
-        tensor_id, round_, plan = self.registry.begin(name, set_id if ranks is not None else 0, options.tensor_id,
+        tensor_id = options.tensor_id
+        if tensor_id is None:
+            tensor_id = self._layout_variant_id(key, closes_early, set_id if ranks is not None else 0)
+        tensor_id, round_, plan = self.registry.begin(name, set_id if ranks is not None else 0, tensor_id,
                                                       source.nbytes, source.dtype.itemsize, first_round_broadcasts)
         output = target.array if staged is None else (tensor if options.output is None else options.output)
         handle = TrackedHandle(name, output, self.registry)
@@ -205,6 +208,20 @@ class TaskMaker:
         if compressor is None or not compressor.matches(options.compression, source.dtype, segments):
             compressor = self._compressors[name] = TensorCompressor(options.compression, source.dtype, segments)
         return compressor
+
+    def _layout_variant_id(self, key: str, closes_early: bool, set_id: int) -> Optional[int]:
+        """The id of ``"<name>#<k>"`` (the adapters' tensor for the k-th layout a name is used with,
+        :mod:`byteps.common.frontend.names`), 0 < k < 64, where ``name`` is declared (in the set): derived from
+        the name's id, not the next in declaration order. A switch of layout waits for the other ranks first,
+        and a refused one is never declared: ids that followed declaration order would then differ between
+        ranks (a graph's other ops declare meanwhile, or a rank refused a switch the others never tried)."""
+        base, mark, variant = key.rpartition("#")
+        if not mark or not variant.isdigit() or not 0 < int(variant) < 64:
+            return None
+        try:
+            return self.registry.derived_id(self.name_for(base, closes_early), int(variant), set_id)
+        except ValueError:  # the name itself is not declared here
+            return None
 
     def _remember(self, key: str, tensor_name: str, tensor: Any, options: PushPullOptions, unfit: bool) -> None:
         """Keep what a layout notice on ``key`` would send; forget it where a notice cannot follow (a CUDA
