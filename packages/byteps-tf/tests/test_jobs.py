@@ -17,6 +17,9 @@ Each job runs one worker script that checks many things on every rank
   families, SyncBatchNormalization as a Keras 2 layer, byteps.keras's ops, fp16/bf16 compression;
 * scripts/keras2_graph_checks.py: Keras 2 in a TF1 graph (eager execution disabled), backward passes
   accumulated, against one process;
+* scripts/tf1_graph_checks.py: the collectives in a TF1 graph run by a Session (Min/Max/Product,
+  Adasum, gathers, alltoall, reducescatter, grouped, fp16/bf16, process sets, broadcast_variables,
+  the timeline, join);
 * scripts/keras_checks.py with two servers: equivalence of 2 workers on half
   batches with 1 process on whole batches, Keras model.fit with every
   callback, load_model, the Keras API, fp16/bf16 compression against a reference.
@@ -76,6 +79,13 @@ def test_keras_2_in_a_tf1_graph_under_bpslaunch():
     result = launch_tf_job(JOB_LAYOUTS["one-machine-np2"], f"{SCRIPTS}/keras2_graph_checks.py",
                            env={"TF_USE_LEGACY_KERAS": "1"})
     assert_all_ok(result, checks=1)
+
+
+def test_tf1_graph_collectives_under_bpslaunch(tmp_path):
+    # Eager execution disabled: every collective a graph op run by a tf.compat.v1.Session.
+    result = launch_tf_job(JOB_LAYOUTS["one-machine-np2"], f"{SCRIPTS}/tf1_graph_checks.py",
+                           env={"BYTEPS_TEST_TMP": str(tmp_path)})
+    assert_all_ok(result, checks=6)
 
 
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
