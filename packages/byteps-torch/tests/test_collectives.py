@@ -1,8 +1,9 @@
 """Horovod's collectives beyond allreduce, through real jobs (scripts/collectives_checks.py).
 
-The two usual layouts, and four ranks on two machines of two, where the
-process-set checks span machines and a rank outside a set proves that the
-set never waits for it.
+The two usual layouts, and four ranks on two machines of two whose servers
+share no memory with them (``BYTEPS_ENABLE_IPC=0``: TCP only, as servers on
+hosts of their own), where the process-set checks span machines and a rank
+outside a set proves that the set never waits for it.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ def test_collectives_under_bpslaunch(layout, tmp_path):
 
 def test_collectives_on_four_ranks_of_two_machines(tmp_path):
     marker = tmp_path / "members-finished"
-    result = launch_job(["--workers", "2", "-np", "2", "--servers", "1"],
+    result = launch_job(["--workers", "2", "-np", "2", "--servers", "2"],
                         os.path.join(SCRIPTS, "collectives_checks.py"),
-                        env={"OUTSIDER_FILE": str(marker), "BYTEPS_TEST_TMP": str(tmp_path)}, timeout=180)
+                        env={"OUTSIDER_FILE": str(marker), "BYTEPS_TEST_TMP": str(tmp_path), "BYTEPS_ENABLE_IPC": "0"},
+                        timeout=180)
     assert_all_ok(result, checks=CHECKS, ranks=4)
     assert marker.exists()
 

@@ -28,6 +28,13 @@ def test_ops_under_bpslaunch(layout):
         assert info == [f"INFO rank={rank} size=2 local_rank={rank % local_size} local_size={local_size}"], info
 
 
+def test_ops_with_servers_of_their_own():
+    # BYTEPS_ENABLE_IPC=0: every payload over TCP, as with servers on hosts of their own (Adasum, fusion, fp16).
+    result = launch_job(JOB_LAYOUTS["two-machines-two-servers"], os.path.join(SCRIPTS, "ops_checks.py"),
+                        env={"BYTEPS_ENABLE_IPC": "0"})
+    assert_all_ok(result, checks=10)
+
+
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
 def test_shape_or_dtype_mismatch_fails_on_every_rank(layout):
     result = launch_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "mismatch_checks.py"))
