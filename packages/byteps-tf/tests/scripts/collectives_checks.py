@@ -222,6 +222,13 @@ def uneven_join():
     assert bps.join() == n - 1
     y = bps.allreduce(tf.fill([2], float(r)), op=bps.Sum)
     assert_equal(y, tf.fill([2], float(sum(range(n)))), "unnamed allreduce after join")
+    # inside a tf.function join is an op that joins each time the function runs, not once when traced
+    step = tf.function(lambda: bps.allreduce(tf.fill([2], float(r + 1)), op=bps.Sum, name="fn.uneven"))
+    joined = tf.function(bps.join)
+    for _ in range(2):
+        for k in range(1 + r):
+            assert_equal(step(), tf.fill([2], float(sum(q + 1 for q in range(n) if 1 + q > k))), f"fn step {k}")
+        assert int(joined()) == n - 1
 
 
 def timeline():

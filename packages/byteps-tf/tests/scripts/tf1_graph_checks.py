@@ -137,14 +137,16 @@ def timeline():
 
 
 def uneven_join():
-    """Rank r runs 2 + r session steps; a joined rank counts as zeros."""
+    """Rank r runs 2 + r session steps; a joined rank counts as zeros. join() is an op here, run twice."""
     r, n = bps.rank(), bps.size()
     summed = bps.allreduce(tf.fill([3], float(r + 1)), op=bps.Sum, name="g.uneven")
+    joined = bps.join()
     with v1.Session() as session:
-        for step in range(2 + r):
-            want = float(sum(k + 1 for k in range(n) if 2 + k > step))
-            assert_equal(session.run(summed), np.full(3, want, np.float32), f"step {step}")
-    assert bps.join() == n - 1
+        for _ in range(2):
+            for step in range(2 + r):
+                want = float(sum(k + 1 for k in range(n) if 2 + k > step))
+                assert_equal(session.run(summed), np.full(3, want, np.float32), f"step {step}")
+            assert session.run(joined) == n - 1
 
 
 def main():

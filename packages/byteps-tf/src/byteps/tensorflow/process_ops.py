@@ -1,4 +1,5 @@
-"""Horovod's ``rank_op``, ``size_op``, ``local_rank_op`` and ``local_size_op``: the process calls as int32 ops.
+"""Horovod's ``rank_op``, ``size_op``, ``local_rank_op`` and ``local_size_op``: the process calls as int32 ops;
+and ``join``, which inside a ``tf.function`` or a TF1 graph is an op that joins each time it runs.
 
 Each is read when the op runs, not when it is built: a TF1 graph built
 before ``init()`` gives the right value once it runs after it, as Horovod's
@@ -16,7 +17,7 @@ import tensorflow as tf
 
 from byteps.common.frontend import process
 
-__all__ = ["rank_op", "size_op", "local_rank_op", "local_size_op"]
+__all__ = ["rank_op", "size_op", "local_rank_op", "local_size_op", "join"]
 
 
 def _read(value: Callable[[], int], name: Optional[str]) -> tf.Tensor:
@@ -47,3 +48,14 @@ def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
     if process_set_id != 0:
         raise NotImplementedError("size_op(process_set_id=...): use the ProcessSet's size() for a process set")
     return _read(process.size, name)
+
+
+def join(device: int = -1) -> object:
+    """Horovod's join for uneven data (:func:`byteps.common.frontend.process.join`): eagerly, the rank that
+    joined last (an int); inside a ``tf.function`` or a TF1 graph, an int32 op that joins when it runs, each
+    time (as Horovod's join op), not once when the function is traced."""
+    if tf.executing_eagerly():
+        return process.join(device)
+    result = tf.py_function(lambda: np.int32(process.join(device)), [], tf.int32, name="byteps_join")
+    result.set_shape([])
+    return result
