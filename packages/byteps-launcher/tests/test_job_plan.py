@@ -192,3 +192,14 @@ def test_the_plan_describes_itself_in_one_line():
     assert server.describe() == (
         "role mode (server): scheduler at 127.0.0.1:9, for 1 server and 2 worker machines, "
         "512000-byte partitions, TCP to the servers")
+
+
+@pytest.mark.parametrize("role", ["scheduler", "server"])
+def test_a_role_mode_service_of_one_forced_worker_does_not_say_it_needs_none(role):
+    # BytePS's meta_test.py starts scheduler and server with DMLC_NUM_WORKER=1 and no BYTEPS_FORCE_DISTRIBUTED
+    # (only its worker is forced); they are still the job's scheduler and server.
+    env = clean_env({**ROLE_WORKER_ENV, "DMLC_ROLE": role, "DMLC_NUM_WORKER": "1"})
+    text = role_plan([], env).describe()
+    assert "needs none" not in text, text
+    assert text.startswith(f"role mode ({role}): scheduler {'on' if role == 'scheduler' else 'at'} 127.0.0.1:9, ")
+    assert text.endswith("for 1 server and 1 worker machine, 512000-byte partitions, TCP to the servers")

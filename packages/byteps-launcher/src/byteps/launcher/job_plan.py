@@ -112,8 +112,11 @@ class JobPlan:
         config = (self.workers or self.processes)[0].config()  # a worker knows the local size
         servers = sum(p.role == "server" for p in self.processes)
         workers = len(self.workers)
+        # A role-mode scheduler or server is part of a distributed job whatever its own variables say (BytePS's
+        # tests start them without BYTEPS_FORCE_DISTRIBUTED for their one forced worker).
+        distributed = config.is_distributed or not workers
         parts = []
-        if config.is_distributed:
+        if distributed:
             where = f"{config.root_uri}:{config.root_port}"
             parts.append(f"scheduler on {where}" if any(p.role == "scheduler" for p in self.processes)
                          else f"scheduler at {where}")
@@ -134,7 +137,7 @@ class JobPlan:
             parts.append(text)
         if self.mode == "role" and not workers:
             parts.append(f"for {_count(config.num_server, 'server')} and {_count(config.num_worker, 'worker machine')}")
-        if not config.is_distributed:
+        if not distributed:
             parts.append("no scheduler or servers (one process needs none)")
         else:
             paths = []
