@@ -78,7 +78,7 @@ from byteps.tensorflow.gradient_tape import (  # noqa: E402
 from byteps.tensorflow.grouped import grouped_allreduce  # noqa: E402
 from byteps.tensorflow.ops import allgather, allreduce, broadcast, push_pull  # noqa: E402
 from byteps.tensorflow.optimizer import DistributedOptimizer  # noqa: E402
-from byteps.tensorflow.process_ops import join, local_rank_op, local_size_op, rank_op, size_op  # noqa: E402
+from byteps.tensorflow.process_ops import join, local_rank_op, local_size_op, rank_op, size_op  # noqa: E402,F401  (join: in __all__ through process, an op in graphs)
 from byteps.tensorflow.util import _executing_eagerly  # noqa: E402,F401  (Horovod's private helper)
 
 #: This package's interface, for packages built on it (byteps.common.interface).
