@@ -110,6 +110,11 @@ class TensorRegistry:
             self.first_start = time.monotonic()
         return tensor_id, round_, plan
 
+    def declared(self, name: str) -> bool:
+        """Whether ``name`` has an id here."""
+        with self._lock:
+            return name in self._ids
+
     def wait_idle(self, name: str) -> None:
         """Return once no push_pull of ``name`` is in flight."""
         self._in_flight.wait_free(name)

@@ -122,7 +122,7 @@ class TaskMaker:
                                  "value (root=...), and only the first")
 
         tensor_id = options.tensor_id
-        if tensor_id is None:
+        if tensor_id is None and not self.registry.declared(name):
             tensor_id = self._layout_variant_id(key, closes_early, set_id if ranks is not None else 0)
         tensor_id, round_, plan = self.registry.begin(name, set_id if ranks is not None else 0, tensor_id,
                                                       source.nbytes, source.dtype.itemsize, first_round_broadcasts)
@@ -211,8 +211,9 @@ class TaskMaker:
 
     def _layout_variant_id(self, key: str, closes_early: bool, set_id: int) -> Optional[int]:
         """The id of ``"<name>#<k>"`` (the adapters' tensor for the k-th layout a name is used with,
-        :mod:`byteps.common.frontend.names`), 0 < k < 64, where ``name`` is declared (in the set): derived from
-        the name's id, not the next in declaration order. A switch of layout waits for the other ranks first,
+        :mod:`byteps.common.frontend.names`), 0 < k < 64, where ``name`` is declared (in the set) and the variant
+        is not (an adapter that declares as it issues, MXNet's, keeps that id): derived from the name's id, not
+        the next in declaration order. A switch of layout waits for the other ranks first,
         and a refused one is never declared: ids that followed declaration order would then differ between
         ranks (a graph's other ops declare meanwhile, or a rank refused a switch the others never tried)."""
         base, mark, variant = key.rpartition("#")
