@@ -23,6 +23,11 @@ __all__ = ["rank_op", "size_op", "local_rank_op", "local_size_op", "join"]
 def _read(value: Callable[[], int], name: Optional[str]) -> tf.Tensor:
     if tf.executing_eagerly():
         return tf.constant(value(), dtype=tf.int32)
+    return _graph_op(value, name)
+
+
+def _graph_op(value: Callable[[], int], name: Optional[str]) -> tf.Tensor:
+    """``value()`` as an int32 scalar op of the graph being built, called each time the op runs."""
     result = tf.py_function(lambda: np.int32(value()), [], tf.int32, name=name)
     result.set_shape([])
     return result
@@ -56,6 +61,4 @@ def join(device: int = -1) -> object:
     time (as Horovod's join op), not once when the function is traced."""
     if tf.executing_eagerly():
         return process.join(device)
-    result = tf.py_function(lambda: np.int32(process.join(device)), [], tf.int32, name="byteps_join")
-    result.set_shape([])
-    return result
+    return _graph_op(lambda: process.join(device), "byteps_join")

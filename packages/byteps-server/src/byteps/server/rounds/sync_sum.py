@@ -292,10 +292,11 @@ class SyncSum:
     def _send_answer(self, identity: bytes, round_: int, result: Any, aux: int) -> None:
         """Send one pull its answer. The send holds a view of the engine's sum, so once the engine releases the
         round its buffer goes back to the pool only when the send is done."""
-        failed = (self.join_failed or self.abandoned) and (self.join_failed.get(round_) or self.abandoned.get(round_))
-        if failed:
-            self.send(Command.ERROR, self.rank, self.key, round_, payload=failed.encode(), identity=identity)
-            return
+        if self.join_failed or self.abandoned:  # rare: most keys never fail a round
+            failed = self.join_failed.get(round_) or self.abandoned.get(round_)
+            if failed:
+                self.send(Command.ERROR, self.rank, self.key, round_, payload=failed.encode(), identity=identity)
+                return
         tracer = self.tracer
         sending = time.time() if tracer is not None and tracer.traces(round_) else 0.0
         self.send(Command.PULL_RESPONSE, self.rank, self.key, round_, payload=result, dtype=self.spec.dtype,
