@@ -34,7 +34,8 @@ namespace py = pybind11;
 namespace {
 
 constexpr uint32_t kMagic = 0x31535042u;  // bytes "BPS1" read little-endian
-constexpr uint16_t kProtocolVersion = 3;  // 2: PUSH_ACK after every accepted PUSH; 3: a PUSH may carry its PULL
+constexpr uint16_t kProtocolVersion = 4;  // 2: PUSH_ACK after every accepted PUSH; 3: a PUSH may carry its PULL;
+                                          // 4: BARRIER_ARRIVED (a join's arrival counted before its zeros)
 constexpr size_t kHeaderBytes = 40;
 
 template <typename T>

@@ -20,6 +20,7 @@ from byteps.transport import (
 )
 from byteps.transport.frames import PROTOCOL_VERSION, decode_header
 from byteps.transport.job_log import JOB_LOGGER
+from byteps.transport.rendezvous import BARRIER_ASK_ARRIVAL, BARRIER_WORKERS
 
 
 @pytest.fixture
@@ -96,6 +97,35 @@ def test_two_machines_of_two_and_two_servers(scheduler_factory):
     assert all(book.servers == servers and book.num_workers == 4 for book in books)
     assert [b.rank for b in books[:2]] == [1, 0]  # servers ranked by address
     assert [b.rank for b in books[2:]] == [3, 2, 1, 0]  # rank = worker_id * local_size + local_rank
+
+
+def test_a_barrier_that_asks_hears_its_arrival_counted_before_the_release(scheduler_factory):
+    """hvd.join()'s order: rank 1 enters only after rank 0 heard BARRIER_ARRIVED; the release names rank 1."""
+    scheduler = scheduler_factory(2, 0)
+    heard = {0: [], 1: []}
+    first_counted = threading.Event()
+
+    def join(client, info):
+        rank = info.worker_id
+        if rank == 1:
+            assert first_counted.wait(20), "rank 0 never heard its arrival counted"
+        client.connection.send(Command.BARRIER, client.rank, round=BARRIER_ASK_ARRIVAL, aux=BARRIER_WORKERS)
+        while True:
+            message = client.recv()
+            if message.header.command == Command.HEARTBEAT:
+                continue
+            heard[rank].append((Command(message.header.command).name, message.header.key))
+            if message.header.command == Command.BARRIER_ARRIVED and rank == 0:
+                first_counted.set()
+            if message.header.command == Command.BARRIER_RELEASE:
+                break
+        client.finalize()
+
+    infos = [NodeInfo("worker", worker_id=w, local_rank=0, local_size=1) for w in (0, 1)]
+    books, errors = run_nodes(scheduler.listener.port, infos, join)
+    assert errors == []
+    assert heard[0] == [("BARRIER_ARRIVED", 0), ("BARRIER_RELEASE", 1)]
+    assert heard[1] == [("BARRIER_ARRIVED", 0), ("BARRIER_RELEASE", 1)]
 
 
 def test_duplicate_rank_is_refused_with_both_nodes_named(scheduler_factory, context):

@@ -24,7 +24,7 @@ from byteps.common.interface import require_interface
 # and FeedbackMomentumWarning, Config.shutdown_leaves_job and Worker.shutdown_leaves_job (role mode's shutdown)
 INTERFACE_VERSION = (3, 1)
 
-require_interface("byteps-transport", "byteps.transport", (2, 9), requirer="byteps-common")
+require_interface("byteps-transport", "byteps.transport", (2, 10), requirer="byteps-common")
 
 from byteps.common.api import (  # noqa: E402
     barrier,

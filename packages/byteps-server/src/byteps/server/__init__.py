@@ -14,6 +14,6 @@ from byteps.common.interface import require_interface
 INTERFACE_VERSION = (1, 0)
 
 require_interface("byteps-common", "byteps.common", (3, 1), requirer="byteps-server")
-require_interface("byteps-transport", "byteps.transport", (2, 9), requirer="byteps-server")
+require_interface("byteps-transport", "byteps.transport", (2, 10), requirer="byteps-server")
 
 __all__ = ["INTERFACE_VERSION"]

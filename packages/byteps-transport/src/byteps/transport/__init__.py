@@ -44,7 +44,8 @@ from byteps.transport.zmq_endpoints import Connection, Listener, tcp_address
 # 2.5: Context(shared_memory=...), payloads through shared memory on one host
 # 2.6: Context(rdma=RdmaSettings(...)): payloads by RDMA WRITE; ByteCounters.rdma_*
 # 2.7: FLAG_PULL, wire protocol v3 (a PUSH that is also its PULL); 2.8: zero-copy RDMA sends, no inline writes
-INTERFACE_VERSION = (2, 9)  # 2.9: SchedulerOptions.shutdown_leaves, AddressBook.shutdown_leaves
+# 2.9: SchedulerOptions.shutdown_leaves, AddressBook.shutdown_leaves
+INTERFACE_VERSION = (2, 10)  # 2.10: wire protocol v4, BARRIER_ARRIVED for a BARRIER sent with BARRIER_ASK_ARRIVAL
 
 __all__ = [
     "INTERFACE_VERSION",

@@ -66,6 +66,7 @@ class Command(enum.IntEnum):
     LOCAL_DONE = 22  # local root -> other local workers: the partition's sum is in my slot
     JOIN = 23  # worker -> server: this worker machine joined (hvd.join); its missing pushes count as zeros
     LOCAL_JOINED = 24  # local worker -> other local workers: joined; partitions it roots are summed as zeros
+    BARRIER_ARRIVED = 25  # scheduler -> node: the BARRIER that asked (round = BARRIER_ASK_ARRIVAL) is counted
 
 
 def command_name(code: int) -> str:

@@ -36,10 +36,14 @@ from byteps.transport.frames import MAX_CONTROL_PAYLOAD, Command, command_name, 
 from byteps.transport.job_log import WaitReporter, job_log
 from byteps.transport.zmq_endpoints import Connection
 
-__all__ = ["NodeInfo", "AddressBook", "SchedulerClient", "ClockEstimate", "BARRIER_WORKERS", "BARRIER_ALL", "CLOCK"]
+__all__ = ["NodeInfo", "AddressBook", "SchedulerClient", "ClockEstimate", "BARRIER_WORKERS", "BARRIER_ALL",
+           "BARRIER_ASK_ARRIVAL", "CLOCK"]
 
 BARRIER_WORKERS = 1
 BARRIER_ALL = 2
+# A BARRIER whose round is this asks the scheduler to answer BARRIER_ARRIVED once it counted the arrival (before
+# any release): hvd.join() lets its zeros count only after that, so the rank it releases with is the causal last.
+BARRIER_ASK_ARRIVAL = 1
 #: After the address book, the scheduler answers a heartbeat with its wall clock (a float64 of time.time()).
 CLOCK = struct.Struct("<d")
 

@@ -36,7 +36,14 @@ from byteps.transport.frames import (
     parse_json_payload,
 )
 from byteps.transport.job_log import WaitReporter, job_log
-from byteps.transport.rendezvous import BARRIER_ALL, BARRIER_WORKERS, CLOCK, AddressBook, NodeInfo
+from byteps.transport.rendezvous import (
+    BARRIER_ALL,
+    BARRIER_ASK_ARRIVAL,
+    BARRIER_WORKERS,
+    CLOCK,
+    AddressBook,
+    NodeInfo,
+)
 from byteps.transport.zmq_endpoints import Listener
 
 __all__ = ["SchedulerOptions", "Scheduler"]
@@ -317,6 +324,8 @@ class Scheduler:
             raise TransportError("barrier before every node registered")
         waiting = self.barriers[group]
         waiting.add(message.identity)
+        if message.header.round == BARRIER_ASK_ARRIVAL:  # before any release, on the same connection
+            self.listener.send(Command.BARRIER_ARRIVED, SCHEDULER_SENDER, aux=group, identity=message.identity)
         members = self._members(group)
         if waiting >= set(members):
             # The release names the sender whose arrival completed the barrier (hvd.join's "last rank").

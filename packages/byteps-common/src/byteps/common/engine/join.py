@@ -3,6 +3,12 @@
 A worker that has no more data joins once its own push_pulls are all done
 (its last push or LOCAL_READY must come before it says it joined):
 
+* it enters the workers' barrier at the scheduler, asking to hear that its
+  arrival was counted (BARRIER_ARRIVED). Only then do its zeros count
+  anywhere, so a rank that trained on with this one as zeros arrives after
+  it: the rank whose arrival releases the barrier (``last``) is the one
+  that joined last in the job's causal order, as in Horovod, where the
+  coordinator learns of a join before it counts the rank as zeros;
 * with local peers it sends LOCAL_JOINED to them; they count it as zeros
   and it stands in for them where it roots a partition
   (:mod:`byteps.common.engine.local_join`);
@@ -11,10 +17,9 @@ A worker that has no more data joins once its own push_pulls are all done
   machine's missing pushes as zeros. By then every push of the machine has
   been answered (a rank's LOCAL_JOINED follows its last round, which needs
   its roots' answers), so JOIN never overtakes one;
-* then it enters the workers' barrier at the scheduler. The join is done
-  when the barrier is released (every rank joined; ``last`` is the rank
-  whose arrival released it) and every local peer's LOCAL_JOINED is in, so
-  every round started before the join is complete here.
+* the join is done when the barrier is released (every rank joined) and
+  every local peer's LOCAL_JOINED is in, so every round started before the
+  join is complete here.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import threading
 from typing import Any, List, Optional
 
 from byteps.transport import Command
-from byteps.transport.rendezvous import BARRIER_WORKERS
+from byteps.transport.rendezvous import BARRIER_ASK_ARRIVAL, BARRIER_WORKERS
 
 __all__ = ["BarrierRequest", "JoinRequest", "JoinCoordinator"]
 
@@ -47,6 +52,8 @@ class JoinRequest(BarrierRequest):
     """hvd.join() on its way: done when released (``last``: the rank whose arrival released it)."""
 
     started: bool = False
+    arrived: bool = False  # the scheduler counted this rank's arrival: its zeros may count from now on
+    announced: bool = False  # LOCAL_JOINED sent to the local peers
     released: bool = False
     last: int = -1
 
@@ -69,8 +76,9 @@ class JoinCoordinator:
         self.progress()
 
     def progress(self) -> None:
-        """Start the join once this worker's own tasks are done; tell the servers once the whole machine
-        joined; finish once released and every local peer joined."""
+        """Enter the barrier once this worker's own tasks are done; once the scheduler counted it, tell the
+        local peers, and the servers once the whole machine joined; finish once released and every local
+        peer joined."""
         request = self.request
         if request is None:
             return
@@ -78,11 +86,15 @@ class JoinCoordinator:
             if len(self._tasks):
                 return
             request.started = True
+            self._scheduler.connection.send(Command.BARRIER, self.rank, round=BARRIER_ASK_ARRIVAL,
+                                            aux=BARRIER_WORKERS)
+            self._barriers.append(request)
+        if not request.arrived:
+            return
+        if not request.announced:
+            request.announced = True
             if self._local is not None:
                 self._dispatcher.handle(self._local.join())
-            self._tell_servers()  # before the barrier: the servers count this machine's zeros first
-            self._scheduler.connection.send(Command.BARRIER, self.rank, aux=BARRIER_WORKERS)
-            self._barriers.append(request)
         self._tell_servers()
         if request.released and (self._local is None or self._local.joins.all_joined):
             if self._local is not None:
@@ -98,6 +110,12 @@ class JoinCoordinator:
             self._machine_joined = True
             if self._local is None or self._local.local_rank == 0:
                 self._exchange.send_join()
+
+    def arrived(self) -> None:
+        """The scheduler counted this rank's arrival at the join's barrier."""
+        if self.request is not None:
+            self.request.arrived = True
+            self.progress()
 
     def released(self, request: JoinRequest, last: int) -> None:
         request.released, request.last = True, last

@@ -188,7 +188,9 @@ class CommLoop(threading.Thread):
 
     def _receive_from_scheduler(self) -> None:
         message = self.scheduler.recv()  # raises NodeFailure when the scheduler reports a dead node
-        if message.header.command == Command.BARRIER_RELEASE and self._barriers:
+        if message.header.command == Command.BARRIER_ARRIVED:
+            self.join_state.arrived()
+        elif message.header.command == Command.BARRIER_RELEASE and self._barriers:
             request = self._barriers.pop(0)
             if isinstance(request, JoinRequest):
                 self.join_state.released(request, message.header.key)
