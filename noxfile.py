@@ -337,11 +337,22 @@ def wheels(session: nox.Session) -> None:
     session.log(f"wheels in {dist}: pip install --find-links dist byteps-<package> (docs/install.md)")
 
 
-def _tests(session: nox.Session, package: str, *extra: str, also: tuple = (), ignore: tuple = ()) -> None:
+#: Each adapter's tests/matrix/: capabilities run again in more layouts (docs/horovod-compatibility.md, "Layouts"),
+#: too slow for the default run; the matrix-* sessions (`nox -t matrix`) run them.
+MATRIX = "matrix"
+
+
+def _tests(session: nox.Session, package: str, *extra: str, also: tuple = (), ignore: tuple = (),
+           only: str = "") -> None:
     """Install ``package`` (and the byteps packages its tests need, ``also``) with the test kit; run its tests
-    (less the files in ``ignore``, which another session runs)."""
+    (less the files in ``ignore``, which another session runs, and the matrix folder), or only the folder
+    ``only`` of them."""
     _install(session, *dict.fromkeys((package, *also, TESTKIT)), extra=("pytest", *extra))
     tests = ROOT / "packages" / package / "tests"
+    if only:
+        session.run("python", "-m", "pytest", "-q", str(tests / only), *session.posargs)
+        return
+    ignore = (*ignore, MATRIX) if (tests / MATRIX).is_dir() else ignore
     session.run("python", "-m", "pytest", "-q", str(tests), *(f"--ignore={tests / name}" for name in ignore),
                 *session.posargs)
 
@@ -383,6 +394,13 @@ def tests_torch(session: nox.Session) -> None:
     _tests(session, "byteps-torch", "scikit-learn")
 
 
+@nox.session(name="matrix-torch", tags=[MATRIX])
+def matrix_torch(session: nox.Session) -> None:
+    """torch's capabilities in the layouts the default run leaves out (not in `nox`; `nox -t matrix`)."""
+    session.install(TORCH)
+    _tests(session, "byteps-torch", "scikit-learn", only=MATRIX)
+
+
 @nox.session(name="tests-tf")
 def tests_tf(session: nox.Session) -> None:
     # TensorFlow first, in a pip call of its own, as for torch: it brings
@@ -392,12 +410,33 @@ def tests_tf(session: nox.Session) -> None:
     _tests(session, "byteps-tf", "scikit-learn")
 
 
-@nox.session(name="tests-mxnet")
-def tests_mxnet(session: nox.Session) -> None:
+@nox.session(name="matrix-tf", tags=[MATRIX])
+def matrix_tf(session: nox.Session) -> None:
+    """TensorFlow's and Keras' capabilities in the layouts and modes the default run leaves out."""
+    session.install(TENSORFLOW)
+    session.install("--no-deps", TF_KERAS)
+    _tests(session, "byteps-tf", "scikit-learn", only=MATRIX)
+
+
+def _mxnet_tests(session: nox.Session, only: str = "") -> None:
     # One pip call: the byteps wheels, mxnet, numpy pinned and the test tools together.
     _install(session, "byteps-mxnet", TESTKIT, extra=(*MXNET, "pytest"))
     session.run("python", "-c", "import mxnet, numpy; print('mxnet', mxnet.__version__, 'numpy', numpy.__version__)")
-    session.run("python", "-m", "pytest", "-q", str(ROOT / "packages" / "byteps-mxnet" / "tests"), *session.posargs)
+    tests = ROOT / "packages" / "byteps-mxnet" / "tests"
+    where = [str(tests / only)] if only else [str(tests)] + ([f"--ignore={tests / MATRIX}"]
+                                                             if (tests / MATRIX).is_dir() else [])
+    session.run("python", "-m", "pytest", "-q", *where, *session.posargs)
+
+
+@nox.session(name="tests-mxnet")
+def tests_mxnet(session: nox.Session) -> None:
+    _mxnet_tests(session)
+
+
+@nox.session(name="matrix-mxnet", tags=[MATRIX])
+def matrix_mxnet(session: nox.Session) -> None:
+    """MXNet's capabilities in the layouts the default run leaves out."""
+    _mxnet_tests(session, only=MATRIX)
 
 
 #: The tests that start cluster engines for real (sshd, SLURM, Ray), run by tests-engines only.
