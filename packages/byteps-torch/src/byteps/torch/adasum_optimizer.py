@@ -23,13 +23,15 @@ Example (``bpslaunch -np 2 -- python train.py``; 1, 2, 4, 8, ... workers)::
 Since the wrapped optimizer consumes each gradient during backward,
 gradients changed after ``backward()`` (clipping, unscaling) no longer
 count: ``synchronize()`` has nothing to do and ``skip_synchronize()``
-refuses, as in Horovod. With one worker nothing is sent and ``step()`` is
-the wrapped optimizer's.
+refuses, as in Horovod. With one worker nothing is sent, ``step()`` is
+the wrapped optimizer's and ``skip_synchronize()`` does nothing, as
+Horovod's plain optimizer, which it returns for one worker.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, NoReturn, Tuple
+import contextlib
+from typing import Any, ContextManager, Dict, List, NamedTuple, Tuple
 
 import torch
 
@@ -161,8 +163,11 @@ class AdasumDistributedOptimizer:
     def synchronize(self) -> None:
         """Nothing to do: each gradient was used by the local step during backward (Horovod's Adasum)."""
 
-    def skip_synchronize(self) -> NoReturn:
-        """Refused, as in Horovod: there is no synchronize() to skip."""
+    def skip_synchronize(self) -> ContextManager[None]:
+        """Refused with several workers, as in Horovod: there is no synchronize() to skip. With one worker a
+        context that does nothing (Horovod's plain optimizer's)."""
+        if not self._communicate:
+            return contextlib.nullcontext()
         raise NotImplementedError("skip_synchronize() does not apply with op=Adasum: each rank steps on its own "
                                   "gradients during backward; call step() alone")
 
