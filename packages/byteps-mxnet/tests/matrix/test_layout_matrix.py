@@ -95,7 +95,7 @@ def test_async(layout, tmp_path):
     fast_rank = 2 if ranks == 4 else 0  # with 2 x 2 rank 0 shares rank 1's machine and goes at its pace
     for mode in ("trainer", "optimizer"):
         (tmp_path / mode).mkdir()
-        check_fast_worker_does_not_wait(tmp_path / mode, mode, arguments, ranks, 2, fast_rank, env)
+        check_fast_worker_does_not_wait(tmp_path / mode, mode, arguments, ranks, 2, fast_rank, env, sleep_s=0.6)
 
 
 @pytest.mark.parametrize("layout", ["own-hosts"])
