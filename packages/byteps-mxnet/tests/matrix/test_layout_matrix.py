@@ -9,6 +9,9 @@ against numpy:
 - ``own-hosts``: servers on hosts of their own (``--workers N --servers K``
   with ``BYTEPS_ENABLE_IPC=0``): every payload to and from the servers over
   TCP, none through shared memory, which the job's summary line confirms.
+  (These scripts' payloads are all below the 64 KiB that shared memory
+  takes, so with ``BYTEPS_ENABLE_IPC=1`` too they would cross TCP: what
+  these jobs add is the setting itself, on every process.)
 
 The cells, one test each:
 
