@@ -185,6 +185,49 @@ def test_sizeless_tensors_are_hashed_and_do_not_steer_the_balance():
     assert a.load() == b.load() and sum(a.load()) == 500 + 700 + 300 + 120
 
 
+def _workers_that_disagree_on_tensor_1():
+    """Two workers' assigners after tensor 0 (100 bytes) and tensor 1, 40 bytes on one and 160 on the other."""
+    a, b = ServerAssigner(2, 1000), ServerAssigner(2, 1000)
+    for assigner, size in ((a, 40), (b, 160)):
+        assert [p.server for p in assigner.plan(0, 100, 4).partitions] == [0]
+        assert [p.server for p in assigner.plan(1, size, 4).partitions] == [1]
+    return a, b
+
+
+def test_a_size_the_workers_disagree_on_leaves_the_balance_once_its_first_round_failed():
+    # Found by MXNet's 2 machines x 2 processes job: after a reducescatter whose ranks disagreed on the
+    # shape (failed on every rank), the next tensors went to different servers on each machine and hung.
+    a, b = _workers_that_disagree_on_tensor_1()
+    assert a.plan(2, 10, 4).partitions[0].server != b.plan(2, 10, 4).partitions[0].server  # what went wrong
+    a, b = _workers_that_disagree_on_tensor_1()
+    for assigner in (a, b):
+        assigner.unbalance(1)
+        assigner.unbalance(1)   # once
+        assigner.unbalance(7)   # never planned: nothing
+    assert a.plan(2, 10, 4) == b.plan(2, 10, 4) and a.plan(3, 500, 4) == b.plan(3, 500, 4)
+    assert a.plan(1, 40, 4).partitions[0].server == 1   # its plan stays
+    assert a.export()["balanced"] == b.export()["balanced"] == [100, 10 + 500]
+
+
+def test_a_failed_first_round_unbalances_its_tensor_and_a_lost_job_does_not():
+    from byteps.common.engine.task_maker import TrackedHandle
+    from byteps.common.handle import JobLost
+    from byteps.common.tensor_registry import TensorRegistry
+
+    registry = TensorRegistry(ServerAssigner(2, 1000))
+    for name, size in (("a", 100), ("b", 40), ("c", 30)):
+        tensor_id, round_, _ = registry.begin(name, 0, None, size, 4)
+        handle = TrackedHandle(name, None, registry, tensor_id, round_ == 0)
+        if name == "a":
+            handle.set_done()
+        else:  # b: ranks disagreed; c: the job was lost, which the other ranks' tensors in flight may not share
+            handle.set_error(ValueError("mismatch") if name == "b" else JobLost("gone"))
+    assert registry.assigner.export()["balanced"] == [100, 30]
+    tensor_id, round_, _ = registry.begin("b", 0, None, 40, 4)
+    TrackedHandle("b", None, registry, tensor_id, round_ == 0).set_error(ValueError("a later round"))
+    assert registry.assigner.export()["balanced"] == [100, 30]
+
+
 def test_identical_declarations_give_identical_plans():
     sizes = gradient_bytes("bert-base")
     first, second = placed(sizes, 4), placed(sizes, 4)

@@ -33,33 +33,45 @@ def applied_pushes(output: str) -> int:
 
 @pytest.mark.parametrize("mode", ["trainer", "optimizer"])
 def test_fast_worker_does_not_wait_and_every_delta_lands_once(tmp_path, mode):
-    result = launch_mxnet_job(LAYOUT, os.path.join(SCRIPTS, "async_training.py"),
-                              [str(tmp_path), str(STEPS), "1", str(SLEEP_S), mode], env=ASYNC)
+    check_fast_worker_does_not_wait(tmp_path, mode, LAYOUT, workers=2, machines=2, fast_rank=0)
+
+
+def check_fast_worker_does_not_wait(tmp_path, mode, layout, workers, machines, fast_rank, env=None,
+                                    sleep_s=SLEEP_S):
+    """The job of async_training.py under ``layout`` (``workers`` ranks on ``machines``, rank 1 slow), checked
+    in numpy. ``fast_rank`` is on another machine than rank 1: a machine's ranks sum their deltas locally
+    first and its local root pushes the sum (BytePS's async, each GPU machine reduces before it pushes), so
+    rank 1's machine-mates go at its pace. A job of more processes on loaded cores takes a longer ``sleep_s``
+    (rank 1's pause per step) for the same bound on the fast rank's time relative to it."""
+    result = launch_mxnet_job(layout, os.path.join(SCRIPTS, "async_training.py"),
+                              [str(tmp_path), str(STEPS), "1", str(sleep_s), mode], env={**ASYNC, **(env or {})})
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     ranks = []
-    for rank in range(2):
+    for rank in range(workers):
         with open(tmp_path / f"rank{rank}.pkl", "rb") as saved:
             ranks.append(pickle.load(saved))
-    fast, slow = ranks
+    fast, slow = ranks[fast_rank], ranks[1]
     # Synchronous training would hold rank 0 to rank 1's pace, SLEEP_S a step. Its first step waits for
     # rank 1's (the broadcast into the servers' store); the steps after it do not.
-    assert fast["times"][-1] - fast["times"][0] < 0.25 * (STEPS - 1) * SLEEP_S, fast["times"]
-    assert slow["times"][-1] >= STEPS * SLEEP_S
+    assert fast["times"][-1] - fast["times"][0] < 0.25 * (STEPS - 1) * sleep_s, fast["times"]
+    assert slow["times"][-1] >= STEPS * sleep_s
     # Each worker's step is a plain one-process momentum SGD on its own gradient: nothing averaged or
     # divided by the number of workers (a halved step would differ by about 1e-3).
     for rank in ranks:
         assert rank["worst"] < 1e-6, rank["worst"]
-    # Exactly once: the servers applied as many deltas as the workers pushed (each parameter is one key),
-    # every step and the final zero delta on each rank.
-    assert applied_pushes(output) == fast["pushes"] + slow["pushes"] == 2 * (STEPS + 1) * PARAMETERS
+    # Exactly once: the servers applied as many deltas as the worker machines pushed (each parameter is one
+    # key), every step and the final zero delta on each rank.
+    assert all(rank["pushes"] == (STEPS + 1) * PARAMETERS for rank in ranks), [rank["pushes"] for rank in ranks]
+    assert applied_pushes(output) == machines * (STEPS + 1) * PARAMETERS
     # The store = rank 0's initial parameters + every delta of every rank.
     for name in fast["names"]:
-        expected = fast["initial"][name] + fast["deltas"][name] + slow["deltas"][name]
+        expected = ranks[0]["initial"][name] + sum(rank["deltas"][name] for rank in ranks)
         for rank in ranks:
             np.testing.assert_allclose(rank["final"][name], expected, rtol=0, atol=1e-5, err_msg=name)
         if mode == "trainer":  # it broadcast rank 0's weights when built
-            np.testing.assert_array_equal(slow["initial"][name], fast["initial"][name])
+            for rank in ranks[1:]:
+                np.testing.assert_array_equal(rank["initial"][name], ranks[0]["initial"][name])
 
 
 def test_digits_example_trains_asynchronously():

@@ -24,8 +24,8 @@ STEPS, SLEEP_S = 16, 0.25
 LR, MOMENTUM, BATCH = 0.1, 0.9, 16  # the script's
 
 
-def run(tmp_path, mode, env):
-    result = launch_mxnet_job(LAYOUT, SCRIPT, [str(tmp_path), str(STEPS), str(SLEEP_S), mode], env=env,
+def run(tmp_path, mode, env, layout=LAYOUT):
+    result = launch_mxnet_job(layout, SCRIPT, [str(tmp_path), str(STEPS), str(SLEEP_S), mode], env=env,
                               timeout=180)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     ranks = []
@@ -57,7 +57,12 @@ def mean_of_two_of_a_round(average, locals_of_round):
 
 @pytest.mark.parametrize("mode", ["trainer", "optimizer"])
 def test_the_slow_worker_skips_closed_rounds_and_every_replica_holds_the_rounds_averages(tmp_path, mode):
-    ranks = run(tmp_path, mode, {"BYTEPS_BACKUP_WORKERS": "1"})
+    check_the_slow_worker_skips_closed_rounds(tmp_path, mode, LAYOUT)
+
+
+def check_the_slow_worker_skips_closed_rounds(tmp_path, mode, layout, env=None):
+    """The job of backup_training.py (3 workers, b = 1) under ``layout``, checked in numpy."""
+    ranks = run(tmp_path, mode, {"BYTEPS_BACKUP_WORKERS": "1", **(env or {})}, layout)
     fast, slow = ranks[:2], ranks[2]
     assert all(all(rank["computed"]) for rank in fast)
     # It computed only the rounds it could still join, so it did not take STEPS x SLEEP_S = 4 s.

@@ -46,9 +46,13 @@ CASES = {
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """Every case's records (one job runs them all), as {case: [rank0, rank1]}."""
-    out = tmp_path_factory.mktemp("compression")
-    result = launch_mxnet_job(["--workers", "2", "--servers", "1"], os.path.join(SCRIPTS, "compression_checks.py"),
-                              [str(out)], env={"BYTEPS_MIN_COMPRESS_BYTES": "64"}, timeout=180)
+    return record(tmp_path_factory.mktemp("compression"), ["--workers", "2", "--servers", "1"])
+
+
+def record(out, layout, env=None):
+    """Run compression_checks.py (2 workers) under ``layout``; every case's records, as {case: [rank0, rank1]}."""
+    result = launch_mxnet_job(layout, os.path.join(SCRIPTS, "compression_checks.py"),
+                              [str(out)], env={"BYTEPS_MIN_COMPRESS_BYTES": "64", **(env or {})}, timeout=180)
     assert_all_ok(result, checks=len(CASES) + 1)  # and: compressed and small gradients fuse apart
     return {case: [np.load(out / f"{case}.rank{rank}.npz") for rank in range(2)] for case in CASES}
 
@@ -88,7 +92,11 @@ def _expected(records, params, mu, wd):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_workers_match_the_reference_algorithm(recorded, case):
-    records = recorded[case]
+    check_the_reference_algorithm(recorded[case], case)
+
+
+def check_the_reference_algorithm(records, case):
+    """Both ranks' records of ``case`` against byteps.testkit.compression_reference."""
     params, mu, wd = CASES[case]
     for step, weight, bias in _expected(records, params, mu, wd):
         for rank, record in enumerate(records):
@@ -111,13 +119,16 @@ def _onebit(x):
 
 
 def test_onebit_without_scaling_steps_by_the_learning_rate_as_in_bytepss_trainer(recorded):
+    check_onebit_without_scaling(recorded["onebit-plain"])
+
+
+def check_onebit_without_scaling(records):
     """BytePS's test_onebit (scaling off) in numpy: w -= lr * C(sum_i C(g_i / (batch * workers))).
 
     The gradient is divided by the batch size before it is compressed, so
     the step is the learning rate itself; compressing first and dividing
     after (as byteps.mxnet once did) steps lr / batch.
     """
-    records = recorded["onebit-plain"]
     for step in range(STEPS - 1):
         lr = np.float32(records[0]["lr"][step])
         pushed = [_onebit(r["local_weight"][step] / np.float32(BATCH * 2)) for r in records]

@@ -20,11 +20,17 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
 def test_training_under_bpslaunch(layout):
-    result = launch_mxnet_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "training_checks.py"))
-    assert_all_ok(result, checks=8)
-    for rank in range(2):
+    check_training(JOB_LAYOUTS[layout])
+
+
+def check_training(layout, env=None, ranks=2):
+    """training_checks.py under ``layout``: every check passed, every equivalence within tolerance."""
+    result = launch_mxnet_job(layout, os.path.join(SCRIPTS, "training_checks.py"), env=env)
+    assert_all_ok(result, checks=8, ranks=ranks)
+    for rank in range(ranks):
         reports = [line for line in rank_lines(result.stdout, rank) if "single-process reference" in line]
         assert len(reports) == 6, reports
         for report in reports:
             difference = float(re.search(r"reference (\S+)$", report).group(1))
             assert difference < (1e-3 if "fp16" in report else 1e-5), report
+    return result

@@ -3,8 +3,8 @@ Min/Max/Product, objects, process sets, join), checked by every rank against a n
 disagree, failing on every rank and leaving the job usable; and the timeline rank 0 writes around a few
 allreduces.
 
-Run under bpslaunch with 2 ranks, BYTEPS_TEST_TMP naming a folder for the timeline. Prints ``OK <check>`` per check and
-``ALL OK <n>``; the first failure exits 1.
+Run under bpslaunch with 2 ranks (or 4: 2 machines x 2 processes), BYTEPS_TEST_TMP naming a folder for the
+timeline. Prints ``OK <check>`` per check and ``ALL OK <n>``; the first failure exits 1.
 """
 
 from __future__ import annotations
@@ -54,15 +54,14 @@ def alltoall_and_reducescatter():
             expect_error(kind, text, lambda bad=bad: bps.alltoall(mx.nd.ones((n,)), splits=bad))
     x = block(r, 5, "float64")
     total = sum(block(k, 5, "float64") for k in range(n))
-    first = [0, 3][r] if n == 2 else None
+    counts = [5 // n + (k < 5 % n) for k in range(n)]   # Horovod's split: the first ranks get the extra rows
+    first, count = sum(counts[:r]), counts[r]
     got = bps.reducescatter(mx.nd.array(x, dtype="float64"), name="rs", op=bps.Sum)
-    if first is not None:
-        assert_array(got, total[first:first + [3, 2][r]], "reducescatter sum")
+    assert_array(got, total[first:first + count], "reducescatter sum")
     for scatter in (lambda a: bps.reducescatter(a), lambda a: bps.grouped_reducescatter([a])):
         expect_error(ValueError, "scalar (0-d)", lambda scatter=scatter: scatter(mx.nd.array(r, dtype="float32")))
     got = bps.grouped_reducescatter([mx.nd.array(x, dtype="float64")], name="rs.group")[0]
-    if first is not None:
-        assert_array(got, (total / n)[first:first + [3, 2][r]], "grouped reducescatter average")
+    assert_array(got, (total / n)[first:first + count], "grouped reducescatter average")
 
 
 def min_max_product():
@@ -192,8 +191,10 @@ def failures_leave_the_job_usable():
           lambda: bps.alltoall(mx.nd.ones((n, 1 + r)), name="bad.a2a"), "rank 0 has (1,)", "rank 1 has (2,)")
     got = bps.alltoall(mx.nd.array(block(r, n, "float32")), name="good.a2a")
     assert_array(got, np.concatenate([block(k, n, "float32")[r:r + 1] for k in range(n)]), "alltoall after")
+    # With several processes per machine each machine's ranks meet first, and each machine names its own pair.
+    low = r - bps.local_rank() if bps.local_size() > 1 else 0
     fails("mismatch for", lambda: bps.reducescatter(mx.nd.ones((n, 1 + r)), name="bad.rs"),
-          "'bad.rs' (shape 2x1", "'bad.rs' (shape 2x2")
+          f"'bad.rs' (shape {n}x{1 + low}", f"'bad.rs' (shape {n}x{2 + low}")
     got = bps.reducescatter(mx.nd.array(block(r, n, "float32")), name="good.rs", op=bps.Sum)
     assert_array(got, sum(block(k, n, "float32") for k in range(n))[r:r + 1], "reducescatter after")
     fails("ranks disagree on the shape", lambda: bps.allreduce(mx.nd.ones((2 + r,)), op=bps.Max, name="bad.max"),

@@ -1,6 +1,6 @@
 """Worker script: push_pull, allreduce and broadcast of NDArrays, and how they meet MXNet's engine.
 
-Run under bpslaunch with 2 ranks. Every rank builds every rank's input from
+Run under bpslaunch with 2 ranks (or 4: 2 machines x 2 processes). Every rank builds every rank's input from
 seeds, so it can compute the exact expected result itself.
 """
 
@@ -33,12 +33,16 @@ def value(shape, dtype, r, case):
 
 
 def reduced(shape, dtype, case, average):
-    """What byteps computes: float16 summed in float32 and rounded once; integers floor-divided."""
+    """What byteps computes: each machine's sum (float16 summed in float32 and rounded), then the machines' sums
+    summed on the servers (rounded once more); integers floor-divided."""
     inputs = [value(shape, dtype, r, case) for r in range(bps.size())]
+    wide = np.float32 if dtype == "float16" else dtype
+    local = bps.local_size()  # a machine's ranks are consecutive
+    machines = [np.sum([x.astype(wide) for x in inputs[m:m + local]], axis=0).astype(dtype)
+                for m in range(0, len(inputs), local)]
+    total = np.sum([x.astype(wide) for x in machines], axis=0).astype(dtype)
     if dtype == "float16":
-        total = np.sum([x.astype(np.float32) for x in inputs], axis=0).astype(np.float16)
         return (total.astype(np.float32) / bps.size()).astype(np.float16) if average else total
-    total = np.sum(inputs, axis=0).astype(dtype)
     if not average:
         return total
     return (total // bps.size()).astype(dtype) if dtype.startswith("int") else (total / bps.size()).astype(dtype)
@@ -148,8 +152,8 @@ def fused_groups_keep_issue_order():
         slow = (m[0, :1] * 0 + 1) * (r + 1)  # written only when the products are done
     pair = [slow, mx.nd.ones((3,)) * (r + 1)]
     allreduce_group_(pair, ["group.slow", "group.small"], average=False)
-    if r == 0:
-        api.barrier()  # rank 1 comes once its products are done: rank 0's engine ran the group by then
+    if r != 1:
+        api.barrier()  # rank 1 comes once its products are done: the others' engines ran the group by then
     after = bps.allreduce(mx.nd.ones((2,)) * (r + 1), name="group.after", average=False)
     if r == 1:
         m.wait_to_read()
@@ -179,7 +183,8 @@ def many_tensors_with_priorities():
     for k, a in enumerate(arrays):
         bps.byteps_push_pull(a, name=f"prio.{k}", priority=-k)
     for k, a in enumerate(arrays):
-        assert_array(a, (np.arange(3000) * (k + 1) + 0.5).astype(np.float32), f"tensor {k}", rtol=1e-6)
+        want = np.arange(3000) * (k + 1) + (bps.size() - 1) / 2   # the average of the ranks' r
+        assert_array(a, want.astype(np.float32), f"tensor {k}", rtol=1e-6)
 
 
 def scaling_and_reused_names():
@@ -219,10 +224,12 @@ def errors():
     expect_error(ValueError, "unsupported dtype bool", lambda: bps.allreduce(mx.np.ones((2,), dtype="bool")))
     expect_error(ValueError, "row_sparse", lambda: bps.allreduce(mx.nd.ones((2, 2)).tostype("row_sparse")))
     expect_error(TypeError, "expected an mxnet NDArray", lambda: bps.allreduce(np.ones(2)))
-    # Adasum (Horovod's): (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b for two ranks
-    mine = [np.array([1.0, 2.0, -3.0, 0.5]) * (k + 1) + np.array([0, 1.0, 0, 0]) * k for k in range(2)]
-    a, b = mine
-    want = (1 - a @ b / (2 * a @ a)) * a + (1 - a @ b / (2 * b @ b)) * b
+    # Adasum (Horovod's): (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b, over 2 ranks or a tree of pairs over 4
+    level = [np.array([1.0, 2.0, -3.0, 0.5]) * (k + 1) + np.array([0, 1.0, 0, 0]) * k for k in range(bps.size())]
+    mine = list(level)
+    while len(level) > 1:
+        level = [(1 - a @ b / (2 * a @ a)) * a + (1 - a @ b / (2 * b @ b)) * b for a, b in zip(level[::2], level[1::2])]
+    want = level[0]
     got = bps.allreduce(mx.nd.array(mine[bps.rank()]), op=bps.Adasum, name="adasum").asnumpy()
     assert np.allclose(got, want, rtol=1e-6), (got, want)
     expect_error(NotImplementedError, "floating-point",
@@ -239,7 +246,8 @@ def errors():
         bps.byteps_push_pull(m, name="mismatch")
         after = m + 1
         text = expect_error(mx.base.MXNetError, "push_pull('mismatch') failed", after.wait_to_read)
-    assert "shape 3" in text and "shape 4" in text, text
+    low = r - bps.local_rank() if bps.local_size() > 1 else 0  # a machine's ranks meet first, and name their pair
+    assert f"shape {3 + low}" in text and f"shape {4 + low}" in text, text
     n = mx.nd.ones((2 + r,))
     expect_error(mx.base.MXNetError, "allreduce('mismatch2') failed",
                  lambda: bps.allreduce(n, name="mismatch2").asnumpy())

@@ -22,6 +22,12 @@ ids) and each tensor's size. Hence:
   moment relative to other declarations can differ between workers; it must
   use ``plan(..., balanced=False)``: hash placement, which depends on nothing
   but its own keys, and which never feeds the balancing counters either.
+* Workers that disagree on a tensor's size (a user's mistake, which fails
+  that tensor's first round on every worker) fed the counters different
+  bytes; each then calls :meth:`ServerAssigner.unbalance` for it, which
+  takes its bytes out again, so the tensors after it are placed alike.
+  Only the tensors planned before a worker learns of that failure can still
+  differ (a program that starts more push_pulls without waiting).
 
 Example::
 
@@ -137,6 +143,7 @@ class ServerAssigner:
         self._plans: Dict[int, Tuple[int, int, PartitionPlan]] = {}  # id -> (nbytes, itemsize, plan)
         self._load = [0] * num_servers       # every planned byte, for load()
         self._balanced = [0] * num_servers   # bytes of balanced placements only: the same in every worker
+        self._counted: set = set()           # the ids whose partitions are in _balanced
 
     def plan(self, tensor_id: int, nbytes: int, itemsize: int, balanced: bool = True) -> PartitionPlan:
         """The tensor's partition plan, computed at the first call and memoized.
@@ -160,6 +167,7 @@ class ServerAssigner:
                                            self._least_loaded_choice())
                 for part in plan.partitions:
                     self._balanced[part.server] += part.nbytes
+                self._counted.add(tensor_id)
             else:
                 plan = PartitionPlan.build(tensor_id, nbytes, itemsize, self.partition_bytes, self.num_servers,
                                            self._hash_choice)
@@ -167,6 +175,15 @@ class ServerAssigner:
                 self._load[part.server] += part.nbytes
             self._plans[tensor_id] = (nbytes, itemsize, plan)
             return plan
+
+    def unbalance(self, tensor_id: int) -> None:
+        """Take a balanced tensor's bytes out of the balancing counters (once; its plan stays): its first round
+        failed on every worker, which may have planned it with different sizes."""
+        with self._lock:
+            if tensor_id in self._counted:
+                self._counted.discard(tensor_id)
+                for part in self._plans[tensor_id][2].partitions:
+                    self._balanced[part.server] -= part.nbytes
 
     def export(self) -> Dict[str, Any]:
         """Every plan (``{id: [nbytes, itemsize, [server of each partition]]}``) and the balancing counters:

@@ -127,6 +127,12 @@ class TensorRegistry:
                 known = self._rounds_behind
                 self._rounds_behind = closed_after if known is None else min(known, closed_after)
 
+    def first_round_failed(self, tensor_id: int) -> None:
+        """A tensor's first round failed on every rank (ranks that disagree on it, or on its size): its bytes
+        leave the balancing counters, which may hold another size on each rank (see server_assignment)."""
+        if self.assigner is not None:
+            self.assigner.unbalance(tensor_id)
+
     def take_rounds_behind(self) -> int:
         with self._lock:
             behind, self._rounds_behind = self._rounds_behind, None

@@ -22,7 +22,7 @@ from byteps.common.config import Config
 from byteps.common.device_staging import DeviceStaging, StagedTensor, device_of
 from byteps.common.engine.device import DeviceCopyDone
 from byteps.common.engine.task import PushPullTask
-from byteps.common.handle import Handle
+from byteps.common.handle import Handle, JobLost
 from byteps.common.options import PushPullOptions
 from byteps.common.tensor_description import TAG_GATHER, notice_tag
 from byteps.common.tensor_registry import TensorRegistry
@@ -40,17 +40,22 @@ class LastUse(NamedTuple):
 
 
 class TrackedHandle(Handle):
-    """A handle that frees its tensor name for the next round when done."""
+    """A handle that frees its tensor name for the next round when done; a first round that failed on every
+    rank (not a lost job) takes the tensor out of the balanced placement."""
 
-    def __init__(self, name: str, output: Any, registry: TensorRegistry) -> None:
+    def __init__(self, name: str, output: Any, registry: TensorRegistry, tensor_id: int = 0,
+                 first_round: bool = False) -> None:
         super().__init__(name, output)
         self._registry = registry
+        self._tensor_id, self._first_round = tensor_id, first_round
 
     def set_done(self) -> None:
         self._registry.finished(self.name, self.rounds_closed_after)
         super().set_done()
 
     def set_error(self, error: BaseException) -> None:
+        if self._first_round and not isinstance(error, JobLost):
+            self._registry.first_round_failed(self._tensor_id)
         self._registry.finished(self.name)
         super().set_error(error)
 
@@ -127,7 +132,7 @@ class TaskMaker:
         tensor_id, round_, plan = self.registry.begin(name, set_id if ranks is not None else 0, tensor_id,
                                                       source.nbytes, source.dtype.itemsize, first_round_broadcasts)
         output = target.array if staged is None else (tensor if options.output is None else options.output)
-        handle = TrackedHandle(name, output, self.registry)
+        handle = TrackedHandle(name, output, self.registry, tensor_id, round_ == 0)
         if self._post is None:  # a single worker process: push_pull is a copy
             if staged is not None:
                 staged.copy_through()
