@@ -3,9 +3,10 @@
 The tests of the framework adapters (and of the examples) go through here,
 so the launcher, scheduler, servers and workers are the real ones, on
 127.0.0.1 with ports the launcher picks free. When a process fails the
-launcher tears the job down; when ``timeout`` passes, ``subprocess.run``
-kills bpslaunch and the kernel takes its children with it (bpslaunch sets
-their parent-death signal).
+launcher tears the job down; when ``timeout`` passes, bpslaunch gets SIGTERM
+and tears the job down itself (its processes, their shared-memory
+segments), and SIGKILL only if it has not ended 10 s later (the kernel then
+takes its children with it: bpslaunch sets their parent-death signal).
 
 Example::
 
@@ -45,8 +46,23 @@ def launch_job(layout: Sequence[str], script: str, args: Sequence[str] = (),
     """
     command = [*LAUNCHER, "--grace-period", "2", *layout, "--", sys.executable, script, *args]
     settings = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run(command, env=clean_env(settings, drop=drop), capture_output=True, text=True,
-                          timeout=timeout)
+    with subprocess.Popen(command, env=clean_env(settings, drop=drop), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as launcher:
+        try:
+            stdout, stderr = launcher.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            launcher.terminate()  # bpslaunch ends its job and removes what the job left in /dev/shm
+            try:
+                stdout, stderr = launcher.communicate(timeout=_TEARDOWN_S)
+            except subprocess.TimeoutExpired:
+                launcher.kill()
+                stdout, stderr = launcher.communicate()
+            raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr) from None
+    return subprocess.CompletedProcess(command, launcher.returncode, stdout, stderr)
+
+
+#: How long a timed-out bpslaunch may take to end its job after SIGTERM before it is killed.
+_TEARDOWN_S = 10
 
 
 def rank_lines(output: str, rank: int) -> List[str]:

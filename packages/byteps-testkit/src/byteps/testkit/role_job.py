@@ -4,7 +4,10 @@ Each process gets the role environment a real machine would give it
 (``DMLC_ROLE``, ``DMLC_PS_ROOT_PORT``, ``DMLC_WORKER_ID``, ...), so a test
 checks byteps-server and byteps-common on their own, and can stop, kill or
 watch any one process. Every process runs in its own session and is killed
-with its process group when the job ends, times out or the test fails.
+with its process group when the job ends, times out or the test fails; the
+shared-memory segments its killed workers leave (``/dev/shm/byteps-<job
+id>-*``, named by ``BYTEPS_JOB_ID``, which the job gets here unless the
+test sets its own) are removed then too, as bpslaunch does.
 
 Example::
 
@@ -22,7 +25,9 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -53,6 +58,9 @@ class JobResult:
                          for name in self.codes if self.codes[name] != 0)
 
 
+#: Where a job's processes share memory: byteps-common's segment names are ``byteps-<job id>-...`` there.
+SHM_DIR = "/dev/shm"
+
 #: Seconds the rest of a job may take to exit after its first failure, before finish() kills it.
 FAILURE_GRACE_S = 5.0
 
@@ -64,6 +72,7 @@ class RunningJob:
         self.procs = procs
         self.logs = logs
         self.port = port  # the scheduler's
+        self.job_ids: set = set()  # the BYTEPS_JOB_IDs of its processes, whose segments finish() removes
 
     def output(self, name: str) -> str:
         """What process ``name`` printed so far."""
@@ -103,11 +112,18 @@ class RunningJob:
             time.sleep(0.05)
 
     def finish(self, timed_out: bool = False) -> JobResult:
-        """Kill the process group of whatever still runs, collect the outputs, remove the log files."""
+        """Kill the process group of whatever still runs, collect the outputs, remove the log files and the
+        shared memory the job left."""
         for proc in self.procs.values():
             if proc.poll() is None:
                 kill_group(proc.pid)
             proc.wait()
+        for job_id in self.job_ids:
+            for path in glob.glob(os.path.join(SHM_DIR, f"byteps-{glob.escape(job_id)}-*")):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
         outputs = {}
         for name, handle in self.logs.items():
             handle.seek(0)
@@ -137,6 +153,7 @@ def start_job(worker_argv: Sequence[str], num_workers: int, num_servers: int, lo
         "DMLC_NUM_WORKER": str(num_workers), "DMLC_NUM_SERVER": str(num_servers),
         "DMLC_INTERFACE": "lo", "PYTHONUNBUFFERED": "1",
         "BYTEPS_RENDEZVOUS_TIMEOUT": str(int(timeout)),
+        "BYTEPS_JOB_ID": f"test{port}x{secrets.token_hex(4)}",
     })
     base.update(env or {})
     server_cmd = list(server_argv or SERVER_ARGV)
@@ -154,6 +171,8 @@ def start_job(worker_argv: Sequence[str], num_workers: int, num_servers: int, lo
         for name, argv, extra in plan:
             job.logs[name] = open(_log_path(name, port), "w+")
             env_of = {**base, **extra, **(overrides or {}).get(name, {})}
+            if env_of.get("BYTEPS_JOB_ID", "").strip():
+                job.job_ids.add(env_of["BYTEPS_JOB_ID"].strip())
             job.procs[name] = subprocess.Popen(argv, env=env_of, stdout=job.logs[name],
                                                stderr=subprocess.STDOUT, start_new_session=True)
     except BaseException:
