@@ -38,9 +38,9 @@ import numpy as np
 import pytest
 import torch
 from job_checks import SCRIPTS
+from test_backup_workers import SLEEP_S as BACKUP_SLEEP_S
 from test_backup_workers import STEPS as BACKUP_STEPS
 from test_backup_workers import check_rounds, recorded
-from test_backup_workers import results as backup_results
 from test_compression import STEPS as COMPRESSION_STEPS
 from test_compression import _check_weight
 
@@ -58,10 +58,13 @@ def script(name: str) -> str:
     return os.path.join(SCRIPTS, name)
 
 
-def assert_layout(result: subprocess.CompletedProcess, env: dict) -> None:
-    """bpslaunch's summary: with BYTEPS_ENABLE_IPC=0 no payload went through shared memory to a server."""
+def assert_layout(result: subprocess.CompletedProcess, env: dict, large: bool = False) -> None:
+    """bpslaunch's summary: with BYTEPS_ENABLE_IPC=0 no payload went through shared memory to a server; with
+    co-located servers and ``large`` payloads (64 KiB and more) some did."""
     if env.get("BYTEPS_ENABLE_IPC") == "0":
         assert "payloads through shared memory" not in result.stderr, report(result)
+    elif large:
+        assert re.search(r"\d+ payloads through shared memory \(co-located servers\)", result.stderr), report(result)
 
 
 # --- allreduce Adasum, DistributedOptimizer(op=Adasum) ------------------------------------------------------
@@ -107,6 +110,7 @@ def test_compression(tmp_path):
 # --- asynchronous training ----------------------------------------------------------------------------------
 
 ASYNC_STEPS, ASYNC_SLEEP_S = 16, 0.5
+ASYNC_WIDTH = 2048  # the first weight is 128 KiB: co-located servers get it through shared memory
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -114,11 +118,11 @@ def test_async(layout, tmp_path):
     """Rank 3 is slow, so machine 1 is (its local root pushes the machine's sum of deltas); machine 0 does not
     wait for it, and the servers' store ends as rank 0's initial parameters plus every rank's every delta."""
     result = launch_job(TWO_BY_TWO, script("async_training.py"),
-                        [str(tmp_path), str(ASYNC_STEPS), "3", str(ASYNC_SLEEP_S)],
+                        [str(tmp_path), str(ASYNC_STEPS), "3", str(ASYNC_SLEEP_S), str(ASYNC_WIDTH)],
                         env={"BYTEPS_ENABLE_ASYNC": "1", **LAYOUTS[layout]}, timeout=180)
     output = result.stdout + result.stderr
     assert result.returncode == 0, report(result)
-    assert_layout(result, LAYOUTS[layout])
+    assert_layout(result, LAYOUTS[layout], large=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(4)]
     slow_s = ASYNC_STEPS * ASYNC_SLEEP_S
     for fast in ranks[:2]:
@@ -126,8 +130,10 @@ def test_async(layout, tmp_path):
     assert ranks[3]["times"][-1] >= slow_s, ranks[3]["times"]
     # One push per machine, key and step (each parameter is one key): the local root pushes the machine's sum.
     applied = int(re.search(r"servers applied (\d+) asynchronous pushes", output).group(1))
-    assert all(rank["pushes"] == (ASYNC_STEPS + 1) * 4 for rank in ranks), [rank["pushes"] for rank in ranks]
-    assert applied == 2 * (ASYNC_STEPS + 1) * 4, applied
+    keys = len(ranks[0]["names"])
+    assert keys == 4, ranks[0]["names"]
+    assert all(rank["pushes"] == (ASYNC_STEPS + 1) * keys for rank in ranks), [rank["pushes"] for rank in ranks]
+    assert applied == 2 * (ASYNC_STEPS + 1) * keys, applied
     for name in ranks[0]["names"]:
         expected = ranks[0]["initial"][name] + sum(rank["deltas"][name] for rank in ranks)
         for rank in ranks:
@@ -139,9 +145,16 @@ def test_async(layout, tmp_path):
 
 
 def test_backup_workers(tmp_path):
-    """3 machines of one process, b = 1, every payload over TCP: the slow machine skips the rounds that closed
-    without it, and every replica holds each round's average of two machines' gradients."""
-    ranks = backup_results(tmp_path, {"BYTEPS_BACKUP_WORKERS": "1", **TCP}, ("--workers", "3", "--servers", "2"))
+    """3 machines of one process, b = 1, two servers, every payload over TCP (a 128 KiB weight among them): the
+    slow machine skips the rounds that closed without it, and every replica holds each round's average of two
+    machines' gradients."""
+    result = launch_job(["--workers", "3", "--servers", "2"], script("backup_training.py"),
+                        [str(BACKUP_STEPS), str(BACKUP_SLEEP_S), str(tmp_path), "4096"],
+                        env={"BYTEPS_BACKUP_WORKERS": "1", **TCP}, timeout=180)
+    assert result.returncode == 0, report(result)
+    assert_layout(result, TCP)
+    found = [json.loads(line) for line in re.findall(r"RESULT (\{.*\})", result.stdout)]
+    ranks = {r["rank"]: r for r in found}
     assert len(ranks) == 3
     assert ranks[0]["parameters"] == ranks[1]["parameters"] == ranks[2]["parameters"], ranks
     assert ranks[0]["computed"] == ranks[1]["computed"] == BACKUP_STEPS
