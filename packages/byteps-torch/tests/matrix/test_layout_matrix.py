@@ -3,9 +3,14 @@
 Two layouts, each a real job under bpslaunch (scheduler, servers, workers):
 
 * ``2x2``: two machines of two worker processes, two servers on the workers' host
-  (``-np 2 --workers 2 --servers 2``): each machine's ranks sum in shared memory, its local root pushes;
+  (``-np 2 --workers 2 --servers 2``): each machine's ranks sum in shared memory, its local root pushes,
+  payloads of 64 KiB and more go to the co-located servers through shared memory;
 * ``tcp``: the same with ``BYTEPS_ENABLE_IPC=0``, every payload over TCP, as with servers on hosts of
-  their own (and, where the script needs it, one process per machine: ``--workers 2 --servers 2``).
+  their own (backup workers: 3 machines of one process, ``--workers 3 --servers 2``; elastic: ``-np 3
+  --min-np 2 --servers 2``, each worker a machine of its own). The summary line of bpslaunch must show no
+  payload through shared memory. The join, async, backup-workers and DistributedOptimizer jobs move
+  payloads of 64 KiB and more (the async ``2x2`` job is checked to send them through shared memory); the
+  compression, SyncBatchNorm and DDP jobs move only smaller ones, which go over TCP in both layouts.
 
 The cells, one test each (parametrized by layout where the row has both):
 
@@ -74,6 +79,7 @@ def test_adasum():
     """4 ranks, every one a leaf of Horovod's (CPU) Adasum tree."""
     result = launch_job(TWO_BY_TWO, script("adasum_optimizer_checks.py"), timeout=240)
     assert_all_ok(result, checks=10, ranks=4)
+    assert_layout(result, {}, large=True)  # the 80 KB tensor's gather went to the servers through shared memory
 
 
 # --- join ---------------------------------------------------------------------------------------------------
