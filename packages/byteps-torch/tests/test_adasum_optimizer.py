@@ -16,7 +16,7 @@ import pytest
 from byteps.testkit import JOB_LAYOUTS, assert_all_ok, launch_job
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "adasum_optimizer_checks.py")
-TRAINING_CHECKS = 9
+TRAINING_CHECKS = 10
 
 TRAINING_JOBS = {
     "single-worker": ([], 1),

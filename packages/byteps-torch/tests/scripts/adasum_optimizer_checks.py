@@ -12,6 +12,11 @@ runs the training checks and the refusals; another number of workers, or
 BYTEPS_ENABLE_ASYNC=1, or BYTEPS_BACKUP_WORKERS, or an elastic job, checks
 that refusal only (and every job the refusal before ``bps.init()``).
 Prints ``OK <check>`` per check and ``ALL OK <n>``; the first failure exits 1.
+
+Every rank is a leaf of the tree, with one process per machine or several
+(ranks 0 and 1, 2 and 3, ... first): Horovod's Adasum on CPU tensors. (On
+GPUs Horovod sums each machine's ranks with NCCL first and runs the tree
+over machines; byteps has no such hierarchical form.)
 """
 
 from __future__ import annotations
@@ -134,6 +139,37 @@ def adam(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.Adam(model.parameters(), lr=0.05, weight_decay=0.01)
 
 
+def pairwise_tree(tensors: List[torch.Tensor]) -> torch.Tensor:
+    """Horovod's formula in float64, written again here (the training checks use byteps' adasum_tree)."""
+    level = [t.double() for t in tensors]
+    while len(level) > 1:
+        pairs = [(level[i], level[i + 1]) for i in range(0, len(level), 2)]
+        level = [(1 - (a * b).sum() / (2 * (a * a).sum())) * a + (1 - (a * b).sum() / (2 * (b * b).sum())) * b
+                 for a, b in pairs]
+    return level[0]
+
+
+def check_allreduce_adasum() -> None:
+    """allreduce(op=Adasum) of each rank's tensor against the pairwise tree of every rank's, the same bits on
+    every rank; in place and asynchronous too."""
+    def mine(rank: int, shape, dtype) -> torch.Tensor:
+        k = torch.arange(int(torch.Size(shape).numel()), dtype=torch.float64).reshape(shape)
+        return (torch.cos(k * (rank + 1)) * (rank + 1) + 0.1 * rank).to(dtype)
+
+    for shape, dtype, rtol in (((7,), torch.float32, 1e-5), ((3, 4), torch.float64, 1e-12),
+                               ((2, 3, 5), torch.float16, 5e-3), ((20000,), torch.float32, 1e-5)):
+        tag = f"{str(dtype)[6:]}.{len(shape)}d.{shape[0]}"
+        want = pairwise_tree([mine(r, shape, dtype) for r in range(bps.size())])
+        got = bps.allreduce(mine(bps.rank(), shape, dtype), op=bps.Adasum, name=f"adasum.{tag}")
+        assert got.dtype == dtype and got.shape == shape, (got.dtype, got.shape)
+        assert torch.allclose(got.double(), want, rtol=rtol, atol=rtol), f"{tag}: {got} != {want}"
+        inplace = mine(bps.rank(), shape, dtype)
+        assert bps.synchronize(bps.allreduce_async_(inplace, op=bps.Adasum, name=f"adasum_.{tag}")) is inplace
+        assert torch.equal(inplace, got), tag
+        everyone = bps.allgather_object(got.numpy().tobytes(), name=f"adasum.{tag}.agree")
+        assert all(other == everyone[0] for other in everyone), f"{tag}: the ranks' results differ"
+
+
 def check_passes_and_errors() -> None:
     model = make_net()
     optimizer = bps.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(), op=bps.Adasum,
@@ -191,6 +227,7 @@ def main() -> None:
         checks.run("refused with a non-power-of-two number of workers",
                    lambda: check_one_refusal(NotImplementedError, f"this job has {size}: run 1, 2, 4"))
     else:
+        checks.run("allreduce(op=Adasum)", check_allreduce_adasum)
         checks.run("sgd with momentum", lambda: train("sgd", sgd))
         checks.run("adam", lambda: train("adam", adam))
         checks.run("backward_passes_per_step=2", lambda: train("passes", adam, passes=2))

@@ -1,10 +1,12 @@
 """Asynchronous training (BYTEPS_ENABLE_ASYNC=1) on every rank: timing, exactly-once, the servers' store.
 
-Usage: python async_training.py OUT_DIR STEPS SLOW_RANK SLEEP_S
-Each rank trains a small model on its own data with SGD; SLOW_RANK sleeps
-SLEEP_S per step. Every delta the exchange pushes is recorded. After the
-loop a barrier, then one exchange of a zero delta returns the servers'
-store, holding every rank's every delta. Each rank writes OUT_DIR/rank<r>.pt:
+Usage: python async_training.py OUT_DIR STEPS SLOW_RANK SLEEP_S [WIDTH]
+Each rank trains a small model (hidden WIDTH, 8 by default; 2048 makes the
+first weight 128 KiB, which goes to co-located servers through shared
+memory) on its own data with SGD; SLOW_RANK sleeps SLEEP_S per step.
+Every delta the exchange pushes is recorded. After the loop a barrier,
+then one exchange of a zero delta returns the servers' store, holding
+every rank's every delta. Each rank writes OUT_DIR/rank<r>.pt:
 its initial parameters (after the first broadcast), the sum of its deltas,
 the final store, the time of each completed step and its count of pushes.
 """
@@ -21,9 +23,10 @@ import byteps.torch as bps
 
 def main() -> None:
     out_dir, steps, slow_rank, sleep_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    width = int(sys.argv[5]) if len(sys.argv) > 5 else 8
     bps.init()
     torch.manual_seed(1234 + bps.rank())  # different initial weights: the broadcast makes them rank 0's
-    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    model = torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.Tanh(), torch.nn.Linear(width, 2))
     optimizer = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5),
                                          named_parameters=model.named_parameters())
     exchange = getattr(optimizer, "_exchange", None)  # None: synchronous training (the comparison)

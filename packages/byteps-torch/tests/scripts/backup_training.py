@@ -1,8 +1,9 @@
 """DistributedOptimizer with backup workers: the last machine is slow and skips the rounds that closed without it.
 
-Usage: python backup_training.py STEPS SLEEP_S OUT_DIR
-Every rank trains a small model with momentum SGD on its own data for
-STEPS batches, asking ``optimizer.skip_step()`` first; the ranks of the
+Usage: python backup_training.py STEPS SLEEP_S OUT_DIR [WIDTH]
+Every rank trains a small model (hidden WIDTH, 16 by default; 4096 makes
+the first weight 128 KiB, which goes to co-located servers through shared
+memory) with momentum SGD on its own data for STEPS batches, asking ``optimizer.skip_step()`` first; the ranks of the
 last machine (the last rank, with one process per machine) sleep SLEEP_S
 in each batch they compute. Prints one JSON line per rank: the batches it
 computed, its time, and its parameters (all ranks must hold the same ones).
@@ -30,9 +31,10 @@ LR, MOMENTUM = 0.1, 0.9
 
 def main() -> None:
     steps, sleep_s, out_dir = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+    width = int(sys.argv[4]) if len(sys.argv) > 4 else 16
     bps.init()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    model = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.Tanh(), torch.nn.Linear(width, 2))
     shadow = copy.deepcopy(model)  # made before the optimizer hooks model's parameters
     optimizer = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
                                          named_parameters=model.named_parameters())

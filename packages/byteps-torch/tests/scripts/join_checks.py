@@ -30,6 +30,7 @@ from check_runner import Checks, assert_equal, expect_error
 import byteps.torch as bps
 
 checks = Checks()
+BIG = 32768  # float32 elements
 
 
 def batches(rank):
@@ -42,7 +43,10 @@ def uneven_allreduce():
         x = torch.full((5, 3), float((r + 1) * (step + 1)))
         y = bps.allreduce(x, name="uneven.grad")              # average over all n, joined ranks as zeros
         z = bps.allreduce(torch.tensor([step + 1, r + 1], dtype=torch.int64), op=bps.Sum, name="uneven.count")
+        # 128 KiB: co-located servers get it through shared memory (BYTEPS_ENABLE_IPC=1, the default)
+        big = bps.allreduce(torch.arange(BIG, dtype=torch.float32) * (r + 1), op=bps.Sum, name="uneven.big")
         active = [k for k in range(n) if batches(k) > step]
+        assert_equal(big, torch.arange(BIG, dtype=torch.float32) * sum(k + 1 for k in active), f"large sum at {step}")
         assert_equal(y, torch.full((5, 3), sum((k + 1) * (step + 1) for k in active) / n), f"average at {step}")
         assert_equal(z, torch.tensor([(step + 1) * len(active), sum(k + 1 for k in active)]), f"sum at {step}")
     last = bps.join()
@@ -77,15 +81,28 @@ def uneven_training():
 
 
 def refused_while_joined():
-    """Horovod's rule: with a rank joined, allgather and broadcast fail on the ranks still running."""
+    """Horovod's rule: with a rank joined, allgather and broadcast fail on the ranks still running.
+
+    With two processes per machine a machine's sum of a tensor is rooted on one of its ranks by tensor id, so
+    some of these collectives are rooted on the joined rank 0: its refusal must reach its peer and, through the
+    servers, the other machines (which wait for that machine's push otherwise)."""
     r, n = bps.rank(), bps.size()
     if r == 0:
         bps.join()
     else:
-        expect_error(RuntimeError, "joined", lambda: bps.allgather(torch.ones(2, 3), name="joined.gather"))
-        expect_error(RuntimeError, "joined", lambda: bps.broadcast(torch.ones(4), root_rank=r, name="joined.bc"))
+        def refusals(tag):
+            return [expect_error(RuntimeError, "joined", lambda: bps.allgather(torch.ones(2, 3),
+                                                                               name=f"joined.gather.{tag}")),
+                    expect_error(RuntimeError, "joined", lambda: bps.broadcast(torch.ones(4), root_rank=r,
+                                                                               name=f"joined.bc.{tag}"))]
+
+        messages = refusals("a") + refusals("b")
         y = bps.allreduce(torch.full((4,), 2.0), op=bps.Sum, name="joined.sum")   # still fine
         assert_equal(y, torch.full((4,), 2.0 * (n - 1)), "sum with rank 0 joined")
+        messages += refusals("c")  # one more tensor id since "a": its sums are rooted on the other local rank
+        if bps.local_size() == 2 and r == 1:  # rank 0's peer: some refusals came from it, some were its own
+            from_joined_root = [m for m in messages if "local rank 0: " in m]
+            assert 0 < len(from_joined_root) < len(messages), messages
         bps.join()
 
 

@@ -230,9 +230,13 @@ class ServerExchange:
     def report_failure(self, task: PushPullTask, parts, error: BaseException) -> None:
         """Tell the servers of ``parts`` that this round failed here, so the other machines fail it too
         instead of waiting for a push that will not come."""
-        text = f"worker {self.rank}: {error}".encode()
         for part in parts:
-            self.connections[part.server].send(Command.ERROR, self.rank, part.key, task.round, payload=text)
+            self.report_round(part.key, task.round, part.server, error)
+
+    def report_round(self, key: int, round_: int, server: int, error: BaseException) -> None:
+        """Tell ``server`` that round ``round_`` of ``key`` failed here: it fails the round on the other machines."""
+        text = f"worker {self.rank}: {error}".encode()
+        self.connections[server].send(Command.ERROR, self.rank, key, round_, payload=text)
 
     def abandon(self, task: PushPullTask) -> None:
         """Forget a failed task's trips; answers still on their way are dropped."""

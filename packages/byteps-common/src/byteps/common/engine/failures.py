@@ -48,6 +48,11 @@ class Failures:
         if self.tasks.idle is not None:
             self.tasks.idle()
 
+    def refuse_round(self, key: int, round_: int, server: int, error: BaseException) -> None:
+        """This machine cannot take part in a round it has no task of: the key's server fails it elsewhere."""
+        if self.exchange is not None:
+            self.exchange.report_round(key, round_, server, error)
+
     def fail_key(self, key: int, error: BaseException) -> None:
         """A server refused ``key``: fail the tasks that use it (all, for key 0)."""
         failed = [task for task in self.tasks.active

@@ -28,6 +28,7 @@ from byteps.common.buffers import TensorView
 from byteps.common.dtypes import DType
 from byteps.common.engine.local_flags import SKIPPED_TAG, TAG_BITS, describe_local
 from byteps.common.engine.route import Role, plan_route
+from byteps.common.engine.stage import RoundRefused
 from byteps.common.engine.task import PartitionTrip, PushPullTask
 from byteps.common.handle import Handle
 from byteps.common.options import PushPullOptions
@@ -120,8 +121,22 @@ class StandIns:
         if refusal is not None:
             del ready_table[entry]
             group.send_error([peer.rank for peer in ready], entry[0], entry[1], refusal)
-            return ()
+            # The other machines wait for this machine's push of the round, which this rank would make: their
+            # server must fail the round too (as a running root's failed task has it do).
+            server = self._server_of(entry[0])
+            return () if server is None else [RoundRefused(entry[0], entry[1], server, RuntimeError(refusal))]
         return [StandIn(self._trip(entry, ready))]
+
+    def _server_of(self, key: int) -> Optional[int]:
+        """The server of ``key`` as this rank's earlier rounds or a peer's first round told it; None without
+        servers, or when neither did."""
+        if not self._num_servers:
+            return None
+        last = self._last.get(key >> PARTITION_INDEX_BITS)
+        if last is not None:
+            return last.plan.partitions[key & (MAX_PARTITIONS - 1)].server
+        known = self._keys.get(key)
+        return None if known is None else known[1]
 
     def _refusal(self, entry: Tuple[int, int], ready: Sequence[Any]) -> Optional[str]:
         key, round_ = entry

@@ -20,7 +20,7 @@ alone moves trips on, and alone drops a failed task's trips.
 
 Owners' ``receive()`` calls return *events*: a :class:`PartitionTrip`
 whose current stage is finished, or an object with ``deliver(dispatcher)``
-(:class:`Later`, :class:`Failure`, :class:`KeyRefused`).
+(:class:`Later`, :class:`Failure`, :class:`KeyRefused`, :class:`RoundRefused`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Protocol, Union
 
 __all__ = ["DONE", "WAIT", "GpuEvent", "OffThread", "Outcome", "TaskFailed", "Failure", "KeyRefused", "Later",
-           "StageOwner", "NOTHING"]
+           "RoundRefused", "StageOwner", "NOTHING"]
 
 #: The stage is finished now.
 DONE = True
@@ -104,6 +104,20 @@ class KeyRefused:
 
     def deliver(self, dispatcher: Any) -> None:
         dispatcher.failures.fail_key(self.key, self.error)
+
+
+class RoundRefused:
+    """An event: this machine cannot take part in round ``round_`` of ``key`` and has no task of it (a joined
+    local root that cannot stand in for its peers): ``server``, the key's server, fails the round on the other
+    machines with ``error``, as :meth:`Failures.fail_task` has it do for a task that fails here."""
+
+    __slots__ = ("key", "round", "server", "error")
+
+    def __init__(self, key: int, round_: int, server: int, error: BaseException) -> None:
+        self.key, self.round, self.server, self.error = key, round_, server, error
+
+    def deliver(self, dispatcher: Any) -> None:
+        dispatcher.failures.refuse_round(self.key, self.round, self.server, self.error)
 
 
 class StageOwner(Protocol):
