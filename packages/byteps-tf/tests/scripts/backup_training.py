@@ -8,7 +8,8 @@ TF_USE_LEGACY_KERAS=1), and in a TF1 graph (eager execution disabled, each
 step a ``tf.compat.v1.Session`` run): ``tf1-tape`` (a tape in the graph, a
 TF1 ``GradientDescentOptimizer``, ``bps.skip_step(optimizer, variables,
 session)``) and ``tf1-optimizer`` (the TF1 ``DistributedOptimizer``'s
-``minimize``, ``opt.skip_step(session)``). The last
+``minimize``, ``opt.skip_step(session)``); ``optimizer-eager`` is the latter
+used eagerly (``opt.skip_step()``). The last
 rank sleeps SLEEP_S in each batch it computes (in ``fit``, inside the train
 function the callback wraps, so a skipped batch does not sleep).
 
@@ -98,6 +99,23 @@ def graph_loop(mode: str, steps: int, sleep_s: float, slow: bool):
     return computed, trajectory, time.monotonic() - started
 
 
+def eager_optimizer_loop(steps: int, sleep_s: float, slow: bool):
+    """The TF1 ``DistributedOptimizer`` used eagerly: ``opt.skip_step()``, else ``opt.minimize``."""
+    w = tf.Variable(tf.zeros([bps.size(), 1]))
+    optimizer = bps.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(LR))
+    computed, trajectory, started = 0, [], None
+    for k in range(steps):
+        x = tf.constant(batch(k, bps.rank(), bps.size()))
+        if not optimizer.skip_step():
+            computed += 1
+            if slow:
+                time.sleep(sleep_s)
+            optimizer.minimize(lambda x=x: tf.reduce_mean(x @ w), var_list=[w])
+        trajectory.append(w.numpy().ravel().tolist())
+        started = started or time.monotonic()
+    return computed, trajectory, time.monotonic() - started
+
+
 def fit_loop(steps: int, sleep_s: float, slow: bool):
     import byteps.tensorflow.keras as bpk
     from byteps.tensorflow.which_keras import keras  # Keras 2 with TF_USE_LEGACY_KERAS=1
@@ -142,6 +160,8 @@ def main() -> None:
     slow = bps.rank() == bps.size() - 1
     if mode == "fit":
         computed, trajectory, seconds = fit_loop(steps, sleep_s, slow)
+    elif mode == "optimizer-eager":
+        computed, trajectory, seconds = eager_optimizer_loop(steps, sleep_s, slow)
     elif mode.startswith("tf1-"):
         computed, trajectory, seconds = graph_loop(mode, steps, sleep_s, slow)
     else:
