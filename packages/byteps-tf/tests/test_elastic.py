@@ -27,9 +27,14 @@ SCRIPT = os.path.join(SCRIPTS, "elastic_training.py")
 def test_a_custom_loop_survives_a_lost_worker_with_exact_numbers(asynchronous):
     # Asynchronous (docs/elastic.md, "Asynchronous training"): no average, every rank's own update lands once
     # on the servers' variable; the commit pushes the tape's last update and takes the store.
+    custom_loop_survives_a_lost_worker("tape", asynchronous)
+
+
+def custom_loop_survives_a_lost_worker(mode, asynchronous=False, extra_env=None):
+    """The custom loop (``tape``, or ``tape-eager``) of 3 workers loses one at step 3; returns the job's output."""
     steps = 10
-    env = {**TF_SETTINGS, **({"BYTEPS_ENABLE_ASYNC": "1"} if asynchronous else {})}
-    with WatchedJob(["-np", "3", "--min-np", "2"], SCRIPT, ["tape", str(steps), "0.3"], env=env) as job:
+    env = {**TF_SETTINGS, **({"BYTEPS_ENABLE_ASYNC": "1"} if asynchronous else {}), **(extra_env or {})}
+    with WatchedJob(["-np", "3", "--min-np", "2"], SCRIPT, [mode, str(steps), "0.3"], env=env) as job:
         job.wait_for(r"^\[worker 2\] step 3 ", timeout=240)
         os.kill(job.child_pid("BYTEPS_ELASTIC_WORKER", "w2"), signal.SIGKILL)
         resumed_at = int(job.wait_for(r"^\[worker 0\] joined 1 rank 0 of 2 at step (\d+)", timeout=60).group(1))
@@ -46,13 +51,19 @@ def test_a_custom_loop_survives_a_lost_worker_with_exact_numbers(asynchronous):
                     for step, size in enumerate(sizes, 1))
     finals = re.findall(rf"^\[worker [01]\] final step {steps} w (\S+)$", output, re.M)
     assert [float(f) for f in finals] == [expected, expected], (finals, expected)
+    return output
 
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["synchronous", "asynchronous"])
 def test_keras_fit_with_the_elastic_callbacks_survives_a_lost_worker(asynchronous):
     # Asynchronous: every epoch needs two workers (--min-np 2); each commit takes the servers' weights.
+    keras_fit_survives_a_lost_worker(asynchronous)
+
+
+def keras_fit_survives_a_lost_worker(asynchronous=False, extra_env=None):
+    """Keras fit with the elastic callbacks loses a worker in its second epoch and finishes."""
     epochs, workers = 4, 3 if asynchronous else 2
-    env = {**TF_SETTINGS, **({"BYTEPS_ENABLE_ASYNC": "1"} if asynchronous else {})}
+    env = {**TF_SETTINGS, **({"BYTEPS_ENABLE_ASYNC": "1"} if asynchronous else {}), **(extra_env or {})}
     flags = ["-np", str(workers), "--min-np", str(workers - 1)]
     with WatchedJob(flags, SCRIPT, ["fit", str(epochs), "0.05"], env=env) as job:
         job.wait_for(r"^\[worker 1\] batch 1 3$", timeout=240)  # mid-fit, in its second epoch
@@ -68,3 +79,4 @@ def test_keras_fit_with_the_elastic_callbacks_survives_a_lost_worker(asynchronou
         assert len(checksums) == 2 and checksums[0] == checksums[1], output[-6000:]
     assert re.search(rf"^\[worker 0\] final epoch {epochs} checksum ", output, re.M), output[-6000:]
     assert int(rejoined.group(1)) < epochs
+    return output

@@ -3,7 +3,13 @@
 Usage: python backup_training.py MODE STEPS SLEEP_S, MODE one of
 ``eager`` (a plain loop, the tape's step run eagerly), ``function`` (the
 step a ``tf.function``), both asking ``bps.skip_step(optimizer, variables)``
-first, and ``fit`` (Keras ``model.fit`` with ``SkipStepCallback``). The last
+first, ``fit`` (Keras ``model.fit`` with ``SkipStepCallback``; Keras 2 with
+TF_USE_LEGACY_KERAS=1), and in a TF1 graph (eager execution disabled, each
+step a ``tf.compat.v1.Session`` run): ``tf1-tape`` (a tape in the graph, a
+TF1 ``GradientDescentOptimizer``, ``bps.skip_step(optimizer, variables,
+session)``) and ``tf1-optimizer`` (the TF1 ``DistributedOptimizer``'s
+``minimize``, ``opt.skip_step(session)``); ``optimizer-eager`` is the latter
+used eagerly (``opt.skip_step()``). The last
 rank sleeps SLEEP_S in each batch it computes (in ``fit``, inside the train
 function the callback wraps, so a skipped batch does not sleep).
 
@@ -25,7 +31,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
-import byteps.tensorflow as bps
+if sys.argv[1].startswith("tf1-"):
+    tf.compat.v1.disable_eager_execution()
+
+import byteps.tensorflow as bps  # noqa: E402
 
 LR = 0.01
 
@@ -61,10 +70,55 @@ def tape_loop(mode: str, steps: int, sleep_s: float, slow: bool):
     return computed, trajectory, time.monotonic() - started
 
 
-def fit_loop(steps: int, sleep_s: float, slow: bool):
-    import keras
+def graph_loop(mode: str, steps: int, sleep_s: float, slow: bool):
+    v1 = tf.compat.v1
+    w = v1.get_variable("w", initializer=tf.zeros([bps.size(), 1]))
+    x = v1.placeholder(tf.float32, [4, bps.size()])
+    if mode == "tf1-tape":
+        optimizer = v1.train.GradientDescentOptimizer(LR)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(x @ w)
+        gradients = bps.DistributedGradientTape(tape).gradient(loss, [w])
+        train = optimizer.apply_gradients(zip(gradients, [w]))
+    else:
+        optimizer = bps.DistributedOptimizer(v1.train.GradientDescentOptimizer(LR))
+        train = optimizer.minimize(tf.reduce_mean(x @ w), var_list=[w])
+    computed, trajectory, started = 0, [], None
+    with v1.Session() as session:
+        session.run(v1.global_variables_initializer())
+        for k in range(steps):
+            skipped = (bps.skip_step(optimizer, [w], session) if mode == "tf1-tape"
+                       else optimizer.skip_step(session))
+            if not skipped:
+                computed += 1
+                if slow:
+                    time.sleep(sleep_s)
+                session.run(train, {x: batch(k, bps.rank(), bps.size())})
+            trajectory.append(session.run(w).ravel().tolist())
+            started = started or time.monotonic()
+    return computed, trajectory, time.monotonic() - started
 
+
+def eager_optimizer_loop(steps: int, sleep_s: float, slow: bool):
+    """The TF1 ``DistributedOptimizer`` used eagerly: ``opt.skip_step()``, else ``opt.minimize``."""
+    w = tf.Variable(tf.zeros([bps.size(), 1]))
+    optimizer = bps.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(LR))
+    computed, trajectory, started = 0, [], None
+    for k in range(steps):
+        x = tf.constant(batch(k, bps.rank(), bps.size()))
+        if not optimizer.skip_step():
+            computed += 1
+            if slow:
+                time.sleep(sleep_s)
+            optimizer.minimize(lambda x=x: tf.reduce_mean(x @ w), var_list=[w])
+        trajectory.append(w.numpy().ravel().tolist())
+        started = started or time.monotonic()
+    return computed, trajectory, time.monotonic() - started
+
+
+def fit_loop(steps: int, sleep_s: float, slow: bool):
     import byteps.tensorflow.keras as bpk
+    from byteps.tensorflow.which_keras import keras  # Keras 2 with TF_USE_LEGACY_KERAS=1
 
     class SlowCompute(keras.callbacks.Callback):
         """The slow rank's compute: a sleep inside the train function (SkipStepCallback wraps it after)."""
@@ -106,6 +160,10 @@ def main() -> None:
     slow = bps.rank() == bps.size() - 1
     if mode == "fit":
         computed, trajectory, seconds = fit_loop(steps, sleep_s, slow)
+    elif mode == "optimizer-eager":
+        computed, trajectory, seconds = eager_optimizer_loop(steps, sleep_s, slow)
+    elif mode.startswith("tf1-"):
+        computed, trajectory, seconds = graph_loop(mode, steps, sleep_s, slow)
     else:
         computed, trajectory, seconds = tape_loop(mode, steps, sleep_s, slow)
     print("RESULT " + json.dumps({"rank": bps.rank(), "computed": computed, "seconds": seconds,

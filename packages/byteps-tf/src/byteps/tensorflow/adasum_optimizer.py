@@ -56,6 +56,10 @@ class DistributedAdasumV1Optimizer(tf.compat.v1.train.Optimizer):
         self._steps: Optional[tf.Variable] = None
         super().__init__(name=name or f"DistributedDelta{type(optimizer).__name__}", use_locking=use_locking)
 
+    def skip_step(self, session: Any = None, global_step: Any = None) -> bool:
+        """Backup workers: always False (compute the step), as an Adasum round waits for every rank."""
+        return False
+
     def compute_gradients(self, *args: Any, **kwargs: Any) -> Any:
         """This worker's own gradients (the wrapped optimizer's)."""
         return self._optimizer.compute_gradients(*args, **kwargs)

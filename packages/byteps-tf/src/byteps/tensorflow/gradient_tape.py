@@ -65,6 +65,7 @@ from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.gradient_compression import take_compression_params
 from byteps.tensorflow.gradients import GradientReducer, last_round
 from byteps.tensorflow.ops import check_process_set
+from byteps.tensorflow.skipped_rounds import apply_skipped_round
 
 __all__ = ["DistributedGradientTape", "PartialDistributedGradientTape", "local_layer_variables", "skip_step"]
 
@@ -205,7 +206,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     return tape
 
 
-def skip_step(optimizer: Any, variables: Any) -> bool:
+def skip_step(optimizer: Any, variables: Any, session: Any = None) -> bool:
     """Backup workers (BYTEPS_BACKUP_WORKERS=b, docs/async.md): skip this step's compute when behind.
 
     When the servers' answers to the last ``DistributedGradientTape.gradient()``
@@ -230,24 +231,18 @@ def skip_step(optimizer: Any, variables: Any) -> bool:
     with ``op=Sum``/``Adasum``, a predivide factor, ``compression_params``, a
     process set, gathered ``tf.IndexedSlices``, or asynchronous training it
     returns False. Horovod has no equivalent.
+
+    In a TF1 graph (a tape in a graph, run by a ``tf.compat.v1.Session``)
+    the update is an op, built at the first skip and run in ``session``
+    (default: the default session): :mod:`byteps.tensorflow.skipped_rounds`.
     """
     if getattr(optimizer, "_byteps_reducer", None) is not None or isinstance(getattr(optimizer, "_reducer", None),
                                                                              GradientReducer):
         raise ValueError("skip_step(optimizer, variables) applies a DistributedGradientTape's round with the plain "
                          "optimizer its gradients go to; a byteps DistributedOptimizer has its own "
                          "optimizer.skip_step()")
-    sent = last_round("DistributedGradientTape")
-    if sent is None:
-        return False
-    variables = tf.nest.flatten(variables)
-    sent.check_variables(variables, "skip_step")
-    averaged = sent.skip()
-    if averaged is None:
-        return False
-    pairs = [(gradient, variable) for gradient, variable in zip(averaged, variables) if gradient is not None]
-    if pairs:
-        optimizer.apply_gradients(pairs)
-    return True
+    return apply_skipped_round(last_round("DistributedGradientTape"), tf.nest.flatten(variables),
+                               optimizer.apply_gradients, optimizer, session, "skip_step")
 
 
 def local_layer_variables(local_layers: Any) -> List[Any]:

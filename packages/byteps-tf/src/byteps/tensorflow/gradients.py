@@ -67,7 +67,7 @@ from byteps.common.frontend.process_sets import global_process_set, rank_view
 from byteps.common.frontend.reductions import Adasum
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.gradient_compression import GradientCompression
-from byteps.tensorflow.graph_ops import run_group
+from byteps.tensorflow.graph_ops import run_group, skipped_round_ops
 from byteps.tensorflow.ops import check_process_set
 from byteps.tensorflow.reduction import AdasumReduce, Gather, Reduce
 
@@ -96,22 +96,31 @@ class SentRound:
                                  "the variables whose gradients the tape computed, in that order")
 
     def skip(self) -> Optional[List[Optional[tf.Tensor]]]:
-        """Backup workers: if this worker learnt that its next round closed without it, that round's averages
-        from the servers (pulled, nothing pushed), in the places of this round's gradients (None where it
-        sent none); else None, and nothing happens. Eagerly only (the skipping flag is this thread's).
+        """Backup workers, eagerly: :meth:`pull` if :meth:`behind`, else None (and nothing happens)."""
+        if tf.inside_function() or not tf.executing_eagerly():
+            raise RuntimeError("skip_step() runs eagerly, before the step: call it outside tf.function")
+        return self.pull() if self.behind() else None
+
+    def behind(self) -> bool:
+        """Backup workers: whether this worker learnt that its next round closed without it.
 
         Every push_pull since the last call counts: the servers' answers said how many rounds had closed
-        after them (``take_rounds_behind``, read and reset here).
+        after them (``take_rounds_behind``, read and reset here). False for a round that cannot close early.
         """
-        if not tf.executing_eagerly():
-            raise RuntimeError("skip_step() runs eagerly, before the step: call it outside tf.function")
         if not self.skippable or not api.is_initialized():
-            return None
-        worker = api.worker()
-        if worker.take_rounds_behind() < 1:
-            return None
+            return False
+        return api.worker().take_rounds_behind() >= 1
+
+    def pull(self) -> List[Optional[tf.Tensor]]:
+        """That round's averages from the servers (pulled, nothing pushed), in the places of this round's
+        gradients (None where it sent none). Eagerly the values (the skipping flag is this thread's); in a
+        TF1 graph the outputs of an op that pulls when it runs, outside the graph's chain of byteps ops
+        (:func:`byteps.tensorflow.graph_ops.skipped_round_ops`)."""
         zeros = [None if spec is None else tf.zeros(spec[0], spec[1]) for spec in self.layout]
-        with worker.skipping_round():
+        if tf.executing_eagerly():
+            with api.worker().skipping_round():
+                return self.reducer.reduce(zeros, self.local)
+        with skipped_round_ops():
             return self.reducer.reduce(zeros, self.local)
 
 

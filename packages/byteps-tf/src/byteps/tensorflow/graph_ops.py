@@ -23,18 +23,34 @@ keeps its class in the graph: the body returns it as data and the op of
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence
 
 import tensorflow as tf
 
+from byteps.common import api
 from byteps.tensorflow import graph_errors
 from byteps.tensorflow.reduction import Gather, Reduce, Spec, execute
 from byteps.tensorflow.tensors import byteps_dtype
 
-__all__ = ["run_group", "run_eagerly"]
+__all__ = ["run_group", "run_eagerly", "skipped_round_ops"]
 
 _last_op: weakref.WeakKeyDictionary[object, tf.Operation] = weakref.WeakKeyDictionary()
+_skipped_round = [False]  # inside skipped_round_ops()
+
+
+@contextlib.contextmanager
+def skipped_round_ops() -> Iterator[None]:
+    """Backup workers in a TF1 graph: the byteps ops made inside pull a closed round without pushing (their
+    body runs in ``worker.skipping_round()``, on whichever thread TensorFlow runs it) and stay out of the
+    graph's chain of byteps ops, in both directions: they run only when this worker skips a step, and the
+    training op must neither run them nor be run by them."""
+    _skipped_round[0] = True
+    try:
+        yield
+    finally:
+        _skipped_round[0] = False
 
 
 def _static_shapes(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]) -> List[tf.TensorShape]:
@@ -99,17 +115,29 @@ def run_eagerly(body: Callable[..., List[tf.Tensor]], inputs: Sequence[tf.Tensor
     if tf.executing_eagerly():
         return list(body(*inputs))
     graph = tf.compat.v1.get_default_graph()
-    previous = _last_op.get(graph)
+    skipping = _skipped_round[0]
+    previous = None if skipping else _last_op.get(graph)
+    if skipping:
+        body = _skipping(body)
     keep_error_class = graph_errors.available()
     if keep_error_class:
         body, dtypes = graph_errors.guard(body, dtypes), [*dtypes, tf.int32, tf.uint8]
     with tf.control_dependencies([previous] if previous is not None else []):
-        outputs = tf.py_function(body, inputs, list(dtypes), name="BytePSPushPull")
+        outputs = tf.py_function(body, inputs, list(dtypes),
+                                 name="BytePSSkippedRound" if skipping else "BytePSPushPull")
     outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
-    _last_op[graph] = outputs[0].op
+    if not skipping:
+        _last_op[graph] = outputs[0].op
     if keep_error_class:
         outputs = graph_errors.forward_or_fail(outputs)
     for output, shape in zip(outputs, shapes or [None] * len(outputs)):
         if shape is not None:
             output.set_shape(shape)
     return outputs
+
+
+def _skipping(body: Callable[..., List[tf.Tensor]]) -> Callable[..., List[tf.Tensor]]:
+    def pull_only(*inputs: tf.Tensor) -> List[tf.Tensor]:
+        with api.worker().skipping_round():
+            return body(*inputs)
+    return pull_only

@@ -34,9 +34,10 @@ from byteps.tensorflow.adasum_optimizer import DistributedAdasumV1Optimizer
 from byteps.tensorflow.async_training import ExchangesByList, asynchronous
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.gradient_compression import take_compression_params
-from byteps.tensorflow.gradients import GradientReducer
+from byteps.tensorflow.gradients import GradientReducer, last_round
 from byteps.tensorflow.keras.accumulation import BackwardPassAccumulator
 from byteps.tensorflow.ops import check_process_set
+from byteps.tensorflow.skipped_rounds import apply_skipped_round
 
 __all__ = ["DistributedOptimizer"]
 
@@ -56,6 +57,7 @@ class _DistributedV1Optimizer(tf.compat.v1.train.Optimizer):
         # Asynchronous training: one exchange per list of variables applied to, numbered in order of first use.
         self._async_prefix = async_prefix
         self._exchanges = None if async_prefix is None else ExchangesByList(async_prefix, "DistributedOptimizer")
+        self._sent_for: Optional[List[Any]] = None  # the variables of the last averaged round (backup workers)
         super().__init__(name=name or f"Distributed{type(optimizer).__name__}", use_locking=use_locking)
 
     def compute_gradients(self, *args: Any, **kwargs: Any) -> List[Tuple[Any, Any]]:
@@ -66,6 +68,7 @@ class _DistributedV1Optimizer(tf.compat.v1.train.Optimizer):
         variables = [variable for _, variable in pairs]
         if self._passes == 1:
             gradients = self._reducer.reduce(gradients)
+            self._sent_for = variables
         else:
             gradients = self._accumulate(gradients, variables)
         return list(zip(gradients, variables))
@@ -102,6 +105,33 @@ class _DistributedV1Optimizer(tf.compat.v1.train.Optimizer):
         # servers' keys, every step.
         exchange = self._exchanges.get([variable for _, variable in pairs])
         return exchange.around(lambda: self._optimizer.apply_gradients(pairs, global_step=global_step, name=name))
+
+    def skip_step(self, session: Any = None, global_step: Any = None) -> bool:
+        """Backup workers (BYTEPS_BACKUP_WORKERS=b, docs/async.md): step without computing when behind.
+
+        When the servers' answers to the last ``compute_gradients`` round said
+        that the next round already closed without this worker, this pulls
+        that round's averages (nothing pushed), applies them with the wrapped
+        optimizer (``global_step`` as in your ``apply_gradients``) and returns
+        True: skip this batch. Otherwise False, nothing done; also with
+        ``backward_passes_per_step`` > 1, asynchronous training and rounds that
+        cannot close early (see :func:`byteps.tensorflow.skip_step`). Call it
+        before the step, eagerly, or in a TF1 graph with the ``session`` that
+        runs the training op (default: the default session)::
+
+            for feed in batches:
+                if opt.skip_step(session, global_step=step):
+                    continue
+                session.run(train_op, feed)
+        """
+        if self._passes != 1 or self._async_prefix is not None or self._sent_for is None:
+            return False
+
+        def apply(pairs: List[Tuple[Any, Any]]) -> Any:
+            return self._optimizer.apply_gradients(pairs, global_step=global_step)
+
+        return apply_skipped_round(last_round(self._reducer.prefix), self._sent_for, apply, self, session,
+                                   "DistributedOptimizer.skip_step()")
 
     def get_slot(self, *args: Any, **kwargs: Any) -> Any:
         return self._optimizer.get_slot(*args, **kwargs)

@@ -43,9 +43,10 @@ from typing import Any, List, Optional, Tuple
 
 import tensorflow as tf
 
-from byteps.tensorflow.gradients import GradientReducer
+from byteps.tensorflow.gradients import GradientReducer, last_round
 from byteps.tensorflow.keras.accumulation import BackwardPassAccumulator
 from byteps.tensorflow.keras.optimizer_state import build_optimizer, optimizer_variables
+from byteps.tensorflow.skipped_rounds import apply_skipped_round
 from byteps.tensorflow.which_keras import keras
 
 __all__ = ["Keras2DistributedOptimizer", "check_keras2_optimizer", "is_keras2_optimizer"]
@@ -79,18 +80,16 @@ class Keras2DistributedOptimizer:
         object.__setattr__(self, "_byteps_reduced_in", _NONE)
         object.__setattr__(self, "_byteps_sent_for", None)  # the variables of the last averaged round
 
-    def skip_step(self) -> bool:
-        """Backup workers: as the Keras 3 wrapper's ``skip_step()`` (the round's averages applied eagerly with
-        this optimizer's own update, True), or False; not with ``backward_passes_per_step`` > 1."""
+    def skip_step(self, session: Any = None) -> bool:
+        """Backup workers: as the Keras 3 wrapper's ``skip_step()`` (the round's averages applied with this
+        optimizer's own update, True), or False; not with ``backward_passes_per_step`` > 1. Eagerly, or with
+        eager execution disabled in ``session`` (default: the default session), as
+        :func:`byteps.tensorflow.skip_step`."""
         if self._byteps_passes != 1 or self._byteps_sent_for is None:
             return False
-        averaged = self._byteps_reducer.skip_round()
-        if averaged is None:
-            return False
-        pairs = [(g, v) for g, v in zip(averaged, self._byteps_sent_for) if g is not None]
-        if pairs:
-            super().apply_gradients(pairs)  # type: ignore[misc]
-        return True
+        return apply_skipped_round(last_round(self._byteps_reducer.prefix), self._byteps_sent_for,
+                                   super().apply_gradients, self, session,  # type: ignore[misc]
+                                   "DistributedOptimizer.skip_step()")
 
     def register_local_var(self, var: Any) -> None:
         """Horovod's: ``var``'s gradient stays this worker's own (not sent)."""
