@@ -1,7 +1,7 @@
 """Worker script: byteps.tensorflow's ops, eagerly and inside tf.function, checked by every rank.
 
-Run under bpslaunch (2 ranks). Every tensor derives from the rank, so each
-rank computes the exact expected result itself. Prints ``OK <check>`` per
+Run under bpslaunch (2 ranks; 4 in tests/matrix/test_training_layouts.py). Every tensor
+derives from the rank, so each rank computes the exact expected result itself. Prints ``OK <check>`` per
 check and ``ALL OK <n>`` at the end; the first failure exits 1. One script
 covers many checks because every job pays TensorFlow's import once per rank.
 """
@@ -327,10 +327,13 @@ def errors_and_mismatches():
     fn = tf.function(lambda t: bps.allreduce(t, name="c64"))
     expect_error(ValueError, "unsupported dtype complex64", lambda: fn(tf.ones([2], tf.complex64)))
     expect_error(ValueError, "unsupported dtype string", lambda: bps.broadcast(tf.constant(["a"]), 0))
-    # Adasum (Horovod's): (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b for two ranks, eagerly and in a graph
-    mine = [np.array([1.0, 2.0, -3.0, 0.5]) * (k + 1) + np.array([0, 1.0, 0, 0]) * k for k in range(2)]
-    a, b = mine
-    want = (1 - a @ b / (2 * a @ a)) * a + (1 - a @ b / (2 * b @ b)) * b
+    # Adasum (Horovod's): (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b for two ranks, and for more (a power of
+    # two) its binary tree: ranks 0 and 1, 2 and 3, ... first, then those pairwise; eagerly and in a graph
+    mine = [np.array([1.0, 2.0, -3.0, 0.5]) * (k + 1) + np.array([0, 1.0, 0, 0]) * k for k in range(bps.size())]
+    level = mine
+    while len(level) > 1:
+        level = [(1 - a @ b / (2 * a @ a)) * a + (1 - a @ b / (2 * b @ b)) * b for a, b in zip(level[::2], level[1::2])]
+    want = level[0]
     x = tf.constant(mine[r], tf.float32)
     assert_close(bps.allreduce(x, op=bps.Adasum, name="adasum"), want, "Adasum")
     assert_close(tf.function(lambda t: bps.allreduce(t, op=bps.Adasum, name="adasum.fn"))(x), want, "Adasum graph")
