@@ -30,12 +30,20 @@ LAYOUTS = {
 }
 
 
+def assert_path(result, env) -> None:
+    """With BYTEPS_ENABLE_IPC=0, bpslaunch's summary line counts no payload through shared memory."""
+    if env.get("BYTEPS_ENABLE_IPC") == "0":
+        summary = [line for line in result.stderr.splitlines() if line.startswith("bpslaunch: job done in ")]
+        assert len(summary) == 1 and "shared memory" not in summary[0], report(result)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_collectives(layout, tmp_path):
     flags, env, ranks = LAYOUTS[layout]
     result = launch_tf_job(flags, f"{SCRIPTS}/collectives_checks.py", env={**env, "BYTEPS_TEST_TMP": str(tmp_path)},
                            timeout=420)
     assert_all_ok(result, checks=11, ranks=ranks)
+    assert_path(result, env)
 
 
 @pytest.mark.parametrize("layout", [name for name, (_, _, ranks) in LAYOUTS.items() if ranks == 4])
@@ -43,6 +51,7 @@ def test_gradient_wrappers(layout):
     flags, env, ranks = LAYOUTS[layout]
     result = launch_tf_job(flags, f"{SCRIPTS}/wrapper_checks.py", env=env, timeout=420)
     assert_all_ok(result, checks=8, ranks=ranks)
+    assert_path(result, env)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -51,6 +60,7 @@ def test_keras_backward_passes_match_one_process(layout, tmp_path):
     result = launch_tf_job(flags, f"{SCRIPTS}/keras_accumulation_checks.py",
                            env={**env, "BYTEPS_TEST_TMP": str(tmp_path)}, timeout=420)
     assert_all_ok(result, checks=12, ranks=ranks)
+    assert_path(result, env)
     for rank in range(ranks):
         reports = [line for line in rank_lines(result.stdout, rank) if line.startswith("equivalence")]
         assert len(reports) == 12, report(result)
