@@ -65,3 +65,22 @@ def test_layouts_number_by_first_use_and_a_join_starts_the_uses_afresh():
     # Another rank went on to use "w" with c while this one had joined (join_state(): its layout list).
     names.adopt_layouts({"w": [repr(a), repr(b), repr(c)]})
     assert names.key("w", c) == "w#2" and names.key("w", c, scope=2) == "w#2"
+
+
+def test_a_retired_tensor_takes_its_layout_and_the_layout_in_use_with_it():
+    """The core retires a tensor whose first round failed on every rank (each rank used the name with a layout
+    of its own): the name's next use, with any layout, numbers it as the others do and announces nothing (an
+    announcement would need the worker, which raises here)."""
+    from byteps.common.frontend.names import forget_retired
+
+    names = TensorNames()
+    a, b, c = ((2,), "float32"), ((3,), "float32"), ((4,), "int32")
+    assert names.key("r", a) == "r"
+    forget_retired("r")   # a's first round failed: the other rank had used "r" with b
+    assert names.layouts().get("r") is None and names.key("r", c) == "r"
+    assert names.key("r", b, scope=5) == "r#1"   # c is in use in set 0; b is set 5's first use
+    forget_retired("r#1 (every machine) (process set 5)")   # backup workers' tensor of a process set's op
+    forget_retired("r#1 (process set 5)")   # once: it is no longer the last layout
+    assert names.layouts()["r"] == [repr(c)] and names.key("r", a, scope=5) == "r#1"
+    forget_retired("r#7")   # not a layout this adapter added last: nothing
+    assert names.layouts()["r"] == [repr(c), repr(a)]

@@ -223,9 +223,31 @@ def test_a_failed_first_round_unbalances_its_tensor_and_a_lost_job_does_not():
         else:  # b: ranks disagreed; c: the job was lost, which the other ranks' tensors in flight may not share
             handle.set_error(ValueError("mismatch") if name == "b" else JobLost("gone"))
     assert registry.assigner.export()["balanced"] == [100, 30]
+    tensor_id, round_, _ = registry.begin("b", 0, None, 40, 4)   # retired: declared afresh, balanced again
+    assert (tensor_id, round_) == (3, 0) and registry.assigner.export()["balanced"] == [100, 70]
+    TrackedHandle("b", None, registry, tensor_id, True).set_done()
     tensor_id, round_, _ = registry.begin("b", 0, None, 40, 4)
     TrackedHandle("b", None, registry, tensor_id, round_ == 0).set_error(ValueError("a later round"))
-    assert registry.assigner.export()["balanced"] == [100, 30]
+    assert registry.assigner.export()["balanced"] == [100, 70]
+    assert registry.begin("b", 0, None, 40, 4)[:2] == (3, 2)   # a later round's failure retires nothing
+
+
+def test_a_retired_name_is_forgotten_by_its_listeners_and_declared_in_order_not_derived():
+    from byteps.common.engine.task_maker import TrackedHandle
+    from byteps.common.tensor_registry import TensorRegistry
+
+    registry = TensorRegistry(ServerAssigner(2, 1000))
+    heard = []
+    registry.on_retire(heard.append)
+    registry.on_retire(heard.append)   # once
+    base = registry.begin("w", 0, None, 16, 4)[0]
+    TrackedHandle("w", None, registry, base, False).set_done()
+    variant = registry.derived_id("w", 1)
+    tensor_id, round_, _ = registry.begin("w#1", 0, variant, 12, 4)
+    TrackedHandle("w#1", None, registry, tensor_id, round_ == 0).set_error(ValueError("the ranks disagreed"))
+    assert heard == ["w#1"] and registry.retired("w#1") and not registry.declared("w#1")
+    assert registry.begin("w#1", 0, None, 20, 4)[:2] == (1, 0)   # the next id in order, its new size
+    assert "w#1" in registry.export()["retired"]
 
 
 def test_identical_declarations_give_identical_plans():

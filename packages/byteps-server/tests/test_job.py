@@ -134,6 +134,38 @@ def test_same_bytes_in_another_shape_fail_on_every_rank():
         assert "shape 2x3" in out and "shape 3x2" in out, out
 
 
+FIRST_ROUND_FAILS_THEN_AGREES = r"""
+import time
+import numpy as np
+import byteps.common as bps
+bps.init()
+rank = bps.rank()
+time.sleep(0.6 * rank)   # worker 0 declares first, worker 2 (as worker 0 does) after the round failed
+x = np.ones((2, 2) if rank == 1 else (4,), dtype=np.float32)
+try:
+    bps.push_pull(x, name="w")
+    print("no error: silently wrong", flush=True)
+except bps.PushPullError as exc:
+    print("FAILED:", exc, flush=True)
+y = bps.push_pull(np.full(5, rank + 1.0, dtype=np.float32), name="w", average=False)
+assert np.array_equal(y, np.full(5, 6.0, dtype=np.float32)), y
+print("AGREED", flush=True)
+"""
+
+
+def test_a_name_whose_first_round_failed_everywhere_is_declared_afresh_by_its_next_use():
+    # Three workers: worker 1's declaration of "w" is refused; worker 2's, which matches worker 0's, comes later
+    # and is for the failed round: it fails too instead of waiting for a round that cannot close. Then every
+    # worker uses "w" with one shape: a new tensor, none of the failed declaration left on worker or server.
+    result = run_job([sys.executable, "-c", FIRST_ROUND_FAILS_THEN_AGREES], 3, 1, timeout=60)
+    assert not result.timed_out, result.failures()
+    for rank in range(3):
+        out = result.outputs[f"worker{rank}"]
+        assert result.codes[f"worker{rank}"] == 0, out
+        assert "FAILED: push_pull of 'w' failed" in out and "shape 2x2" in out, out
+        assert "AGREED" in out, out
+
+
 PUSH_CARRIES_PULL = r"""
 import json
 import numpy as np

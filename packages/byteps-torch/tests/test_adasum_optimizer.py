@@ -1,7 +1,8 @@
 """DistributedOptimizer(op=Adasum) in real jobs (scripts/adasum_optimizer_checks.py).
 
-Training is checked with 1, 2 (one machine, and two machines with two
-servers) and 4 workers against a numpy Adasum of every rank's parameter
+Training is checked with 1 and 2 workers (one machine, and two machines
+with two servers; 4 workers in matrix/test_adasum_four_workers.py, under
+``nox -t matrix``) against a numpy Adasum of every rank's parameter
 delta; the refusals that depend on the job (a non-power-of-two number of
 workers, asynchronous training, backup workers, an elastic job) each in a
 job of its own.
@@ -21,7 +22,6 @@ TRAINING_CHECKS = 10
 TRAINING_JOBS = {
     "single-worker": ([], 1),
     **{name: (layout, 2) for name, layout in JOB_LAYOUTS.items()},
-    "one-machine-np4": (["-np", "4"], 4),
 }
 
 REFUSAL_JOBS = {

@@ -38,7 +38,7 @@ def test_ops_with_servers_of_their_own():
 @pytest.mark.parametrize("layout", JOB_LAYOUTS)
 def test_shape_or_dtype_mismatch_fails_on_every_rank(layout):
     result = launch_job(JOB_LAYOUTS[layout], os.path.join(SCRIPTS, "mismatch_checks.py"))
-    assert_all_ok(result, checks=4)
+    assert_all_ok(result, checks=5)
     for rank in range(2):
         lines = rank_lines(result.stdout, rank)
         shape = next(line for line in lines if line.startswith("MISMATCH shape"))

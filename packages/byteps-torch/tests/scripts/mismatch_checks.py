@@ -45,9 +45,25 @@ def main():
         assert_equal(y, torch.full((3,), float(bps.size() * (bps.size() + 1) // 2)), "push_pull after the errors")
 
     check("other names still work", still_works)
+    check("a name whose first use the ranks disagreed on works afterwards", first_use_disagreed)
     check("a switch of a used name's layout that the others do not make fails on every rank", layout_switches)
     bps.shutdown()
-    print("ALL OK 4", flush=True)
+    print("ALL OK 5", flush=True)
+
+
+def first_use_disagreed():
+    """Each rank added a layout of its own to the names above, and their first rounds failed everywhere: the
+    names start afresh (Horovod's error tests reuse graph tensor names, e.g. 'mul:0', in one job)."""
+    r, n = bps.rank(), bps.size()
+    total = float(n * (n + 1) // 2)
+    for name in ("mismatch.shape", "mismatch.dtype"):
+        for shape in ((3,), (6,)):  # the same shape everywhere, then a switch every rank makes
+            y = bps.allreduce(torch.full(shape, float(r + 1)), op=bps.Sum, name=name)
+            assert_equal(y, torch.full(shape, total), f"{name} {shape} after its failed first use")
+    # ranks naming different roots in a name's first broadcast (Horovod's broadcast_rank_error), then one root
+    expect_push_pull_error("first roots", lambda: bps.broadcast(torch.ones(4), root_rank=r, name="first.roots"))
+    assert_equal(bps.broadcast(torch.full((4,), float(r)), root_rank=n - 1, name="first.roots"),
+                 torch.full((4,), float(n - 1)), "a broadcast after its failed first use")
 
 
 def layout_switches():

@@ -12,6 +12,13 @@ for push_pulls started from callbacks.
 A name is *in flight* from the start of its push_pull until its handle is
 done; starting it again meanwhile is a ValueError, raised before anything is
 sent. Each start counts one round of the name.
+
+A name whose first round failed on every rank (the ranks disagreed on what
+it is) is *retired* (:meth:`TensorRegistry.first_round_failed`): it leaves
+the registry as if never declared, and its next use declares it afresh,
+with the next id in declaration order (never a derived one), so nothing of
+the failed declaration (its size, its server keys, the adapters' layout of
+it: see :meth:`TensorRegistry.on_retire`) stays behind to fail later rounds.
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ class TensorRegistry:
         self.first_start: Optional[float] = None  # time.monotonic() of the first push_pull
         self.last_done = 0.0  # time.monotonic() when the last push_pull finished
         self._rounds_behind: Optional[int] = None  # backup workers: see take_rounds_behind()
+        self._retired: set = set()  # names whose first round failed on every rank (declared afresh since)
+        self._retire_listeners: List[Callable[[str], None]] = []
 
     def declare(self, name: str, nbytes: Optional[int] = None, itemsize: Optional[int] = None) -> int:
         """Give ``name`` the next tensor id (idempotent); with its size, place its partitions now."""
@@ -127,11 +136,35 @@ class TensorRegistry:
                 known = self._rounds_behind
                 self._rounds_behind = closed_after if known is None else min(known, closed_after)
 
-    def first_round_failed(self, tensor_id: int) -> None:
-        """A tensor's first round failed on every rank (ranks that disagree on it, or on its size): its bytes
-        leave the balancing counters, which may hold another size on each rank (see server_assignment)."""
+    def first_round_failed(self, name: str, tensor_id: int) -> None:
+        """A tensor's first round failed on every rank (ranks that disagree on it, or on its size), while it is
+        still in flight: its bytes leave the balancing counters, which may hold another size on each rank (see
+        server_assignment), and the name is retired: its next use declares it afresh, on every rank alike
+        (each saw the round fail before it could use the name again). The listeners of :meth:`on_retire`
+        hear of it before the caller does."""
         if self.assigner is not None:
             self.assigner.unbalance(tensor_id)
+        with self._lock:
+            if self._ids.get(name) != tensor_id:
+                return
+            del self._ids[name]
+            del self._rounds[name]
+            self._retired.add(name)
+            listeners = list(self._retire_listeners)
+        for listener in listeners:
+            listener(name)
+
+    def on_retire(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(name)`` whenever a name is retired (:meth:`first_round_failed`): whoever keeps
+        something of a name's last use (a layout notice's tensor, an adapter's layout list) forgets it."""
+        with self._lock:
+            if listener not in self._retire_listeners:
+                self._retire_listeners.append(listener)
+
+    def retired(self, name: str) -> bool:
+        """Whether ``name`` was retired once: its id, if declared again, comes from declaration order."""
+        with self._lock:
+            return name in self._retired
 
     def take_rounds_behind(self) -> int:
         with self._lock:
@@ -171,7 +204,7 @@ class TensorRegistry:
     def export(self) -> Dict[str, Any]:
         """What this worker declared, its rounds and placements (JSON-able), for the others after a join."""
         with self._lock:
-            return {"ids": dict(self._ids), "rounds": dict(self._rounds),
+            return {"ids": dict(self._ids), "rounds": dict(self._rounds), "retired": sorted(self._retired),
                     "next": {str(k): v for k, v in self._next_ids.items()},
                     "placement": self.assigner.export() if self.assigner is not None else None}
 
@@ -190,6 +223,7 @@ class TensorRegistry:
                     self._rounds[name] = max(self._rounds.get(name, 0), round_)
                 for set_id, number in state["next"].items():
                     self._next_ids[int(set_id)] = max(self._next_ids.get(int(set_id), 0), number)
+                self._retired.update(state.get("retired", ()))
             if self.assigner is not None:
                 self.assigner.adopt(leader["placement"])
 

@@ -146,7 +146,8 @@ class ParameterServer:
                     self._handle_scheduler_message()
 
     def _inspect_stalls(self) -> None:
-        partial = [p for p in (state.policy.partial_round() for state in self.keys.values()) if p is not None]
+        partial = [p for p in (state.policy.partial_round() for state in self.keys.values())
+                   if p is not None and (p.key, p.round) not in self.failed_rounds]
         fatal = self.stall_inspector.inspect(partial)
         if not fatal:
             return
@@ -259,8 +260,7 @@ class ParameterServer:
             text = (f"mismatch for key {key}: worker {message.header.sender} declares {spec.describe()}, "
                     f"worker {next(iter(state.declared_by.values()))} declared {state.spec.describe()}; "
                     f"{MISMATCH_ADVICE}")
-            for identity in state.declared_by:
-                self._send_error(identity, key, text)
+            self._fail_everywhere(state, message, text)
             raise ValueError(text)
         state.declared_by[message.identity] = message.header.sender
 
@@ -273,8 +273,24 @@ class ParameterServer:
                 raise ValueError(failed)
         state = self.keys.get(header.key)
         if state is None or message.identity not in state.declared_by:
-            raise ValueError(f"key {header.key} was not initialized by this worker (INIT_KEY first)")
+            text = f"key {header.key} was not initialized by this worker (INIT_KEY first)"
+            if state is not None:  # its declaration was refused: the others must not wait for its push
+                text = (f"worker {header.sender} pushed round {header.round} of {state.spec.describe()} without "
+                        f"having declared it as the others did (its declaration was refused); {MISMATCH_ADVICE}")
+                self._fail_everywhere(state, message, text)
+            raise ValueError(text)
         return state
+
+    def _fail_everywhere(self, state: KeyState, message: Message, text: str) -> None:
+        """Fail the round ``message`` is for on every worker that declared the key but its sender (who hears of
+        it from the caller's raise), now and when their pushes come: no worker waits for a round that cannot
+        close. An INIT_KEY is sent for the round the worker pushes first."""
+        round_ = message.header.round
+        self.failed_rounds[(state.key, round_)] = text
+        for identity in state.declared_by:
+            if identity != message.identity:
+                self._send_error(identity, state.key, text, round_)
+        state.policy.fail_round(round_)
 
     def _push(self, message: Message) -> None:
         header = message.header
@@ -301,14 +317,11 @@ class ParameterServer:
         """A worker failed a round before pushing it (a mismatch among its machine's ranks): fail it everywhere."""
         header = message.header
         text = bytes(message.payload).decode(errors="replace") if message.payload is not None else "(no reason)"
-        self.failed_rounds[(header.key, header.round)] = text
         state = self.keys.get(header.key)
         if state is None:
+            self.failed_rounds[(header.key, header.round)] = text
             return
-        for identity in state.declared_by:
-            if identity != message.identity:
-                self._send_error(identity, header.key, text, header.round)
-        state.policy.fail_round(header.round)
+        self._fail_everywhere(state, message, text)
 
     def _join(self, message: Message) -> None:
         """A worker machine joined: its pushes of the rounds in progress, and of later ones, are zeros."""

@@ -130,7 +130,7 @@ class ServerExchange:
         connection = self.connections[part.server]
         if part.key not in self._initialized:
             spec = partition_spec(task, part)
-            connection.send(Command.INIT_KEY, self.rank, part.key, payload=json_payload(spec.to_json()))
+            connection.send(Command.INIT_KEY, self.rank, part.key, task.round, payload=json_payload(spec.to_json()))
             self._initialized.add(part.key)
         self._in_flight[(part.key, task.round)] = trip
         flags, payload = FLAG_AVERAGE if task.options.average else 0, trip.data

@@ -41,7 +41,7 @@ class LastUse(NamedTuple):
 
 class TrackedHandle(Handle):
     """A handle that frees its tensor name for the next round when done; a first round that failed on every
-    rank (not a lost job) takes the tensor out of the balanced placement."""
+    rank (not a lost job) retires the name (:meth:`TensorRegistry.first_round_failed`)."""
 
     def __init__(self, name: str, output: Any, registry: TensorRegistry, tensor_id: int = 0,
                  first_round: bool = False) -> None:
@@ -55,7 +55,7 @@ class TrackedHandle(Handle):
 
     def set_error(self, error: BaseException) -> None:
         if self._first_round and not isinstance(error, JobLost):
-            self._registry.first_round_failed(self._tensor_id)
+            self._registry.first_round_failed(self.name, self._tensor_id)
         self._registry.finished(self.name)
         super().set_error(error)
 
@@ -73,6 +73,7 @@ class TaskMaker:
         self._compressors: Dict[str, TensorCompressor] = {}  # compressed tensors' state, kept across rounds
         # (name, process set id) -> its last push_pull there that a notice could follow
         self._last_use: Dict[Tuple[str, int], LastUse] = {}
+        registry.on_retire(self._forget_last_uses)
 
     def closes_early(self, options: PushPullOptions) -> bool:
         """Backup workers: whether this push_pull's rounds close once all machines but BYTEPS_BACKUP_WORKERS
@@ -127,7 +128,8 @@ class TaskMaker:
                                  "value (root=...), and only the first")
 
         tensor_id = options.tensor_id
-        if tensor_id is None and not self.registry.declared(name):
+        # A retired name's derived id would name the keys that hold its failed declaration.
+        if tensor_id is None and not self.registry.declared(name) and not self.registry.retired(name):
             tensor_id = self._layout_variant_id(key, closes_early, set_id if ranks is not None else 0)
         tensor_id, round_, plan = self.registry.begin(name, set_id if ranks is not None else 0, tensor_id,
                                                       source.nbytes, source.dtype.itemsize, first_round_broadcasts)
@@ -238,6 +240,12 @@ class TaskMaker:
         else:
             kept = options if options.output is None else options.replace(output=None)  # not the caller's buffer
             self._last_use[scoped] = LastUse(tensor.shape, tensor.dtype, kept, tensor_name)
+
+    def _forget_last_uses(self, tensor_name: str) -> None:
+        """A retired tensor's last use cannot carry a notice: its ranks each declared something else."""
+        for scoped, last in list(self._last_use.items()):
+            if last.tensor == tensor_name:
+                self._last_use.pop(scoped, None)
 
     def last_use(self, key: str, set_id: int = 0) -> Optional[LastUse]:
         """The last push_pull of ``key`` in process set ``set_id`` (0: every rank) that a layout notice can

@@ -22,6 +22,9 @@ Three rules every adapter follows, kept here once:
   the round fails on every rank, naming both, where each rank would
   otherwise wait on a tensor of its own for ever. A refused switch is
   forgotten, so the ranks still agree on the name's layouts afterwards.
+  So is a layout whose tensor's first round failed on every rank (ranks
+  that used the name with different shapes at once: each added its own
+  layout): :func:`forget_retired`, when the core retires the tensor.
 * A name may not be submitted again while an op of it is in flight
   (:meth:`TensorNames.reserve`); a user's name stays in flight until its
   handle is synchronized, a default name until its op is done.
@@ -42,7 +45,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 from byteps.common.in_flight import NamesInFlight
 
-__all__ = ["TensorNames", "check_name", "DEFAULT_NAME_WINDOW", "join_state", "adopt_join_states"]
+__all__ = ["TensorNames", "check_name", "DEFAULT_NAME_WINDOW", "join_state", "adopt_join_states", "forget_retired"]
 
 #: How many default names each op family cycles through.
 DEFAULT_NAME_WINDOW = 16
@@ -78,6 +81,24 @@ def adopt_join_states(states: List[Dict[str, Any]]) -> None:
                 if len(seen) > len(longest.get(name, ())):
                     longest[name] = seen
         names.adopt_layouts(longest)
+
+
+def forget_retired(tensor_name: str) -> None:
+    """The core retired ``tensor_name`` (its first round failed on every rank,
+    :meth:`~byteps.common.tensor_registry.TensorRegistry.first_round_failed`): every adapter forgets the layout
+    it stood for, and that any layout of the name is in use, as every rank does; the name's next use then
+    numbers its layout as the others do and announces nothing."""
+    name, scope = tensor_name, 0
+    if name.endswith(")") and " (process set " in name:
+        name, _, number = name[:-1].rpartition(" (process set ")
+        scope = int(number) if number.isdigit() else 0
+    name = name.removesuffix(" (every machine)")  # backup workers' tensor of the name's other ops
+    base, mark, variant = name.rpartition("#")
+    index = int(variant) if mark and variant.isdigit() else 0
+    with _counter_lock:
+        instances = list(_instances)
+    for names in instances:
+        names.forget_layout(base if index else name, index, scope)
 
 
 def check_name(family: str, name: Any) -> str:
@@ -162,6 +183,18 @@ class TensorNames:
                 if len(seen) > len(self._layouts.get(name, ())):
                     self._layouts[name] = list(seen)
             self._current.clear()
+
+    def forget_layout(self, name: str, index: int, scope: int) -> None:
+        """Forget layout ``index`` of ``name`` if it is the last one added (its first round failed), and which
+        layout of the name is in use in process set ``scope``."""
+        with self._lock:
+            seen = self._layouts.get(name)
+            if seen is None or index != len(seen) - 1:
+                return
+            seen.pop()
+            if not seen:
+                del self._layouts[name]
+            self._current.pop((name, scope), None)
 
     def reserve(self, name: str, what: str) -> object:
         """Mark ``name`` in flight; returns the token that releases it.

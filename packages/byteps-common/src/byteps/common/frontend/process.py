@@ -60,6 +60,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence[Any]] = None) -> None
                          "(use process sets for subsets)")
     from byteps.common.frontend import process_sets as sets
     api.init()
+    api.worker().registry.on_retire(names.forget_retired)
     for callback in _on_init:
         callback()
     sets.register_initial(process_sets)
