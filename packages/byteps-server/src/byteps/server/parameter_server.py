@@ -113,7 +113,7 @@ class ParameterServer:
         # What every key's round policy shares: the engine, how to answer, the joined machines, the counters.
         self.rounds = RoundServices(self.engine, self.listener.send, self.rank, self.num_workers, self.local_size,
                                     JoinedMachines(self.num_workers, self.local_size), self.tracer,
-                                    config.async_max_staleness)
+                                    config.async_max_staleness, self.max_partition_bytes)
         # (key, round) -> why a worker failed it: later pushes of that round are refused with the reason
         self.failed_rounds: Dict[Tuple[int, int], str] = {}
         self.stall_inspector = StallInspector(config.stall_check_s, config.stall_shutdown_s, self.num_workers,
