@@ -18,7 +18,9 @@ The rules a round enforces (each broken one is a ValueError, answered
 with an ERROR; one that spoils the round fails it on every machine that
 pushed it, and its later pushes get the same ERROR):
 
-- one push per machine and round, of the open round, carrying its pull;
+- one push per machine and round, carrying its pull; a push of a later
+  round than the open one means its machine failed the open round (which
+  is closed, its pushers told), one of an earlier round is refused;
 - every push of a round averages or sums alike (FLAG_AVERAGE);
 - a push is whole records, its ids ascending, unique and within the
   table's rows;
@@ -78,7 +80,6 @@ class SparseRowSum:
         self.pending: List[Tuple[bytes, int]] = []  # (identity, round): pulls the open round answers
         self.answer: Optional[Tuple[int, np.ndarray, Set[bytes]]] = None  # closed round, records, not yet answered
         self.failed: Dict[int, str] = {}  # round -> why it failed: its late pushes get this ERROR
-        self.failed_ahead: Set[int] = set()  # rounds a worker failed before this server opened them
 
     # --- pushes ----------------------------------------------------------------------------
     def push(self, message: Message) -> None:
@@ -89,7 +90,9 @@ class SparseRowSum:
         if not header.flags & FLAG_PULL:
             raise ValueError(f"push of round {round_} for {self.spec.describe()} without its pull: a row-sparse "
                              "push always carries it (FLAG_PULL)")
-        if round_ != self.completed + 1:
+        if round_ > self.completed + 1:
+            self._skip_to(round_, header.sender)
+        elif round_ <= self.completed:
             raise ValueError(f"push of round {round_} for {self.spec.describe()}: the open round is "
                              f"{self.completed + 1}")
         machine = header.sender // self.services.local_size
@@ -131,14 +134,23 @@ class SparseRowSum:
         self._forget_open_round()
         raise ValueError(text)
 
+    def _skip_to(self, round_: int, sender: int) -> None:
+        """A machine pushed a round past the open one: it failed the rounds in between (a worker's refusal
+        this server heard of before the key existed, and whose pushes it refused). They are closed without a
+        sum; whoever pushed the open one gets an ERROR."""
+        text = (f"round {self.completed + 1} of {self.spec.describe()} failed (worker {sender} went on to round "
+                f"{round_}); see the first error of this push_pull")
+        for identity, _, _ in self.pushed.values():
+            self.send(Command.ERROR, self.rank, self.key, self.completed + 1, payload=text.encode(), identity=identity)
+        while self.completed + 1 < round_:
+            self.failed[self.completed + 1] = text
+            self._forget_open_round()
+
     def _forget_open_round(self) -> None:
         self.completed += 1
         self.failed.pop(self.completed - 2, None)  # pushes of a round come before the machines' next round
         self.pushed.clear()
         self.pending = [(identity, round_) for identity, round_ in self.pending if round_ > self.completed]
-        while self.completed + 1 in self.failed_ahead:
-            self.failed_ahead.discard(self.completed + 1)
-            self.completed += 1
 
     def _close(self) -> None:
         """Every machine pushed: sum the rows by id, answer the pulls that wait."""
@@ -190,12 +202,11 @@ class SparseRowSum:
         """hvd.join does not cover row-sparse tables yet (docs/sparse.md): their rounds wait for every machine."""
 
     def fail_round(self, round_: int) -> None:
-        """A worker failed ``round_`` (its ERROR reached every other worker that declared the key): the round is
-        closed without a sum, at once if open, else when this server reaches it."""
+        """A worker failed ``round_`` (the server sent its ERROR to every other worker that declared the key):
+        the open round is closed without a sum. (A later round's pushes are refused by the server, and the
+        first push past it skips it here.)"""
         if round_ == self.completed + 1:
             self._forget_open_round()
-        elif round_ > self.completed + 1:
-            self.failed_ahead.add(round_)
 
     def partial_round(self) -> Optional[PartialRound]:
         if not self.pushed:
