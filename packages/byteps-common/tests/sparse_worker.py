@@ -70,6 +70,16 @@ def sums(rounds: int) -> None:
                                        err_msg=f"{name} round {round_}")
             if round_ == 2:
                 assert len(ids) == 0 and rows.shape == (0, *TABLES[name][1]), (name, ids, rows.shape)
+    huge_rows = 10 ** 8  # 6.4 GB dense: only the rows touched may cross the wire
+    before = worker().bytes_sent, worker().bytes_received
+    ids, rows = worker().sparse_push_pull(np.array([huge_rows - 1, 7 * me, 7 * me]), np.ones((3, 16), np.float32),
+                                          "emb.huge", huge_rows, (16,))
+    assert ids.tolist() == sorted({7 * r for r in range(n)} | {huge_rows - 1}), ids
+    assert rows.tolist() == [[n if i == huge_rows - 1 else 2] * 16 for i in ids.tolist()], rows  # id 7r twice
+    sent, received = worker().bytes_sent - before[0], worker().bytes_received - before[1]
+    record = 8 + 16 * 4
+    headers = 2 * 40 * len(worker().server_addresses) + 1000  # INIT_KEYs (JSON) and headers
+    assert sent <= 2 * record + headers and received <= (n + 1) * record + headers, (sent, received)
     print(f"SPARSE OK rank {me}", flush=True)
 
 

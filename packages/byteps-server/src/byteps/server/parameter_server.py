@@ -10,7 +10,8 @@ dispatched by command:
   is told so, as are the workers that agreed, with both descriptions. The
   first INIT_KEY picks the key's *round policy* from its PartitionSpec
   (:mod:`byteps.server.rounds`): what a round of the key is, synchronous,
-  with backup workers, asynchronous, compressed.
+  with backup workers, asynchronous, compressed, or a row-sparse table's
+  rows summed by id (docs/sparse.md).
 - PUSH and PULL are checked here (the key was declared by this worker, the
   dtype is the key's, no worker failed the round) and handed to the key's
   policy. A push flagged FLAG_PULL is also its sender's pull of that round,
