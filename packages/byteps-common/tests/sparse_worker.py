@@ -115,15 +115,22 @@ def bad(case: str) -> None:
             expect_failure(lambda: push(**bad_args), ValueError, text)
         else:
             expect_failure(push, PushPullError, text)
+    elif case == "first_use":  # refused at the table's very first use, before any server knows the table
+        if me == n - 1:
+            expect_failure(lambda: push(rows=np.ones((3, 4), np.int32)), ValueError, "push_pull takes float32")
+        else:
+            expect_failure(push, PushPullError, "push_pull takes float32")
     elif case == "reused":  # a table name used again with another row shape (or rows): every rank's own mistake
         push()
         expect_failure(lambda: push(rows=np.ones((3, 2), np.float32), row_shape=(2,)), ValueError,
                        "the name was first used for row-sparse table 't' (10 rows of shape 4")
     elif case == "disagree":  # ranks declare one table with different shapes: an error on every rank
         expect_failure(lambda: push(num_rows=10 + me), PushPullError, "mismatch")
+    elif case == "one_disagrees":  # all but rank 1 agree: whoever declared first, every rank fails the round
+        expect_failure(lambda: push(num_rows=10 + (me == 1)), PushPullError, "mismatch")
     else:
         raise SystemExit(f"unknown case {case}")
-    if case != "disagree":
+    if "disagree" not in case:
         ids, rows = push()  # the table goes on: the next round is whole on every rank
         assert ids.tolist() == [1, 4] and rows.tolist() == [[n] * 4, [2 * n] * 4], (ids, rows)
     ids, rows = push(name="u")  # and another table works: the servers are alive

@@ -31,10 +31,29 @@ def test_sparse_rows_are_summed_by_id_over_every_worker(workers, servers):
     _check(result, workers, "SPARSE OK")
 
 
-@pytest.mark.parametrize("case", ["out_of_range", "negative", "dtype", "row_shape", "reused", "disagree"])
+def test_sparse_rows_over_tcp_alone_with_server_scheduling_and_a_trace(tmp_path):
+    """No shared memory between the processes (the other jobs use it), pushes handled in key order on the
+    servers, and every stage traced."""
+    env = {"BYTEPS_ENABLE_IPC": "0", "BYTEPS_SERVER_ENABLE_SCHEDULE": "1", "BYTEPS_TRACE_ON": "1",
+           "BYTEPS_TRACE_DIR": str(tmp_path), "BYTEPS_TRACE_START_STEP": "1", "BYTEPS_TRACE_END_STEP": "3"}
+    result = run_job([*WORKER, "sums", "3"], 2, 2, timeout=90, env=env)
+    _check(result, 2, "SPARSE OK")
+    traces = "".join(path.read_text() for path in tmp_path.rglob("comm.json"))
+    assert '"cat": "sparse_exchange"' in traces and '"cat": "sparse_merge"' in traces, traces[:2000]
+
+
+@pytest.mark.parametrize("case", ["out_of_range", "negative", "dtype", "row_shape", "first_use", "reused",
+                                  "disagree"])
 def test_bad_sparse_input_fails_its_round_everywhere_and_the_servers_go_on(case):
     result = run_job([*WORKER, "bad", case], 2, 2, timeout=60)
     _check(result, 2, "BAD OK")
+
+
+def test_one_rank_of_three_that_declares_a_table_otherwise_fails_the_round_on_every_rank():
+    """Whichever rank declares first, the ranks that agreed with it learn of the mismatch too (relayed)."""
+    for _ in range(2):  # the order of declarations varies between runs
+        result = run_job([*WORKER, "bad", "one_disagrees"], 3, 2, timeout=60)
+        _check(result, 3, "BAD OK")
 
 
 def test_a_single_worker_process_sums_its_own_rows(monkeypatch):

@@ -154,7 +154,7 @@ def table_layout(num_rows: Any, row_shape: Any, dtype: Any) -> Tuple[int, Tuple[
     if not isinstance(num_rows, (int, np.integer)) or isinstance(num_rows, bool) or num_rows <= 0:
         raise ValueError(f"a row-sparse table needs a positive number of rows, not {num_rows!r}")
     try:
-        shape = tuple(int(d) for d in row_shape)
+        shape = (int(row_shape),) if isinstance(row_shape, (int, np.integer)) else tuple(int(d) for d in row_shape)
     except TypeError:
         raise ValueError(f"a row shape must be a sequence of sizes, not {row_shape!r}") from None
     if any(d <= 0 for d in shape):

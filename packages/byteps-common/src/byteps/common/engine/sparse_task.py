@@ -107,11 +107,12 @@ class SparseTrip:
 
 
 def average_rows(rows: np.ndarray, divisor: int) -> np.ndarray:
-    """``rows`` divided by ``divisor``, in their dtype (float16 divided in float32)."""
+    """``rows`` divided by ``divisor`` in their dtype, in place (float16 is divided in float32, then rounded)."""
     if divisor <= 1:
         return rows
-    wide = rows.astype(np.float32) if rows.dtype == np.float16 else rows
-    return (wide / divisor).astype(rows.dtype, copy=False)
+    if rows.dtype == np.float16:
+        return (rows.astype(np.float32) / divisor).astype(np.float16)
+    return np.divide(rows, divisor, out=rows)
 
 
 class SparseTasks:
