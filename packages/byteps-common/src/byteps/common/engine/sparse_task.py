@@ -37,7 +37,7 @@ from byteps.common.row_sparse import (
     table_layout,
 )
 
-__all__ = ["SparseShard", "SparsePlan", "SparseTask", "SparseTasks", "SparseTrip", "average_rows"]
+__all__ = ["SparseHandle", "SparseShard", "SparsePlan", "SparseTask", "SparseTasks", "SparseTrip", "average_rows"]
 
 
 @dataclasses.dataclass(eq=False)
@@ -106,6 +106,22 @@ class SparseTrip:
         dispatcher.advance(self)
 
 
+class SparseHandle(Handle):
+    """A row-sparse push_pull's handle: frees its table for the next round before anyone waiting wakes."""
+
+    def __init__(self, table: SparseTable, result: SparseRows) -> None:
+        super().__init__(table.name, result)
+        self._table = table
+
+    def set_done(self) -> None:
+        self._table.in_flight = False
+        super().set_done()
+
+    def set_error(self, error: BaseException) -> None:
+        self._table.in_flight = False
+        super().set_error(error)
+
+
 def average_rows(rows: np.ndarray, divisor: int) -> np.ndarray:
     """``rows`` divided by ``divisor`` in their dtype, in place (float16 is divided in float32, then rounded)."""
     if divisor <= 1:
@@ -150,12 +166,11 @@ class SparseTasks:
                 self._refuse(table, round_, exc)
                 raise
             result = SparseRows(ids, rows)
-            handle = Handle(table.name, result)
+            handle = SparseHandle(table, result)
             if self.submit is None:  # a single worker process: its rows are the round's sum and average
                 handle.set_done()
                 return handle
             table.in_flight = True
-        handle.add_done_callback(lambda _handle: setattr(table, "in_flight", False))
         self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, pushed), handle,
                                result, average=average, average_over=self.size if average else 0))
         return handle
