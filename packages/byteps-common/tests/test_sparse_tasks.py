@@ -7,7 +7,9 @@ from byteps.common.dtypes import DType
 from byteps.common.engine.route import SPARSE_ROUTE
 from byteps.common.engine.sparse_exchange import SparseExchange, table_spec
 from byteps.common.engine.sparse_task import SparseTasks, SparseTrip
-from byteps.common.row_sparse import SPARSE_KEY_BIT, decode, encode, server_of, sparse_key, sum_by_id
+from byteps.common.options import MAX_PROCESS_SET_ID
+from byteps.common.row_sparse import decode, encode, is_sparse_key, server_of, sparse_key, sum_by_id
+from byteps.common.tensor_registry import TensorRegistry
 
 
 def test_rows_of_one_id_are_summed_and_ids_sorted():
@@ -43,8 +45,11 @@ def test_records_go_and_come_back_whole():
 
 
 def test_a_sparse_key_never_meets_a_dense_one():
-    assert sparse_key(5, 3) == SPARSE_KEY_BIT | 5 << 16 | 3
-    assert (0xFFFF << 16 | 0xFFFF) & SPARSE_KEY_BIT == 0
+    assert is_sparse_key(sparse_key(5, 3)) and sparse_key(5, 3) & 0xFFFFFFFFFFFF == 5 << 16 | 3
+    registry = TensorRegistry(None)
+    dense = [registry.declare("w")]
+    dense += [registry.derived_id("w", 63), TensorRegistry.reserved_id(7), MAX_PROCESS_SET_ID << 32 | 12345]
+    assert not any(is_sparse_key(tensor_id << 16 | 0xFFFF) for tensor_id in dense), dense
 
 
 class Recorder:

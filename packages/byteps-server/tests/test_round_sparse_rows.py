@@ -5,13 +5,13 @@ import pytest
 from round_driver import RoundDriver
 
 from byteps.common.dtypes import DType
-from byteps.common.row_sparse import decode, encode
+from byteps.common.row_sparse import decode, encode, sparse_key
 from byteps.common.tensor_description import PartitionSpec
 from byteps.server.rounds import SparseRowSum
 from byteps.transport import Command
 from byteps.transport.frames import FLAG_AVERAGE, FLAG_PULL
 
-KEY = 1 << 63
+KEY = sparse_key(0, 0)
 ROW = (2,)
 
 

@@ -30,13 +30,13 @@ from typing import Any, Iterator, List, Sequence, Tuple
 import numpy as np
 
 from byteps.common.dtypes import DType
+from byteps.common.tensor_registry import SET_ID_SHIFT, SPARSE_TABLE_SET
 
-__all__ = ["SPARSE_KEY_BIT", "SPARSE_DTYPES", "SparseRows", "SparseTable", "decode", "encode", "record_nbytes",
-           "server_of", "sparse_key", "sum_by_id", "table_layout"]
+__all__ = ["SPARSE_DTYPES", "SparseRows", "SparseTable", "decode", "encode", "record_nbytes",
+           "is_sparse_key", "server_of", "sparse_key", "sum_by_id", "table_layout"]
 
-#: The key bit of a row-sparse table's keys: ``SPARSE_KEY_BIT | table_id << 16 | server``. Dense keys
-#: (``tensor_id << 16 | partition``) never reach it, so a table and a tensor may share a name.
-SPARSE_KEY_BIT = 1 << 63
+#: Bits of a key below its tensor id (``tensor_id << 16 | partition``).
+_KEY_SHIFT = 16
 #: The row dtypes a row-sparse push_pull takes (bfloat16 and integers are a later step).
 SPARSE_DTYPES = (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16)
 _ID = np.dtype("<i8")
@@ -44,8 +44,17 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: neighbouring id
 
 
 def sparse_key(table_id: int, server: int) -> int:
-    """The key of ``table_id``'s rows held by ``server``."""
-    return SPARSE_KEY_BIT | table_id << 16 | server
+    """The key of ``table_id``'s rows held by ``server``: a tensor id of a set of its own
+    (:data:`~byteps.common.tensor_registry.SPARSE_TABLE_SET`, which no tensor has), so a table's keys never
+    meet a tensor's, and a table and a tensor may share a name."""
+    if not 0 <= table_id < 1 << SET_ID_SHIFT or not 0 <= server < 1 << _KEY_SHIFT:
+        raise ValueError(f"table {table_id} on server {server}: too many tables or servers")
+    return (SPARSE_TABLE_SET << SET_ID_SHIFT | table_id) << _KEY_SHIFT | server
+
+
+def is_sparse_key(key: int) -> bool:
+    """Whether ``key`` is a row-sparse table's (:func:`sparse_key`)."""
+    return key >> (SET_ID_SHIFT + _KEY_SHIFT) == SPARSE_TABLE_SET
 
 
 def server_of(ids: np.ndarray, num_servers: int) -> np.ndarray:

@@ -29,7 +29,7 @@ from byteps.common.engine.route import Landing, Stage
 from byteps.common.engine.stage import NOTHING, WAIT, KeyRefused, Outcome
 from byteps.common.engine.task import PartitionTrip, PushPullTask
 from byteps.common.partition import Partition
-from byteps.common.row_sparse import SPARSE_KEY_BIT
+from byteps.common.row_sparse import is_sparse_key
 from byteps.common.tensor_description import PartitionSpec, split_quorum_aux
 from byteps.transport import (
     FLAG_AVERAGE,
@@ -81,7 +81,7 @@ class ServerExchange:
         self._abandoned: Set[Tuple[int, int]] = set()  # failed trips whose answers may still come
         self._acked: Dict[PushPullTask, List[PartitionTrip]] = {}  # unpipelined: trips acknowledged, pull held
         #: The row-sparse exchange (byteps.common.engine.sparse_exchange), set by the engine: it gets every
-        #: message about a key with SPARSE_KEY_BIT, received here since these connections are its too.
+        #: message about a table's key (row_sparse.is_sparse_key), received here: these connections are its too.
         self.sparse: Any = None
 
     def runners(self):
@@ -168,7 +168,7 @@ class ServerExchange:
         except FrameError as exc:
             raise TransportError(f"malformed message from server {connection.address}: {exc}") from exc
         header = message.header
-        if header.key & SPARSE_KEY_BIT and self.sparse is not None:
+        if self.sparse is not None and is_sparse_key(header.key):
             return self.sparse.receive(message, connection)
         entry = (header.key, header.round)
         if entry in self._abandoned:

@@ -6,7 +6,7 @@ shard's INIT_KEY (the first time: the table as a
 :class:`~byteps.common.tensor_description.PartitionSpec` with ``sparse``)
 and its PUSH, which always carries its pull (FLAG_PULL), over the same
 server connections as the dense exchange, which hands it every message
-whose key has :data:`~byteps.common.row_sparse.SPARSE_KEY_BIT`. The
+whose key is a table's (:func:`~byteps.common.row_sparse.is_sparse_key`). The
 stage is done when the server's answer is back: the round's union of ids
 on that server with their sums. SPARSE_MERGE puts the servers' answers
 together once the last is in: ids ascending (each id lives on one server,
