@@ -21,8 +21,9 @@ from byteps.common.interface import require_interface
 # 3.0: Worker.push_pull_async(tensor, name, PushPullOptions) (every caller's choices in one options object), the
 # engine package byteps.common.engine (comm_loop, route, server_exchange, local_aggregation, device_local and
 # compression.stages moved there), Config.max_partition_bytes; 3.1: compression.warn_if_feedback_meets_momentum
-# and FeedbackMomentumWarning, Config.shutdown_leaves_job and Worker.shutdown_leaves_job (role mode's shutdown)
-INTERFACE_VERSION = (3, 1)
+# and FeedbackMomentumWarning, Config.shutdown_leaves_job and Worker.shutdown_leaves_job (role mode's shutdown);
+# 3.2: row-sparse push_pull (Worker.sparse_push_pull, byteps.common.row_sparse, PartitionSpec.sparse)
+INTERFACE_VERSION = (3, 2)
 
 require_interface("byteps-transport", "byteps.transport", (2, 10), requirer="byteps-common")
 
@@ -40,6 +41,7 @@ from byteps.common.api import (  # noqa: E402
     rank,
     shutdown,
     size,
+    sparse_push_pull,
     synchronize,
 )
 from byteps.common.config import Config, ConfigError  # noqa: E402
@@ -47,6 +49,7 @@ from byteps.common.dtypes import DType  # noqa: E402
 from byteps.common.handle import Handle, JobLost, PushPullError  # noqa: E402
 from byteps.common.native import get_include  # noqa: E402
 from byteps.common.options import PushPullOptions  # noqa: E402
+from byteps.common.row_sparse import SparseRows  # noqa: E402
 from byteps.common.worker import Worker  # noqa: E402
 
 __all__ = [
@@ -58,6 +61,7 @@ __all__ = [
     "PushPullError",
     "PushPullOptions",
     "JobLost",
+    "SparseRows",
     "Worker",
     "barrier",
     "declare",
@@ -73,5 +77,6 @@ __all__ = [
     "rank",
     "shutdown",
     "size",
+    "sparse_push_pull",
     "synchronize",
 ]

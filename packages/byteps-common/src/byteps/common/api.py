@@ -32,6 +32,7 @@ from byteps.common.fusion import push_pull_group_async as _push_pull_group_async
 from byteps.common.handle import Handle
 from byteps.common.logging_setup import configure_logging
 from byteps.common.options import PushPullOptions
+from byteps.common.row_sparse import SparseRows
 from byteps.common.worker import Worker
 from byteps.transport import TransportError
 
@@ -39,6 +40,7 @@ __all__ = [
     "init", "shutdown", "suspend", "abandon", "is_initialized", "membership_epoch",
     "rank", "size", "local_rank", "local_size",
     "declare", "push_pull", "push_pull_async", "push_pull_group_async", "poll", "synchronize", "barrier", "worker",
+    "sparse_push_pull",
 ]
 
 _lock = threading.Lock()
@@ -272,6 +274,13 @@ def synchronize(handle_id: int) -> Any:
         return _handle(handle_id).wait()
     finally:
         _handles.pop(handle_id, None)
+
+
+def sparse_push_pull(ids: Any, rows: Any, table: str, num_rows: int, row_shape: Sequence[int],
+                     average: bool = False) -> SparseRows:
+    """Row-sparse push_pull: every worker's (ids, rows) of ``table`` summed by id (averaged if ``average``);
+    returns the union of ids, ascending, and their rows (see Worker.sparse_push_pull, docs/sparse.md)."""
+    return worker().sparse_push_pull(ids, rows, table, num_rows, row_shape, average)
 
 
 def push_pull(tensor: Any, name: str, average: bool = True, output: Any = None,

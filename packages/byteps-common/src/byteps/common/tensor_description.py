@@ -85,11 +85,18 @@ class PartitionSpec:
     # later push is a delta added to it as it comes, and a pull returns the store (docs/async.md)
     asynchronous: bool = False
     quorum: int = 0  # backup workers: an averaging round closes after this many machines' pushes; 0: all of them
+    # A row-sparse table's rows held by one server (docs/sparse.md): shape is the table's (rows, *row shape),
+    # tensor_nbytes its dense size, nbytes one row's, partition the server; pushes carry (id, row) records
+    sparse: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
 
     def describe(self) -> str:
+        if self.sparse:
+            rows = "x".join(map(str, self.shape[1:])) or "scalar"
+            return (f"row-sparse table {self.name!r} ({self.shape[0] if self.shape else '?'} rows of shape {rows}, "
+                    f"{dtype_name(self.dtype)}), the rows of server {self.partition}")
         among = f", summed over {self.contributors} machine(s)" if self.contributors else ""
         compressed = f", compressed with {_compression_text(self.compression)}" if self.compression else ""
         mode = ", asynchronous" if self.asynchronous else \
@@ -103,7 +110,8 @@ class PartitionSpec:
                 **({"contributors": self.contributors} if self.contributors else {}),
                 **({"compression": self.compression} if self.compression else {}),
                 **({"asynchronous": True} if self.asynchronous else {}),
-                **({"quorum": self.quorum} if self.quorum else {})}
+                **({"quorum": self.quorum} if self.quorum else {}),
+                **({"sparse": True} if self.sparse else {})}
 
     def check(self, max_partition_bytes: int) -> None:
         """Refuse a description that is inconsistent or asks for too much memory (before allocating)."""
@@ -124,6 +132,11 @@ class PartitionSpec:
         if self.tensor_nbytes != elements * dtype.itemsize or not 0 <= self.partition or self.contributors < 0 \
                 or self.quorum < 0 or (self.quorum and self.asynchronous):
             raise ValueError(f"inconsistent description: {self.describe()}")
+        if self.sparse and (not self.shape or self.shape[0] <= 0 or self.nbytes * self.shape[0] !=
+                            self.tensor_nbytes or self.compression or self.asynchronous or self.quorum
+                            or self.contributors or dtype not in (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16)):
+            raise ValueError(f"inconsistent description: {self.describe()} (row bytes {self.nbytes}; a row-sparse "
+                             "table is synchronous, uncompressed, of every worker, float32, float64 or float16)")
 
 
 def quorum_aux(machines: int, closed_after: int) -> int:

@@ -32,7 +32,7 @@ from byteps.common.options import MAX_PROCESS_SET_ID
 from byteps.common.partition import PartitionPlan
 from byteps.common.server_assignment import ServerAssigner
 
-__all__ = ["TensorRegistry", "SET_ID_SHIFT", "RESERVED_SET"]
+__all__ = ["TensorRegistry", "SET_ID_SHIFT", "RESERVED_SET", "SPARSE_TABLE_SET"]
 
 #: A tensor id is its process set's id above this many bits of the set's own tensor number.
 SET_ID_SHIFT = 32
@@ -41,6 +41,9 @@ _DERIVED_SETS = 1 << 15
 #: The set id of the worker's own bookkeeping tensors (join's state exchange); no process set gets it.
 RESERVED_SET = MAX_PROCESS_SET_ID + 1
 assert RESERVED_SET == _DERIVED_SETS - 1
+#: The set id of row-sparse tables (byteps.common.row_sparse): no process set gets it (they stop at
+#: MAX_PROCESS_SET_ID) and derived and reserved ids carry _DERIVED_SETS, so a table's keys never meet a tensor's.
+SPARSE_TABLE_SET = RESERVED_SET
 
 
 class TensorRegistry:

@@ -25,17 +25,19 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from byteps.common.compression import CompressionSpec
 from byteps.common.config import Config
 from byteps.common.engine import CommLoop, EngineOptions, TaskMaker
+from byteps.common.engine.sparse_task import SparseTasks
 from byteps.common.handle import Handle
 from byteps.common.job_report import ProcessReport, write_report
 from byteps.common.join_agreement import agree_after_join
 from byteps.common.options import DEFAULT_OPTIONS, PushPullOptions
+from byteps.common.row_sparse import SparseRows
 from byteps.common.server_assignment import ServerAssigner
 from byteps.common.tensor_registry import TensorRegistry
 from byteps.common.tracing import WORKER_TRACKS, Tracer, clock_metadata, worker_trace_path
@@ -77,6 +79,8 @@ class Worker:
                                                       config.server_assignment, config.key_hash_fn)
                                        if self._comm is not None else None)
         has_servers = self._comm is not None and self._comm.engine.has_servers
+        self.sparse = SparseTasks(len(servers) if has_servers else 0, self.size, config.max_partition_bytes,
+                                  self._comm.submit if has_servers else None)
         self.tasks = TaskMaker(config, self.registry, self.rank, self.size, has_servers,
                                self._comm.post if self._comm is not None else None)
         if self._comm is not None:
@@ -160,6 +164,31 @@ class Worker:
     def push_pull(self, tensor: Any, name: str, options: PushPullOptions = DEFAULT_OPTIONS) -> Any:
         """Synchronous push_pull; returns the output array."""
         return self.push_pull_async(tensor, name, options).wait()
+
+    def sparse_push_pull_async(self, ids: Any, rows: Any, table: str, num_rows: int, row_shape: Sequence[int],
+                               average: bool = False) -> Handle:
+        """Start a row-sparse push_pull of ``table`` (``num_rows`` rows of shape ``row_shape``): this rank's
+        gradient is ``rows[i]`` for row ``ids[i]`` (rows of one id are summed). The handle's ``wait()``
+        returns the round's :class:`~byteps.common.row_sparse.SparseRows` over every worker: the union of
+        their ids, ascending, and each id's rows summed (divided by the number of workers if ``average``).
+
+        ValueError on this rank for bad input (ids out of range, another dtype or row shape than the
+        table's first use...); the round then fails on the other ranks too. docs/sparse.md has the design::
+
+            ids, rows = worker.sparse_push_pull(np.array([7, 3, 7]), grads, "emb", 10_000, (16,))
+        """
+        if self.is_distributed and not self.tasks.has_servers:
+            raise NotImplementedError("a row-sparse push_pull needs servers: several processes on one machine "
+                                      "without servers are a later step (docs/sparse.md)")
+        if self.local_size > 1:
+            raise NotImplementedError("a row-sparse push_pull with several worker processes per machine (local "
+                                      "aggregation) is a later step (docs/sparse.md)")
+        return self.sparse.make(ids, rows, table, num_rows, row_shape, average)
+
+    def sparse_push_pull(self, ids: Any, rows: Any, table: str, num_rows: int, row_shape: Sequence[int],
+                         average: bool = False) -> SparseRows:
+        """Synchronous :meth:`sparse_push_pull_async`; returns ``SparseRows`` (unpacks as ``ids, rows``)."""
+        return self.sparse_push_pull_async(ids, rows, table, num_rows, row_shape, average).wait()
 
     def announce_layout(self, name: str, layout: str, set_id: int = 0) -> bool:
         """Tell the other ranks (of process set ``set_id``; 0: every rank), in a round of ``name`` that

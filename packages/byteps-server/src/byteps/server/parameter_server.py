@@ -10,7 +10,8 @@ dispatched by command:
   is told so, as are the workers that agreed, with both descriptions. The
   first INIT_KEY picks the key's *round policy* from its PartitionSpec
   (:mod:`byteps.server.rounds`): what a round of the key is, synchronous,
-  with backup workers, asynchronous, compressed.
+  with backup workers, asynchronous, compressed, or a row-sparse table's
+  rows summed by id (docs/sparse.md).
 - PUSH and PULL are checked here (the key was declared by this worker, the
   dtype is the key's, no worker failed the round) and handed to the key's
   policy. A push flagged FLAG_PULL is also its sender's pull of that round,
@@ -113,7 +114,7 @@ class ParameterServer:
         # What every key's round policy shares: the engine, how to answer, the joined machines, the counters.
         self.rounds = RoundServices(self.engine, self.listener.send, self.rank, self.num_workers, self.local_size,
                                     JoinedMachines(self.num_workers, self.local_size), self.tracer,
-                                    config.async_max_staleness)
+                                    config.async_max_staleness, self.max_partition_bytes)
         # (key, round) -> why a worker failed it: later pushes of that round are refused with the reason
         self.failed_rounds: Dict[Tuple[int, int], str] = {}
         self.stall_inspector = StallInspector(config.stall_check_s, config.stall_shutdown_s, self.num_workers,

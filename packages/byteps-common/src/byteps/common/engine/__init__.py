@@ -12,7 +12,9 @@ module each:
   COPY_IN, LOCAL_REDUCE, LOCAL_BROADCAST, with the machine's other processes;
 * :mod:`~byteps.common.engine.device`: a CUDA tensor's stages;
 * :mod:`~byteps.common.engine.compress`: COMPRESS, DECOMPRESS;
-* :mod:`~byteps.common.engine.copy_out`: COPY_OUT.
+* :mod:`~byteps.common.engine.copy_out`: COPY_OUT;
+* :mod:`~byteps.common.engine.sparse_exchange`: SPARSE_EXCHANGE, SPARSE_MERGE, the stages of a
+  row-sparse push_pull (:mod:`~byteps.common.engine.sparse_task`, docs/sparse.md).
 
 How a stage finishes is one contract (:mod:`~byteps.common.engine.stage`);
 :mod:`~byteps.common.engine.failures` spreads a failure,

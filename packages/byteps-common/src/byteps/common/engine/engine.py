@@ -2,11 +2,13 @@
 
 :class:`Engine` is built once per worker from :class:`EngineOptions` and the
 servers' addresses. It owns the stage owners (the server exchange, the
-local group, the device stages, the codecs, copy-out), the
+local group, the device stages, the codecs, copy-out, the row-sparse
+exchange), the
 :class:`~byteps.common.engine.dispatcher.Dispatcher` that runs them, the
 table of tasks in flight, the failure fan-out and the join. Everything it
 does runs on the communication thread (:mod:`byteps.common.engine.loop`),
-which calls :meth:`start` for each new task and the ``receive_*`` methods
+which calls :meth:`start` for each new task (:meth:`start_sparse` for a
+row-sparse one) and the ``receive_*`` methods
 when a connection has a message.
 """
 
@@ -22,7 +24,9 @@ from byteps.common.engine.dispatcher import Dispatcher, StageDone
 from byteps.common.engine.exchange import ServerExchange
 from byteps.common.engine.failures import Failures
 from byteps.common.engine.local import LocalGroup
-from byteps.common.engine.route import Role, plan_route
+from byteps.common.engine.route import SPARSE_ROUTE, Role, plan_route
+from byteps.common.engine.sparse_exchange import SparseExchange
+from byteps.common.engine.sparse_task import SparseTask, SparseTrip
 from byteps.common.engine.stage import TaskFailed
 from byteps.common.engine.task import PartitionTrip, PushPullTask
 from byteps.common.engine.task_table import TaskTable
@@ -71,14 +75,18 @@ class Engine:
             self.local = LocalGroup(context, options.job_id, options.machine, options.local_rank,
                                     options.local_size, options.partition_bytes, options.secret,
                                     options.handshake_timeout_s, len(servers), options.quorum)
+        # Row-sparse push_pulls: their own stages over the same server connections (docs/sparse.md)
+        self.sparse: Optional[SparseExchange] = None
+        if self.exchange is not None:
+            self.sparse = self.exchange.sparse = SparseExchange(self.exchange.connections, options.rank)
         self.device = DeviceStages(self.local)
         self.copy_out = CopyOut()
         owners: List[Any] = [self.copy_out, self.device]
         if self.exchange is not None:
-            owners += [self.exchange, CompressionStages()]
+            owners += [self.exchange, CompressionStages(), self.sparse]
         if self.local is not None:
             owners.append(self.local)
-        self.failures = Failures(self.tasks, self.exchange, self.local)
+        self.failures = Failures(self.tasks, self.exchange, self.local, self.sparse)
         self.dispatcher = Dispatcher(owners, self.tasks.arrived, self.failures, post, options.compress_threads,
                                      options.tracer, self.tasks)
 
@@ -113,6 +121,17 @@ class Engine:
             except TaskFailed as failed:
                 self.failures.fail_task(task, failed.error, failed.tell_peers)
                 return
+        for trip in trips:
+            self.dispatcher.advance(trip)
+
+    def start_sparse(self, task: SparseTask) -> None:
+        """Start a row-sparse task's trips, one per server; a task refused on this rank only fails its round on
+        the servers, so that the other ranks' pushes of it fail there."""
+        trips = [SparseTrip(task, shard, SPARSE_ROUTE) for shard in task.plan.partitions]
+        self.tasks.add(task, trips)
+        if task.refusal is not None:
+            self.failures.fail_task(task, task.refusal)
+            return
         for trip in trips:
             self.dispatcher.advance(trip)
 

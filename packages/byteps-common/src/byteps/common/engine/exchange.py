@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from byteps.common.engine.credit_queue import CreditQueue
 from byteps.common.engine.route import Landing, Stage
 from byteps.common.engine.stage import NOTHING, WAIT, KeyRefused, Outcome
 from byteps.common.engine.task import PartitionTrip, PushPullTask
 from byteps.common.partition import Partition
+from byteps.common.row_sparse import is_sparse_key
 from byteps.common.tensor_description import PartitionSpec, split_quorum_aux
 from byteps.transport import (
     FLAG_AVERAGE,
@@ -79,6 +80,9 @@ class ServerExchange:
         self._in_flight: Dict[Tuple[int, int], PartitionTrip] = {}  # (key, round) pushed, sum not back
         self._abandoned: Set[Tuple[int, int]] = set()  # failed trips whose answers may still come
         self._acked: Dict[PushPullTask, List[PartitionTrip]] = {}  # unpipelined: trips acknowledged, pull held
+        #: The row-sparse exchange (byteps.common.engine.sparse_exchange), set by the engine: it gets every
+        #: message about a table's key (row_sparse.is_sparse_key), received here: these connections are its too.
+        self.sparse: Any = None
 
     def runners(self):
         return {Stage.EXCHANGE: self.exchange}
@@ -164,6 +168,8 @@ class ServerExchange:
         except FrameError as exc:
             raise TransportError(f"malformed message from server {connection.address}: {exc}") from exc
         header = message.header
+        if self.sparse is not None and is_sparse_key(header.key):
+            return self.sparse.receive(message, connection)
         entry = (header.key, header.round)
         if entry in self._abandoned:
             if header.command == Command.PULL_RESPONSE:

@@ -21,10 +21,11 @@ __all__ = ["Failures", "as_job_lost"]
 
 
 class Failures:
-    """Fails tasks, and tells whoever waits on them. ``exchange`` and ``local`` may be None."""
+    """Fails tasks, and tells whoever waits on them. ``exchange``, ``local`` and ``sparse`` (the row-sparse
+    exchange) may be None."""
 
-    def __init__(self, tasks: TaskTable, exchange: Any, local: Any) -> None:
-        self.tasks, self.exchange, self.local = tasks, exchange, local
+    def __init__(self, tasks: TaskTable, exchange: Any, local: Any, sparse: Any = None) -> None:
+        self.tasks, self.exchange, self.local, self.sparse = tasks, exchange, local, sparse
 
     def fail_task(self, task: PushPullTask, error: BaseException, tell_peers: bool = True,
                   tell_servers: bool = True) -> None:
@@ -34,6 +35,8 @@ class Failures:
             return  # finished or failed already
         if self.exchange is not None:
             self.exchange.abandon(task)
+            if self.sparse is not None:
+                self.sparse.abandon(task)
             if tell_servers and task.spans_machines():
                 mine = [part for part in task.plan.partitions if self.local is None
                         or self.local.root_of(task.plan.tensor_id, part, self.local.members_of(task))

@@ -26,6 +26,7 @@ from byteps.common.engine.dispatcher import StageDone
 from byteps.common.engine.engine import Engine, EngineOptions
 from byteps.common.engine.failures import as_job_lost
 from byteps.common.engine.join import BarrierRequest, JoinCoordinator, JoinRequest
+from byteps.common.engine.sparse_task import SparseTask
 from byteps.common.engine.task import PushPullTask
 from byteps.common.handle import JobLost
 from byteps.transport import Command, Context, NodeFailure, Poller, SchedulerClient, TransportError, command_name
@@ -70,7 +71,8 @@ class CommLoop(threading.Thread):
             self._wake_pending = True
             os.write(self._wake_write, b"t")
 
-    def submit(self, task: PushPullTask) -> None:
+    def submit(self, task: Any) -> None:
+        """Hand a PushPullTask or a SparseTask to the thread (or fail it at once if the thread is gone)."""
         if self._fatal is not None or not self.is_alive():
             task.handle.set_error(self._fatal or JobLost("the worker's communication thread is not running"))
             return
@@ -176,6 +178,8 @@ class CommLoop(threading.Thread):
             kind = item.__class__
             if kind is PushPullTask:
                 engine.start(item)
+            elif kind is SparseTask:
+                engine.start_sparse(item)
             elif kind is StageDone:
                 engine.stage_done(item)
             elif kind is DeviceCopyDone:
@@ -219,5 +223,5 @@ class CommLoop(threading.Thread):
                 break
             if isinstance(item, BarrierRequest):
                 item.fail(lost)
-            elif isinstance(item, PushPullTask):
+            elif isinstance(item, (PushPullTask, SparseTask)):
                 item.handle.set_error(lost)

@@ -21,7 +21,7 @@ import enum
 import itertools
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-__all__ = ["Stage", "Role", "Placement", "Landing", "Route", "ROUTES", "plan_route", "route_table"]
+__all__ = ["Stage", "Role", "Placement", "Landing", "Route", "ROUTES", "SPARSE_ROUTE", "plan_route", "route_table"]
 
 
 class Stage(enum.Enum):
@@ -40,6 +40,9 @@ class Stage(enum.Enum):
     DEVICE_COPY_IN = "device_copy_in"  # the input is in this rank's device slot; LOCAL_READY to the root
     DEVICE_RESULT = "device_result"  # root: the pulled sum (averaged) into its device slot
     DEVICE_COPY_OUT = "device_copy_out"  # the root's device slot into the output (after the last: handed over)
+    # A row-sparse push_pull's share of one server (byteps.common.engine.sparse_exchange; docs/sparse.md)
+    SPARSE_EXCHANGE = "sparse_exchange"  # its (id, row) records to the server, the round's union of them back
+    SPARSE_MERGE = "sparse_merge"  # the servers' unions merged into the result (after the last), averaged
 
 
 class Role(enum.Enum):
@@ -140,6 +143,13 @@ def _build() -> Dict[Tuple, Route]:
 
 #: Every route a partition can take, by (role, servers, compressed, placement).
 ROUTES: Dict[Tuple, Route] = _build()
+
+
+#: The route of a row-sparse push_pull's share of one server (one process per machine, servers). Not in
+#: :data:`ROUTES`, which holds the routes of a dense tensor's partitions: a sparse share is no window of the
+#: caller's tensor and its answer's size is known only when it arrives (docs/sparse.md).
+SPARSE_ROUTE = Route(Role.ALONE, True, False, Placement.HOST, (Stage.SPARSE_EXCHANGE, Stage.SPARSE_MERGE),
+                     Landing.OUTPUT)
 
 
 def plan_route(role: Role, servers: bool, compressed: bool = False, placement: Placement = Placement.HOST) -> Route:

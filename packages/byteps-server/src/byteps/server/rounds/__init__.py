@@ -12,6 +12,8 @@ key's round policy, which :func:`declare_key` picks from the key's
                              machines, late pushes dropped, closed rounds kept for late pulls
 ``async_store.AsyncStore``   asynchronous keys (``spec.asynchronous``): round 0 fills a store,
                              later pushes are deltas added to it, pulls get a copy of it
+``sparse_rows.SparseRowSum`` a row-sparse table's rows on this server (``spec.sparse``): each
+                             round's (id, row) pushes summed by id, the union answered to all
 ===========================  ====================================================================
 
 Two strategies combine with the sums rather than multiplying the classes:
@@ -39,10 +41,11 @@ from byteps.server.rounds.compressed import CompressedSums
 from byteps.server.rounds.joined import JoinedMachines
 from byteps.server.rounds.key_state import KeyState, RoundPolicy, RoundServices, wire_log
 from byteps.server.rounds.quorum import BACKUP_MAX_LAG, QuorumSum
+from byteps.server.rounds.sparse_rows import SparseRowSum
 from byteps.server.rounds.sync_sum import SyncSum
 
 __all__ = ["AsyncStore", "BACKUP_MAX_LAG", "CompressedSums", "JoinedMachines", "KeyState", "QuorumSum",
-           "RoundPolicy", "RoundServices", "SyncSum", "declare_key", "wire_log"]
+           "RoundPolicy", "RoundServices", "SparseRowSum", "SyncSum", "declare_key", "wire_log"]
 
 
 def declare_key(key: int, spec: PartitionSpec, services: RoundServices) -> KeyState:
@@ -56,6 +59,9 @@ def declare_key(key: int, spec: PartitionSpec, services: RoundServices) -> KeySt
     if spec.quorum and not 0 < spec.quorum < contributors:
         raise ValueError(f"{spec.describe()}: a quorum must be below the {contributors} machines")
     state = KeyState(key, spec)
+    if spec.sparse:  # summed by id in the policy: the engine's dense accumulators do not serve it
+        state.policy = SparseRowSum(state, services)
+        return state
     kind = AsyncStore if spec.asynchronous else QuorumSum if spec.quorum else SyncSum
     state.policy = kind(state, services)
     # The engine closes a round at this many pushes: the quorum, or every contributing machine.

@@ -81,6 +81,7 @@ class RoundServices:
     joined: JoinedMachines
     tracer: Optional[Tracer] = None
     async_max_staleness: Optional[int] = None  # BYTEPS_ASYNC_MAX_STALENESS
+    max_payload_bytes: int = 0  # the most a worker receives in one answer (Config.max_partition_bytes; 0: no limit)
     async_pushes: int = 0  # deltas added to asynchronous keys' stores
     late_pushes: int = 0  # backup workers: pushes for rounds already closed, dropped
     _zeros: Dict[int, memoryview] = dataclasses.field(default_factory=dict, repr=False)

@@ -1,0 +1,137 @@
+"""SPARSE_EXCHANGE and SPARSE_MERGE: a row-sparse task's records to their servers, the servers' unions merged.
+
+:class:`SparseExchange` owns the two stages of
+:data:`~byteps.common.engine.route.SPARSE_ROUTE`. SPARSE_EXCHANGE sends a
+shard's INIT_KEY (the first time: the table as a
+:class:`~byteps.common.tensor_description.PartitionSpec` with ``sparse``)
+and its PUSH, which always carries its pull (FLAG_PULL), over the same
+server connections as the dense exchange, which hands it every message
+whose key is a table's (:func:`~byteps.common.row_sparse.is_sparse_key`). The
+stage is done when the server's answer is back: the round's union of ids
+on that server with their sums. SPARSE_MERGE puts the servers' answers
+together once the last is in: ids ascending (each id lives on one server,
+so the union is a sort of disjoint parts), rows averaged when asked.
+
+Sparse pushes hold no scheduling credit: a push's size is known only
+once the caller's rows are cut by server, and a round is one message per
+server. A server's PUSH_ACK (sent while the round waits for other
+machines) is therefore dropped here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Set, Tuple
+
+import numpy as np
+
+from byteps.common.engine.route import Stage
+from byteps.common.engine.sparse_task import SparseTask, SparseTrip, average_rows
+from byteps.common.engine.stage import DONE, NOTHING, WAIT, Failure, Outcome
+from byteps.common.row_sparse import decode
+from byteps.common.tensor_description import PartitionSpec
+from byteps.transport import (
+    FLAG_AVERAGE,
+    FLAG_PULL,
+    Command,
+    Endpoint,
+    Message,
+    TransportError,
+    command_name,
+    json_payload,
+)
+
+__all__ = ["SparseExchange", "table_spec"]
+
+log = logging.getLogger("byteps.common.engine.sparse_exchange")
+
+
+def table_spec(task: SparseTask, server: int) -> PartitionSpec:
+    """What INIT_KEY tells ``server`` about the task's table; every worker's must match the first."""
+    table = task.table
+    row_nbytes = int(np.prod(table.row_shape, dtype=np.int64)) * table.dtype.itemsize
+    return PartitionSpec(name=table.name, partition=server, shape=(table.num_rows, *table.row_shape),
+                         tensor_nbytes=table.num_rows * row_nbytes, nbytes=row_nbytes, dtype=int(table.dtype),
+                         sparse=True)
+
+
+class SparseExchange:
+    """The sparse trips at SPARSE_EXCHANGE on this worker's server connections, and their merge."""
+
+    def __init__(self, connections: List[Endpoint], rank: int) -> None:
+        self.connections = connections
+        self.rank = rank
+        self._initialized: Set[int] = set()
+        self._in_flight: Dict[Tuple[int, int], SparseTrip] = {}  # (key, round) pushed, answer not back
+        self._abandoned: Set[Tuple[int, int]] = set()  # failed trips whose answers or complaints may still come
+
+    def runners(self):
+        return {Stage.SPARSE_EXCHANGE: self.exchange, Stage.SPARSE_MERGE: self.merge}
+
+    # --- the stages ---------------------------------------------------------------------
+    def exchange(self, trip: SparseTrip) -> Outcome:
+        task, shard = trip.task, trip.part
+        connection = self.connections[shard.server]
+        if shard.key not in self._initialized:
+            spec = table_spec(task, shard.server)
+            connection.send(Command.INIT_KEY, self.rank, shard.key, payload=json_payload(spec.to_json()))
+            self._initialized.add(shard.key)
+        self._in_flight[(shard.key, task.round)] = trip
+        flags = FLAG_PULL | (FLAG_AVERAGE if task.average else 0)
+        connection.send(Command.PUSH, self.rank, shard.key, task.round, payload=shard.payload,
+                        dtype=int(task.table.dtype), flags=flags)
+        return WAIT
+
+    def merge(self, trip: SparseTrip) -> Outcome:
+        """The trip's answer joins its task's; the last one makes the result."""
+        task = trip.task
+        task.answers[trip.part.server] = trip.data
+        if len(task.answers) < len(task.plan.partitions):
+            return DONE
+        parts = [task.answers[server] for server in sorted(task.answers)]
+        ids = np.concatenate([part[0] for part in parts])
+        rows = np.concatenate([part[1] for part in parts])  # a copy out of the received messages
+        if len(parts) > 1:
+            order = np.argsort(ids, kind="stable")
+            ids, rows = ids[order], rows[order]
+        task.result.ids, task.result.rows = ids, average_rows(rows, task.average_over)
+        task.answers.clear()
+        return DONE
+
+    # --- what the servers send ----------------------------------------------------------
+    def receive(self, message: Message, connection: Endpoint) -> Any:
+        """One message about a sparse key (the dense exchange received it): the events it makes."""
+        header = message.header
+        entry = (header.key, header.round)
+        if entry in self._abandoned:
+            return NOTHING  # about a push_pull that has failed already
+        trip = self._in_flight.get(entry)
+        if header.command == Command.PUSH_ACK:
+            return NOTHING  # no credit to return
+        if header.command == Command.ERROR:
+            if trip is None:  # a round this worker has not pushed yet: the server refuses the push when it comes
+                return NOTHING
+            text = bytes(message.payload).decode(errors="replace") if message.payload is not None else ""
+            # Relayed to the servers (tell_servers): a rank that agreed with the table's first declaration
+            # learns from them that this round is off, instead of waiting for it.
+            return [Failure(trip.task, TransportError(f"server {connection.address}: {text}"), tell_peers=False)]
+        if header.command != Command.PULL_RESPONSE or trip is None:
+            raise TransportError(f"unexpected {command_name(header.command)} for row-sparse key {header.key} "
+                                 f"round {header.round} from server {connection.address}")
+        del self._in_flight[entry]
+        table = trip.task.table
+        try:
+            trip.data = decode(message.payload, table.row_shape, table.dtype)
+        except ValueError as exc:
+            return [Failure(trip.task, TransportError(f"server {connection.address}: {exc}"), tell_peers=False)]
+        return [trip]
+
+    # --- failures -----------------------------------------------------------------------
+    def abandon(self, task: Any) -> None:
+        """Forget a failed task's trips; what still comes about them is dropped."""
+        if task.__class__ is not SparseTask:
+            return
+        for shard in task.plan.partitions:
+            entry = (shard.key, task.round)
+            self._in_flight.pop(entry, None)
+            self._abandoned.add(entry)

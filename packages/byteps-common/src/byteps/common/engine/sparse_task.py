@@ -1,0 +1,214 @@
+"""A row-sparse push_pull inside the engine: one task, one trip per server, on the sparse route.
+
+The caller's (ids, rows) of a table become a :class:`SparseTask`
+(:class:`SparseTasks` checks them on the calling rank, sums the rows of
+duplicate ids and cuts them by server, :func:`~byteps.common.row_sparse.server_of`).
+Each server's share is a :class:`SparseShard` and travels as a
+:class:`SparseTrip` along :data:`~byteps.common.engine.route.SPARSE_ROUTE`
+(SPARSE_EXCHANGE, SPARSE_MERGE) through the same dispatcher, task table
+and failure fan-out as a dense partition. Why not the dense route: a dense
+partition is a fixed window of the caller's tensor, received in place,
+where a sparse answer's size is known only when it arrives (docs/sparse.md).
+
+Every call, good or bad, takes the table's next round on this rank, so
+that every rank numbers the table's rounds alike: a call refused here
+(ids out of range, another row shape...) raises ValueError on the caller
+and still fails its round on the servers, where the other ranks learn of
+it instead of waiting for this rank's push.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from byteps.common.dtypes import DType
+from byteps.common.handle import Handle
+from byteps.common.row_sparse import (
+    SparseRows,
+    SparseTable,
+    encode,
+    server_of,
+    sparse_key,
+    sum_by_id,
+    table_layout,
+)
+
+__all__ = ["SparseHandle", "SparseShard", "SparsePlan", "SparseTask", "SparseTasks", "SparseTrip", "average_rows"]
+
+
+@dataclasses.dataclass(eq=False)
+class SparseShard:
+    """The rows of one round that one server sums: the key of the table on that server, and the payload."""
+
+    key: int
+    index: int  # the server: a trip's "partition" for the tracer
+    server: int
+    payload: Optional[np.ndarray]  # encoded (id, row) records; None for none
+
+
+@dataclasses.dataclass(eq=False)
+class SparsePlan:
+    """What the task table and the failure fan-out read of a task's plan: its shards as its partitions."""
+
+    tensor_id: int  # the table's id
+    partitions: List[SparseShard]
+    nbytes: int  # bytes pushed
+
+
+@dataclasses.dataclass(eq=False)
+class SparseTask:
+    """One row-sparse push_pull of one table, on its way to the servers and back."""
+
+    name: str
+    round: int
+    table: SparseTable
+    plan: SparsePlan
+    handle: Handle
+    result: Optional[SparseRows] = None  # what the handle returns: filled in by SPARSE_MERGE
+    average: bool = False
+    average_over: int = 0  # 0 for a sum, else the number of workers to divide by
+    refusal: Optional[BaseException] = None  # refused on this rank: the engine only fails the round on the servers
+    answers: Dict[int, Tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)  # server -> answer
+    # --- what the task table, dispatcher and failures read, as of a PushPullTask ---
+    stand_in: bool = False
+    skipped: bool = False
+    started: float = 0.0
+    remaining: int = 0
+    network_partitions: int = 0
+    failed: bool = False
+    closed_after: Optional[int] = None
+
+    def spans_machines(self) -> bool:
+        return True
+
+
+class SparseTrip:
+    """One server's share of a sparse task on the sparse route; an event that delivers itself (the
+    dispatcher's fast path knows PartitionTrip only)."""
+
+    __slots__ = ("task", "part", "route", "stages", "position", "data", "stage_started", "sent_at")
+
+    def __init__(self, task: SparseTask, shard: SparseShard, route: Any) -> None:
+        self.task = task
+        self.part = shard
+        self.route = route
+        self.stages = route.stages
+        self.position = -1
+        self.data: Any = None  # SPARSE_EXCHANGE: the server's (ids, rows)
+        self.stage_started = 0.0
+        self.sent_at = 0.0
+
+    def deliver(self, dispatcher: Any) -> None:
+        dispatcher.advance(self)
+
+
+class SparseHandle(Handle):
+    """A row-sparse push_pull's handle: frees its table for the next round before anyone waiting wakes."""
+
+    def __init__(self, table: SparseTable, result: SparseRows) -> None:
+        super().__init__(table.name, result)
+        self._table = table
+
+    def set_done(self) -> None:
+        self._table.in_flight = False
+        super().set_done()
+
+    def set_error(self, error: BaseException) -> None:
+        self._table.in_flight = False
+        super().set_error(error)
+
+
+def average_rows(rows: np.ndarray, divisor: int) -> np.ndarray:
+    """``rows`` divided by ``divisor`` in their dtype, in place (float16 is divided in float32, then rounded)."""
+    if divisor <= 1:
+        return rows
+    if rows.dtype == np.float16:
+        return (rows.astype(np.float32) / divisor).astype(np.float16)
+    return np.divide(rows, divisor, out=rows)
+
+
+class SparseTasks:
+    """This rank's row-sparse tables and the tasks made of their calls.
+
+    ``num_servers`` 0: no servers (a single worker process), the result is
+    made here. ``submit(task)`` hands a task to the communication thread.
+    """
+
+    def __init__(self, num_servers: int, size: int, max_payload_bytes: int,
+                 submit: Optional[Callable[[SparseTask], None]]) -> None:
+        self.num_servers = num_servers
+        self.size = size
+        self.max_payload_bytes = max_payload_bytes
+        self.submit = submit
+        self.tables: Dict[str, SparseTable] = {}
+        self._lock = threading.Lock()
+
+    def make(self, ids: Any, rows: Any, name: str, num_rows: Any, row_shape: Any, average: bool) -> Handle:
+        """Start a row-sparse push_pull; ValueError for bad input (its round fails on the other ranks too)."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a row-sparse table needs a non-empty name, not {name!r}")
+        with self._lock:
+            table = self.tables.get(name)
+            if table is None:  # the id goes by first use, refused or not, so that it is the same on every rank
+                table = self.tables[name] = SparseTable(name, len(self.tables), 0, (), DType.FLOAT32)
+            if table.in_flight:
+                raise ValueError(f"{table.describe()} has a push_pull in flight: wait for it first")
+            round_ = table.rounds
+            table.rounds += 1
+            try:
+                ids, rows = sum_by_id(*self._checked(table, ids, rows, num_rows, row_shape))
+                shards, pushed = self._shards(table, ids, rows)
+            except ValueError as exc:
+                self._refuse(table, round_, exc)
+                raise
+            result = SparseRows(ids, rows)
+            handle = SparseHandle(table, result)
+            if self.submit is None:  # a single worker process: its rows are the round's sum and average
+                handle.set_done()
+                return handle
+            table.in_flight = True
+        self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, pushed), handle,
+                               result, average=average, average_over=self.size if average else 0))
+        return handle
+
+    def _checked(self, table: SparseTable, ids: Any, rows: Any, num_rows: Any,
+                 row_shape: Any) -> Tuple[np.ndarray, np.ndarray]:
+        rows = np.asarray(rows)
+        layout = table_layout(num_rows, row_shape, rows.dtype)
+        if table.num_rows == 0:
+            table.num_rows, table.row_shape, table.dtype = layout
+        elif not table.same_layout(*layout):
+            given = SparseTable(table.name, table.table_id, *layout)
+            raise ValueError(f"{given.describe()}: the name was first used for {table.describe()}; a table keeps "
+                             "its rows, row shape and dtype")
+        return table.check(ids, rows)
+
+    def _refuse(self, table: SparseTable, round_: int, error: BaseException) -> None:
+        """Fail round ``round_`` of ``table`` on the servers (the other ranks' pushes of it fail there)."""
+        if self.submit is None:
+            return
+        shards = [SparseShard(sparse_key(table.table_id, s), s, s, None) for s in range(self.num_servers)]
+        handle = Handle(table.name, None)
+        self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, 0), handle,
+                               refusal=error))
+
+    def _shards(self, table: SparseTable, ids: np.ndarray, rows: np.ndarray) -> Tuple[List[SparseShard], int]:
+        """The rows of each server (by :func:`server_of`), encoded; and the bytes pushed in all."""
+        if not self.num_servers:
+            return [], 0
+        owners = server_of(ids, self.num_servers)
+        shards, pushed = [], 0
+        for server in range(self.num_servers):
+            mine = owners == server
+            payload = encode(ids[mine], rows[mine])
+            if payload.nbytes > self.max_payload_bytes:
+                raise ValueError(f"{table.describe()}: {payload.nbytes} bytes of rows for server {server} are more "
+                                 f"than one push carries ({self.max_payload_bytes} bytes, BYTEPS_PARTITION_BYTES)")
+            pushed += payload.nbytes
+            shards.append(SparseShard(sparse_key(table.table_id, server), server, server,
+                                      payload if payload.nbytes else None))
+        return shards, pushed

@@ -1,0 +1,74 @@
+"""Row-sparse push_pull through real scheduler, servers and workers on 127.0.0.1 (docs/sparse.md).
+
+Each job runs sparse_worker.py in its worker processes (one per machine):
+random ids with duplicates and empty inputs, checked against numpy on
+every rank; and each bad input, which must fail where it should, within
+seconds, and leave the servers serving the next round.
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from byteps.common import Config, SparseRows, Worker
+from byteps.testkit import run_job
+
+WORKER = [sys.executable, os.path.join(os.path.dirname(__file__), "sparse_worker.py")]
+
+
+def _check(result, workers: int, line: str) -> None:
+    assert not result.timed_out, result.failures()
+    assert all(code == 0 for code in result.codes.values()), result.failures()
+    for rank in range(workers):
+        assert f"{line} rank {rank}" in result.outputs[f"worker{rank}"], result.outputs[f"worker{rank}"]
+
+
+@pytest.mark.parametrize("workers,servers", [(2, 1), (2, 2), (3, 1), (3, 2)])
+def test_sparse_rows_are_summed_by_id_over_every_worker(workers, servers):
+    result = run_job([*WORKER, "sums", "5"], workers, servers, timeout=90)
+    _check(result, workers, "SPARSE OK")
+
+
+def test_sparse_rows_over_tcp_alone_with_server_scheduling_and_a_trace(tmp_path):
+    """No shared memory between the processes (the other jobs use it), pushes handled in key order on the
+    servers, and every stage traced."""
+    env = {"BYTEPS_ENABLE_IPC": "0", "BYTEPS_SERVER_ENABLE_SCHEDULE": "1", "BYTEPS_TRACE_ON": "1",
+           "BYTEPS_TRACE_DIR": str(tmp_path), "BYTEPS_TRACE_START_STEP": "1", "BYTEPS_TRACE_END_STEP": "3"}
+    result = run_job([*WORKER, "sums", "3"], 2, 2, timeout=90, env=env)
+    _check(result, 2, "SPARSE OK")
+    traces = "".join(path.read_text() for path in tmp_path.rglob("comm.json"))
+    assert '"cat": "sparse_exchange"' in traces and '"cat": "sparse_merge"' in traces, traces[:2000]
+
+
+@pytest.mark.parametrize("case", ["out_of_range", "negative", "dtype", "row_shape", "first_use", "reused",
+                                  "disagree"])
+def test_bad_sparse_input_fails_its_round_everywhere_and_the_servers_go_on(case):
+    result = run_job([*WORKER, "bad", case], 2, 2, timeout=60)
+    _check(result, 2, "BAD OK")
+
+
+def test_one_rank_of_three_that_declares_a_table_otherwise_fails_the_round_on_every_rank():
+    """Whichever rank declares first, the ranks that agreed with it learn of the mismatch too (relayed)."""
+    for _ in range(2):  # the order of declarations varies between runs
+        result = run_job([*WORKER, "bad", "one_disagrees"], 3, 2, timeout=60)
+        _check(result, 3, "BAD OK")
+
+
+def test_a_single_worker_process_sums_its_own_rows(monkeypatch):
+    for variable in [v for v in os.environ if v.startswith(("DMLC_", "BYTEPS_"))]:
+        monkeypatch.delenv(variable)
+    worker = Worker(Config.from_env())
+    try:
+        result = worker.sparse_push_pull(np.array([5, 2, 5]), np.arange(6, dtype=np.float32).reshape(3, 2), "t",
+                                         10, (2,), average=True)
+        assert isinstance(result, SparseRows)
+        ids, rows = result
+        assert ids.tolist() == [2, 5] and rows.tolist() == [[2, 3], [4, 6]]
+        with pytest.raises(ValueError, match=r"row ids must lie in \[0, 10\); got 10, -1"):
+            worker.sparse_push_pull(np.array([10, -1]), np.zeros((2, 2), np.float32), "t", 10, (2,))
+        with pytest.raises(ValueError, match="the name was first used for"):
+            worker.sparse_push_pull(np.array([1]), np.zeros((1, 3), np.float32), "t", 10, (3,))
+    finally:
+        worker.shutdown()

@@ -1,0 +1,158 @@
+"""SparseRowSum, a row-sparse table's rows on one server, driven directly (no sockets, see round_driver.py)."""
+
+import numpy as np
+import pytest
+from round_driver import RoundDriver
+
+from byteps.common.dtypes import DType
+from byteps.common.row_sparse import decode, encode, sparse_key
+from byteps.common.tensor_description import PartitionSpec
+from byteps.server.rounds import SparseRowSum
+from byteps.transport import Command
+from byteps.transport.frames import FLAG_AVERAGE, FLAG_PULL
+
+KEY = sparse_key(0, 0)
+ROW = (2,)
+
+
+def table_spec(num_rows: int = 10, dtype: DType = DType.FLOAT32, server: int = 0) -> PartitionSpec:
+    row_nbytes = 2 * dtype.itemsize
+    return PartitionSpec(name="emb", partition=server, shape=(num_rows, *ROW), tensor_nbytes=num_rows * row_nbytes,
+                         nbytes=row_nbytes, dtype=int(dtype), sparse=True)
+
+
+def records(ids, values, dtype=np.float32):
+    return encode(np.asarray(ids, np.int64), np.asarray(values, dtype).reshape(len(ids), *ROW)).tobytes()
+
+
+def push(server: RoundDriver, rank: int, round_: int, ids, values, flags: int = FLAG_PULL, dtype=np.float32):
+    """A sparse push that carries its pull, as the server hands both to the policy."""
+    server.push(KEY, rank, round_, payload=records(ids, values, dtype), flags=flags)
+    if flags & FLAG_PULL:
+        server.pull(KEY, rank, round_)
+
+
+def answers(server: RoundDriver, dtype: DType = DType.FLOAT32):
+    return {s.to: tuple(a.tolist() for a in decode(s.payload, ROW, dtype)) for s in server.take(Command.PULL_RESPONSE)}
+
+
+def test_a_round_sums_every_machine_s_rows_by_id_and_answers_the_union_to_all():
+    server = RoundDriver(machines=3)
+    policy = server.declare(KEY, table_spec())
+    assert isinstance(policy, SparseRowSum)
+    push(server, 0, 0, [1, 4], [[1, 1], [4, 4]])
+    push(server, 1, 0, [], [])  # nothing this round
+    assert server.take(Command.PULL_RESPONSE) == [] and policy.partial_round().pushed_ranks == {0, 1}
+    push(server, 2, 0, [0, 4, 9], [[10, 10], [40, 40], [90, 90]])
+    union = ([0, 1, 4, 9], [[10, 10], [1, 1], [44, 44], [90, 90]])
+    assert answers(server) == {0: union, 1: union, 2: union}
+    assert policy.answer is None and policy.partial_round() is None  # nothing of the round is kept
+    push(server, 2, 1, [3], [[3, 3]])  # the next round starts clean
+    push(server, 0, 1, [], [])
+    push(server, 1, 1, [], [])
+    assert answers(server) == {r: ([3], [[3, 3]]) for r in range(3)}
+
+
+def test_a_round_of_no_rows_anywhere_is_answered_with_none():
+    server = RoundDriver(machines=2)
+    server.declare(KEY, table_spec())
+    push(server, 0, 0, [], [])
+    push(server, 1, 0, [], [])
+    sent = server.take(Command.PULL_RESPONSE)
+    assert [(s.to, s.payload) for s in sent] == [(0, None), (1, None)]
+
+
+def test_float16_rows_are_summed_in_float32_and_rounded_once():
+    server = RoundDriver(machines=3)
+    server.declare(KEY, table_spec(dtype=DType.FLOAT16))
+    # 2048 + 1 + 1 in float16 one by one stays 2048 (its spacing there is 2); in float32 it is 2050
+    for rank, value in enumerate([2048, 1, 1]):
+        push(server, rank, 0, [5], [[value, value]], dtype=np.float16)
+    assert answers(server, DType.FLOAT16)[0] == ([5], [[2050, 2050]])
+
+
+@pytest.mark.parametrize("ids,values,text", [
+    ([3, 1], [[1, 1], [1, 1]], "not unique and ascending"),
+    ([2, 2], [[1, 1], [1, 1]], "not unique and ascending"),
+    ([10], [[1, 1]], r"outside \[0, 10\)"),
+    ([-1], [[1, 1]], r"outside \[0, 10\)"),
+])
+def test_a_bad_push_fails_the_round_on_every_machine_and_the_next_round_goes_on(ids, values, text):
+    server = RoundDriver(machines=3)
+    server.declare(KEY, table_spec())
+    push(server, 0, 0, [1], [[1, 1]])
+    with pytest.raises(ValueError, match=f"worker 1: .*{text}"):
+        server.push(KEY, 1, 0, payload=records(ids, values), flags=FLAG_PULL)
+    assert [s.to for s in server.take(Command.ERROR)] == [0]  # machine 0 pushed the round and waits on it
+    with pytest.raises(ValueError, match=text):  # a late push of the failed round gets the same reason
+        server.push(KEY, 2, 0, payload=records([1], [[1, 1]]), flags=FLAG_PULL)
+    for rank in range(3):
+        push(server, rank, 1, [rank], [[rank, rank]])
+    assert answers(server)[2] == ([0, 1, 2], [[0, 0], [1, 1], [2, 2]])
+
+
+def test_a_payload_of_no_whole_number_of_records_is_refused():
+    server = RoundDriver(machines=2)
+    server.declare(KEY, table_spec())
+    with pytest.raises(ValueError, match="not a whole number of 16-byte"):
+        server.push(KEY, 0, 0, payload=b"\0" * 17, flags=FLAG_PULL)
+
+
+def test_a_push_must_carry_its_pull_and_come_once_per_machine():
+    server = RoundDriver(machines=2)
+    server.declare(KEY, table_spec())
+    with pytest.raises(ValueError, match="without its pull"):
+        server.push(KEY, 0, 0, payload=records([1], [[1, 1]]))
+    push(server, 0, 0, [1], [[1, 1]])
+    with pytest.raises(ValueError, match="second push of round 0"):
+        server.push(KEY, 0, 0, payload=records([1], [[1, 1]]), flags=FLAG_PULL)
+    with pytest.raises(ValueError, match="without its push"):
+        server.pull(KEY, 1, 0)
+
+
+def test_machines_that_average_and_sum_in_one_round_all_fail():
+    server = RoundDriver(machines=3)
+    server.declare(KEY, table_spec())
+    push(server, 0, 0, [1], [[1, 1]], flags=FLAG_PULL | FLAG_AVERAGE)
+    with pytest.raises(ValueError, match="worker 1 sums but worker 0 averages"):
+        server.push(KEY, 1, 0, payload=records([1], [[1, 1]]), flags=FLAG_PULL)
+    assert [s.to for s in server.take(Command.ERROR)] == [0]
+
+
+def test_a_round_a_worker_failed_is_closed_and_one_pushed_past_is_skipped():
+    server = RoundDriver(machines=2)
+    policy = server.declare(KEY, table_spec())
+    push(server, 0, 0, [1], [[1, 1]])
+    policy.fail_round(0)  # worker 1 failed round 0 (the server told worker 0 with the worker's ERROR)
+    assert policy.partial_round() is None
+    push(server, 0, 1, [1], [[1, 1]])
+    push(server, 1, 2, [2], [[2, 2]])  # worker 1 went on past round 1, which it failed: round 1 is off
+    assert [(s.to, s.round) for s in server.take(Command.ERROR)] == [(0, 1)]
+    push(server, 0, 2, [1], [[1, 1]])
+    assert answers(server) == {r: ([1, 2], [[1, 1], [2, 2]]) for r in range(2)}
+
+
+def test_an_answer_larger_than_a_worker_receives_fails_the_round():
+    server = RoundDriver(machines=2)
+    server.services.max_payload_bytes = 40  # two records of 16 bytes fit, three do not
+    server.declare(KEY, table_spec())
+    push(server, 0, 0, [1, 2], [[1, 1], [2, 2]])
+    with pytest.raises(ValueError, match="more than a worker receives at once"):
+        push(server, 1, 0, [3], [[3, 3]])
+    assert sorted(s.to for s in server.take(Command.ERROR)) == [0, 1]
+
+
+def test_a_key_declared_to_another_server_than_its_rows_belong_to_is_refused():
+    server = RoundDriver(machines=2)
+    with pytest.raises(ValueError, match="another number of servers"):
+        server.declare(KEY | 1, table_spec(server=1))
+
+
+def test_a_sparse_description_must_be_consistent():
+    with pytest.raises(ValueError, match="inconsistent"):
+        PartitionSpec(name="emb", partition=0, shape=(10, 2), tensor_nbytes=80, nbytes=4, dtype=0,
+                      sparse=True).check(1 << 20)
+    with pytest.raises(ValueError, match="synchronous, uncompressed"):
+        PartitionSpec(name="emb", partition=0, shape=(10, 2), tensor_nbytes=80, nbytes=8, dtype=0, sparse=True,
+                      asynchronous=True).check(1 << 20)
+    table_spec().check(1 << 20)
