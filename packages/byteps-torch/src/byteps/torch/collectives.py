@@ -34,6 +34,7 @@ from byteps.common.frontend.objects import allgather_object as _allgather_object
 from byteps.common.frontend.process_sets import rank_view
 from byteps.common.frontend.reductions import Average, Sum, op_name
 from byteps.common.handle import all_done
+from byteps.torch import row_sparse
 from byteps.torch.ops import _names, _tracker, synchronize
 from byteps.torch.tensors import byteps_dtype, check_tensor, numpy_view
 from byteps.torch.tensors import scaled as _scaled
@@ -330,16 +331,38 @@ def reduce_by_gather_async(tensor: torch.Tensor, op: int, name: Optional[str], i
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str] = None, op: Any = Average,
                            process_set: Any = None) -> int:
-    """Start Horovod's sparse allreduce: every rank's indices and values gathered.
+    """Start Horovod's sparse allreduce of a sparse COO tensor; ``synchronize(handle)`` (or ``handle()``, as
+    in Horovod) returns the sparse sum (or average, for ``op=Average``).
 
-    ``synchronize(handle)`` (or ``handle()``, as in Horovod) returns the
-    sparse sum (or average, for ``op=Average``), uncoalesced as Horovod
-    returns it.
+    Two paths, with equal results (docs/sparse.md). Where the job allows it
+    (servers, one worker process per machine, every rank, no backup workers,
+    synchronous training) and the tensor fits it (one sparse dimension, as an
+    embedding's gradient has; float16, float32 or float64 values), a
+    row-sparse push_pull: each rank's rows summed by id on the servers, and the
+    result a coalesced tensor over the union of the ranks' rows. Otherwise
+    (one machine without servers, several processes per machine, a process
+    set, bfloat16, several sparse dimensions) Horovod's way: every rank's
+    indices and values gathered, the result uncoalesced as Horovod returns it::
+
+        grad = torch.sparse_coo_tensor([[3, 7, 3]], torch.ones(3, 16), (1000, 16))
+        averaged = bps.sparse_allreduce_async(grad, name="emb")()   # rows 3 and 7 of every rank, averaged
     """
+    return _sparse_allreduce_async(tensor, name, op, process_set, None)
+
+
+def _sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any, process_set: Any,
+                            table: Optional[str]) -> int:
+    """:func:`sparse_allreduce_async`; ``table``: the row-sparse table's name (default: ``name`` and the
+    tensor's layout, :func:`byteps.torch.row_sparse.table_name`)."""
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
         raise ValueError("sparse_allreduce_async: expected a sparse COO tensor (tensor.to_sparse())")
     if op not in (Average, Sum):
         raise NotImplementedError(f"sparse_allreduce_async: op must be Average or Sum, got {op_name(op)}")
+    if row_sparse.takes_row_sparse(tensor, op, process_set):
+        return _CallableHandle(_start(
+            "sparse_allreduce", name, row_sparse.nbytes(tensor),
+            lambda resolved: row_sparse.start(tensor, table or row_sparse.table_name(resolved, tensor), op == Average),
+            lambda result: result))
     view = _view(process_set)
     sparse = tensor.coalesce() if not tensor.is_coalesced() else tensor
     indices = _piece(sparse.indices().transpose(0, 1).contiguous(), "sparse_allreduce")

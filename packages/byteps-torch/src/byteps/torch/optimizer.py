@@ -59,7 +59,7 @@ from byteps.common.frontend.process_sets import global_process_set, rank_view
 from byteps.torch.adasum_optimizer import AdasumDistributedOptimizer, check_adasum_options
 from byteps.torch.async_optimizer import AsyncDistributedOptimizer
 from byteps.torch.buckets import Bucket, GradientBuckets, push_pull_bucket, wait_gradient
-from byteps.torch.collectives import sparse_allreduce_async
+from byteps.torch.collectives import _sparse_allreduce_async
 from byteps.torch.compression import Compression
 from byteps.torch.gradient_hooks import hook_gradient
 from byteps.torch.horovod_ops import allreduce_async_
@@ -252,8 +252,9 @@ class _DistributedOptimizer:
     def _start_push_pull(self, p: torch.Tensor) -> None:
         name = GRADIENT_PREFIX + self._parameter_names[p]
         if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense:
-            # Horovod's sparse allreduce: indices and values gathered, the sum stays sparse.
-            handle = sparse_allreduce_async(p.grad, name, self.op, self.process_set)
+            # Row-sparse through the servers where the job allows it, else Horovod's gather; the sum stays
+            # sparse. The table is the gradient's name, as a dense gradient's tensor is.
+            handle = _sparse_allreduce_async(p.grad, name, self.op, self.process_set, name)
             self._pending[p] = _PendingGradient(handle, None, 1.0)
             return
         buffer, ctx, average, postscale = self._prepare(p)
@@ -473,10 +474,17 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     nothing is communicated, as in Horovod. Wrapping the same parameters
     again moves their hooks to the new optimizer.
 
-    Sparse gradients (``nn.Embedding(sparse=True)``) are reduced as Horovod
-    does: a gradient sent alone by a sparse allreduce (indices and values
-    gathered) unless ``sparse_as_dense``; a fused one, or any with
-    ``sparse_as_dense=True``, densely, then handed back sparse.
+    Sparse gradients (``nn.Embedding(sparse=True)``, ``nn.EmbeddingBag(sparse=True)``)
+    sent alone (a table over BYTEPS_FUSION_MAX_TENSOR_BYTES) go through
+    :func:`~byteps.torch.collectives.sparse_allreduce_async`: a row-sparse
+    push_pull through the servers where the job allows it (servers, one worker
+    process per machine, op Average or Sum, no process set; float16/32/64),
+    which pushes the rows a rank touched and hands back a coalesced sparse
+    gradient over the union of every rank's rows; otherwise Horovod's gather
+    of indices and values (bfloat16 too). Either result steps SGD,
+    SparseAdam or Adagrad alike. A fused one (a small table), or any with
+    ``sparse_as_dense=True``, is reduced densely, then handed back sparse
+    (docs/sparse.md).
     ``process_set`` averages over that set's ranks only (its gradients are
     not fused). ``groups`` (Horovod's explicit fusion groups: a number, or
     lists of parameters) is checked and otherwise left to byteps' own

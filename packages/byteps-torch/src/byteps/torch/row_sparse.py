@@ -1,0 +1,100 @@
+"""Torch sparse gradients through byteps' row-sparse push_pull (docs/sparse.md).
+
+A gradient of ``nn.Embedding(sparse=True)`` or ``nn.EmbeddingBag(sparse=True)``
+is a sparse COO tensor with one sparse dimension: its indices' row 0 holds
+row ids of the table, its values one row per id. Coalesced, that is the
+(ids, rows) pair a row-sparse push_pull takes
+(:meth:`byteps.common.worker.Worker.sparse_push_pull_async`); what comes back,
+the union of every worker's ids with their rows summed (or averaged), is
+turned into a coalesced sparse COO tensor of the gradient's shape, equal to
+Horovod's sparse allreduce of the same gradients (which gathers every rank's
+indices and values), so an optimizer steps alike on either.
+
+:func:`takes_row_sparse` says whether a tensor goes this way: the job must
+allow it (servers, one worker process per machine, op Average or Sum, every
+rank, no backup workers, synchronous training) and the tensor must fit it
+(one sparse dimension, float16/32/64 values). Everything else keeps the
+gather path of :func:`byteps.torch.collectives.sparse_allreduce_async`.
+Every condition is the same on every rank for the same parameter, so all
+ranks take the same path. Example::
+
+    grad = embedding.weight.grad                       # sparse, e.g. 1000 x 16
+    if takes_row_sparse(grad, Average, None):
+        started = start(grad, "Gradient.embedding.weight", average=True)
+        averaged = started.finish()                    # waits; a coalesced sparse tensor of grad's shape
+"""
+
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+import numpy as np
+import torch
+
+from byteps.common import api
+from byteps.common.frontend import collectives as front
+from byteps.common.frontend.async_training import async_enabled
+from byteps.common.frontend.process_sets import rank_view
+from byteps.common.frontend.reductions import Average, Sum
+from byteps.common.row_sparse import SparseRows
+
+__all__ = ["ROW_SPARSE_DTYPES", "nbytes", "start", "table_name", "takes_row_sparse"]
+
+#: Value dtypes the row-sparse push_pull takes (byteps.common.row_sparse.SPARSE_DTYPES); bfloat16 is gathered.
+ROW_SPARSE_DTYPES = (torch.float16, torch.float32, torch.float64)
+
+
+def takes_row_sparse(tensor: torch.Tensor, op: Any, process_set: Any) -> bool:
+    """Whether the sparse ``tensor`` is reduced by a row-sparse push_pull rather than gathered."""
+    if not api.is_initialized() or op not in (Average, Sum):
+        return False
+    worker = api.worker()
+    # The row-sparse push_pull refuses (NotImplementedError) jobs without servers and several processes per
+    # machine; backup workers and asynchronous training have no row-sparse round yet (docs/sparse.md).
+    if (not worker.is_distributed or not worker.tasks.has_servers or worker.local_size != 1
+            or worker.config.backup_workers or async_enabled()):
+        return False
+    if rank_view(process_set).set_id:
+        return False
+    return (tensor.is_sparse and tensor.sparse_dim() == 1 and tensor.dtype in ROW_SPARSE_DTYPES
+            and all(size > 0 for size in tensor.shape))
+
+
+def table_name(name: str, tensor: torch.Tensor) -> str:
+    """The table of a user's ``name`` used with ``tensor``'s layout: one table per (name, shape, dtype), as
+    the dense adapters give each layout of a name a tensor of its own, so a name (a default one above all)
+    may come back with another shape."""
+    shape = "x".join(str(size) for size in tensor.shape)
+    return f"{name}[{shape} {str(tensor.dtype).replace('torch.', '')}]"
+
+
+def start(tensor: torch.Tensor, table: str, average: bool) -> front.Started:
+    """Start the row-sparse push_pull of the sparse ``tensor`` as ``table``; the returned
+    :class:`~byteps.common.frontend.collectives.Started`'s ``finish()`` gives the coalesced sparse result."""
+    ids, rows = _ids_and_rows(tensor)
+    shape, device = tensor.shape, tensor.device
+    handle = api.worker().sparse_push_pull_async(ids, rows, table, shape[0], tuple(shape[1:]), average)
+    return front.Started(handle, lambda: _sparse_tensor(handle.wait(), shape, tensor.dtype, device))
+
+
+def nbytes(tensor: torch.Tensor) -> int:
+    """Bytes this rank pushes for the sparse ``tensor`` (ids and rows, before duplicates are summed)."""
+    return tensor._nnz() * (8 + tensor.dtype.itemsize * int(np.prod(tensor.shape[1:], dtype=np.int64)))
+
+
+def _ids_and_rows(tensor: torch.Tensor) -> Tuple[np.ndarray, np.ndarray]:
+    coalesced = tensor.detach().coalesce()   # duplicates summed in torch, ids ascending
+    ids = coalesced.indices()[0].to("cpu").numpy()
+    rows = coalesced.values().to("cpu").contiguous().numpy()
+    return ids, rows
+
+
+def _sparse_tensor(result: SparseRows, shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    ids, rows = result
+    # The merged answer may be a read-only view of a received message: torch wants memory of its own.
+    rows = rows if rows.flags.writeable else rows.copy()
+    ids = ids if ids.flags.writeable else ids.copy()
+    values = torch.from_numpy(rows).to(dtype)
+    indices = torch.from_numpy(ids).reshape(1, -1)
+    result_tensor = torch.sparse_coo_tensor(indices, values, shape, check_invariants=False, is_coalesced=True)
+    return result_tensor.to(device)

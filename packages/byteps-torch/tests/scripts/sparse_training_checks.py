@@ -1,0 +1,190 @@
+"""Sparse gradients (nn.Embedding / nn.EmbeddingBag with sparse=True) through DistributedOptimizer and
+sparse_allreduce_async, checked on every rank against a single-process reference.
+
+Usage: python sparse_training_checks.py row-sparse|gather (the path the layout must take: docs/sparse.md).
+
+Every rank trains on its own batches of ids (duplicates included) and
+regenerates every rank's batches from their seeds, so it computes the
+averaged gradient of the whole job itself, steps a copy of the model with
+the plain torch optimizer on it, and compares the parameters after every
+step. It also checks which path was taken: with ``row-sparse`` the
+gradient's table exists in the worker's row-sparse tables with one round a
+step and the bytes sent per step stay far below the dense table; with
+``gather`` no table was made. Prints ``OK <check>`` per check, ``ALL OK <n>``.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import numpy as np
+import torch
+from check_runner import Checks, assert_close, assert_equal
+
+import byteps.torch as bps
+from byteps.common import api
+
+ROWS, DIM, STEPS = 1000, 8, 5
+checks = Checks()
+PATH = sys.argv[1]
+
+
+class Net(torch.nn.Module):
+    """A sparse embedding (or bag of embeddings) and a dense layer on top."""
+
+    def __init__(self, bag: bool) -> None:
+        super().__init__()
+        self.bag = bag
+        self.embedding = (torch.nn.EmbeddingBag(ROWS, DIM, mode="sum", sparse=True) if bag
+                          else torch.nn.Embedding(ROWS, DIM, sparse=True))
+        self.dense = torch.nn.Linear(DIM, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.bag:  # bags of 3 ids
+            return self.dense(self.embedding(ids, torch.arange(0, len(ids), 3))).squeeze(1)
+        return self.dense(self.embedding(ids)).squeeze(1)
+
+
+def batch(rank: int, step: int):
+    """Rank ``rank``'s ids and targets of ``step``: 12 ids of the first 60 rows (duplicates within a rank and
+    overlaps between ranks are certain), and one far row of the rank's own."""
+    generator = torch.Generator().manual_seed(7919 * rank + step)
+    ids = torch.cat([torch.randint(0, 60, (11,), generator=generator), torch.tensor([900 + rank])])
+    return ids, torch.randn(12, generator=generator)
+
+
+def loss_of(model: Net, rank: int, step: int) -> torch.Tensor:
+    ids, target = batch(rank, step)
+    output = model(ids)
+    return ((output - target[:len(output)]) ** 2).mean()
+
+
+def averaged_gradients(model: Net, step: int) -> dict:
+    """Every rank's gradients of ``step`` averaged, as the job's averaged gradient (sparse ones stay sparse)."""
+    total: dict = {}
+    for rank in range(bps.size()):
+        model.zero_grad()
+        loss_of(model, rank, step).backward()
+        for name, p in model.named_parameters():
+            total[name] = p.grad.clone() if name not in total else total[name] + p.grad
+    return {name: (grad / bps.size()).coalesce() if grad.is_sparse else grad / bps.size()
+            for name, grad in total.items()}
+
+
+def train(tag: str, bag: bool, make_optimizer, sparse_as_dense: bool = False) -> None:
+    torch.manual_seed(3)
+    model = Net(bag)
+    reference = copy.deepcopy(model)
+    reference_optimizer = make_optimizer(reference)
+    optimizer = bps.DistributedOptimizer(make_optimizer(model),
+                                         named_parameters=[(f"{tag}.{n}", p) for n, p in model.named_parameters()],
+                                         sparse_as_dense=sparse_as_dense)
+    worker = api.worker()
+    sent = worker.bytes_sent
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        loss_of(model, bps.rank(), step).backward()
+        optimizer.step()
+        gradient = model.embedding.weight.grad
+        assert gradient.is_sparse, f"step {step}: the embedding's gradient came back dense"
+        for name, grad in averaged_gradients(reference, step).items():
+            dict(reference.named_parameters())[name].grad = grad
+        reference_optimizer.step()
+        assert_close(gradient.to_dense(), reference.embedding.weight.grad.to_dense(), f"{tag} step {step} gradient")
+        for (name, p), (_, want) in zip(model.named_parameters(), reference.named_parameters()):
+            assert_close(p.detach(), want.detach(), f"{tag} step {step} {name}")
+    table = worker.sparse.tables.get(f"Gradient.{tag}.embedding.weight")
+    if PATH == "row-sparse" and not sparse_as_dense:
+        assert table is not None and table.rounds == STEPS, (tag, table)
+        assert gradient.is_coalesced(), "a row-sparse result is coalesced"
+        per_step = (worker.bytes_sent - sent) / STEPS
+        assert per_step < ROWS * DIM * 4 / 8, f"{per_step} bytes sent per step: the dense table went"
+    else:
+        assert table is None, f"{tag}: {PATH} layout or sparse_as_dense, yet a row-sparse table was used"
+
+
+def sgd() -> None:
+    train("sgd", False, lambda model: torch.optim.SGD(model.parameters(), lr=0.5))
+
+
+def adagrad_embedding_bag() -> None:
+    train("adagrad", True, lambda model: torch.optim.Adagrad(model.parameters(), lr=0.3))
+
+
+def sgd_sparse_as_dense() -> None:
+    train("dense", False, lambda model: torch.optim.SGD(model.parameters(), lr=0.5), sparse_as_dense=True)
+
+
+def sparse_adam() -> None:
+    """SparseAdam takes sparse gradients only: an embedding alone, the rows it touched updated lazily."""
+    torch.manual_seed(5)
+    embedding = torch.nn.Embedding(ROWS, DIM, sparse=True)
+    reference = copy.deepcopy(embedding)
+    weights = torch.linspace(-1, 1, DIM)
+    ref_optimizer = torch.optim.SparseAdam(reference.parameters(), lr=0.05)
+    optimizer = bps.DistributedOptimizer(torch.optim.SparseAdam(embedding.parameters(), lr=0.05),
+                                         named_parameters=[("adam.weight", embedding.weight)])
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        ids, _ = batch(bps.rank(), step)
+        (embedding(ids) * weights).sum().backward()
+        optimizer.step()
+        total = None
+        for rank in range(bps.size()):
+            reference.zero_grad()
+            ids, _ = batch(rank, step)
+            (reference(ids) * weights).sum().backward()
+            total = reference.weight.grad.clone() if total is None else total + reference.weight.grad
+        reference.weight.grad = (total / bps.size()).coalesce()
+        ref_optimizer.step()
+        assert_close(embedding.weight.detach(), reference.weight.detach(), f"SparseAdam step {step}")
+
+
+def sparse_allreduce_against_numpy() -> None:
+    """sparse_allreduce_async of uncoalesced gradients with duplicate ids (and an empty one), every dtype."""
+    me, n = bps.rank(), bps.size()
+
+    def gradient(rank: int, dtype: torch.dtype, case: int) -> torch.Tensor:
+        rng = np.random.default_rng(100 * rank + case)
+        count = 0 if (case == 1 and rank == 1) else 9
+        ids = rng.integers(0, 20, size=count)
+        values = rng.uniform(-1, 1, size=(count, 3))
+        return torch.sparse_coo_tensor(torch.from_numpy(ids).reshape(1, -1), torch.from_numpy(values).to(dtype),
+                                       (100, 3), check_invariants=True)
+
+    for case, dtype in enumerate([torch.float32, torch.float64, torch.float16, torch.bfloat16]):
+        for op, op_tag in ((bps.Sum, "sum"), (bps.Average, "average")):
+            want = np.zeros((100, 3))
+            for rank in range(n):
+                grad = gradient(rank, dtype, case).coalesce()
+                np.add.at(want, grad.indices()[0].numpy(), grad.values().double().numpy())
+            want = want / n if op == bps.Average else want
+            got = bps.sparse_allreduce_async(gradient(me, dtype, case), name=f"sa.{case}.{op_tag}", op=op)()
+            assert got.is_sparse and got.dtype == dtype and got.shape == (100, 3), (got.dtype, got.shape)
+            tolerance = 2e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-6
+            assert_equal(got.to_dense().double(), torch.from_numpy(want), f"{dtype} {op_tag}", rtol=tolerance,
+                         atol=tolerance)
+            table = f"sa.{case}.{op_tag}[100x3 {str(dtype).replace('torch.', '')}]"
+            row_sparse = PATH == "row-sparse" and dtype != torch.bfloat16
+            assert (table in api.worker().sparse.tables) == row_sparse, (table, list(api.worker().sparse.tables))
+            if row_sparse:  # the union of the ranks' rows, coalesced: exactly the rows some rank touched
+                touched = sorted({int(i) for rank in range(n) for i in gradient(rank, dtype, case).coalesce().indices()[0]})
+                assert got.is_coalesced() and got.indices()[0].tolist() == touched, got.indices()
+
+
+def main() -> None:
+    assert PATH in ("row-sparse", "gather"), PATH
+    bps.init()
+    torch.set_num_threads(1)
+    checks.run("sgd", sgd)
+    checks.run("adagrad_embedding_bag", adagrad_embedding_bag)
+    checks.run("sparse_adam", sparse_adam)
+    checks.run("sparse_as_dense", sgd_sparse_as_dense)
+    checks.run("sparse_allreduce_against_numpy", sparse_allreduce_against_numpy)
+    bps.shutdown()
+    checks.done()
+
+
+if __name__ == "__main__":
+    main()
