@@ -169,7 +169,8 @@ def sparse_allreduce_against_numpy() -> None:
             row_sparse = PATH == "row-sparse" and dtype != torch.bfloat16
             assert (table in api.worker().sparse.tables) == row_sparse, (table, list(api.worker().sparse.tables))
             if row_sparse:  # the union of the ranks' rows, coalesced: exactly the rows some rank touched
-                touched = sorted({int(i) for rank in range(n) for i in gradient(rank, dtype, case).coalesce().indices()[0]})
+                touched = sorted({int(i) for rank in range(n)
+                                  for i in gradient(rank, dtype, case).coalesce().indices()[0]})
                 assert got.is_coalesced() and got.indices()[0].tolist() == touched, got.indices()
 
 
