@@ -16,7 +16,8 @@ import pytest
 from byteps.testkit import launch_job, rank_lines, tail
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "sparse_training_checks.py")
-CHECKS = ["sgd", "adagrad_embedding_bag", "sparse_adam", "sparse_as_dense", "sparse_allreduce_against_numpy"]
+CHECKS = ["sgd", "adagrad_embedding_bag", "sparse_adam", "embedding_unused_on_one_rank", "sparse_as_dense",
+          "sparse_allreduce_against_numpy"]
 LAYOUTS = {
     "two-workers-one-server": (["--workers", "2", "--servers", "1"], "row-sparse"),
     "two-workers-two-servers": (["--workers", "2", "--servers", "2"], "row-sparse"),

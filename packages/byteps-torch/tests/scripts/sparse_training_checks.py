@@ -40,7 +40,9 @@ class Net(torch.nn.Module):
                           else torch.nn.Embedding(ROWS, DIM, sparse=True))
         self.dense = torch.nn.Linear(DIM, 1)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, use_embedding: bool = True) -> torch.Tensor:
+        if not use_embedding:  # a branch a rank may leave out: its embedding gets no gradient
+            return self.dense(torch.ones(len(ids), DIM)).squeeze(1)
         if self.bag:  # bags of 3 ids
             return self.dense(self.embedding(ids, torch.arange(0, len(ids), 3))).squeeze(1)
         return self.dense(self.embedding(ids)).squeeze(1)
@@ -54,20 +56,26 @@ def batch(rank: int, step: int):
     return ids, torch.randn(12, generator=generator)
 
 
-def loss_of(model: Net, rank: int, step: int) -> torch.Tensor:
+def uses_embedding(rank: int, step: int, tag: str) -> bool:
+    """Rank 1 leaves the embedding out at step 2 of the check ``unused``."""
+    return not (tag == "unused" and rank == 1 and step == 2)
+
+
+def loss_of(model: Net, rank: int, step: int, tag: str) -> torch.Tensor:
     ids, target = batch(rank, step)
-    output = model(ids)
+    output = model(ids, uses_embedding(rank, step, tag))
     return ((output - target[:len(output)]) ** 2).mean()
 
 
-def averaged_gradients(model: Net, step: int) -> dict:
+def averaged_gradients(model: Net, step: int, tag: str) -> dict:
     """Every rank's gradients of ``step`` averaged, as the job's averaged gradient (sparse ones stay sparse)."""
     total: dict = {}
     for rank in range(bps.size()):
         model.zero_grad()
-        loss_of(model, rank, step).backward()
+        loss_of(model, rank, step, tag).backward()
         for name, p in model.named_parameters():
-            total[name] = p.grad.clone() if name not in total else total[name] + p.grad
+            if p.grad is not None:
+                total[name] = p.grad.clone() if name not in total else total[name] + p.grad
     return {name: (grad / bps.size()).coalesce() if grad.is_sparse else grad / bps.size()
             for name, grad in total.items()}
 
@@ -84,11 +92,11 @@ def train(tag: str, bag: bool, make_optimizer, sparse_as_dense: bool = False) ->
     sent = worker.bytes_sent
     for step in range(STEPS):
         optimizer.zero_grad()
-        loss_of(model, bps.rank(), step).backward()
+        loss_of(model, bps.rank(), step, tag).backward()
         optimizer.step()
         gradient = model.embedding.weight.grad
         assert gradient.is_sparse, f"step {step}: the embedding's gradient came back dense"
-        for name, grad in averaged_gradients(reference, step).items():
+        for name, grad in averaged_gradients(reference, step, tag).items():
             dict(reference.named_parameters())[name].grad = grad
         reference_optimizer.step()
         assert_close(gradient.to_dense(), reference.embedding.weight.grad.to_dense(), f"{tag} step {step} gradient")
@@ -110,6 +118,11 @@ def sgd() -> None:
 
 def adagrad_embedding_bag() -> None:
     train("adagrad", True, lambda model: torch.optim.Adagrad(model.parameters(), lr=0.3))
+
+
+def sgd_embedding_unused_on_one_rank() -> None:
+    """Rank 1's embedding gets no gradient at step 2: it pushes no rows, the others' rows are averaged."""
+    train("unused", False, lambda model: torch.optim.SGD(model.parameters(), lr=0.5))
 
 
 def sgd_sparse_as_dense() -> None:
@@ -181,6 +194,7 @@ def main() -> None:
     checks.run("sgd", sgd)
     checks.run("adagrad_embedding_bag", adagrad_embedding_bag)
     checks.run("sparse_adam", sparse_adam)
+    checks.run("embedding_unused_on_one_rank", sgd_embedding_unused_on_one_rank)
     checks.run("sparse_as_dense", sgd_sparse_as_dense)
     checks.run("sparse_allreduce_against_numpy", sparse_allreduce_against_numpy)
     bps.shutdown()

@@ -108,6 +108,7 @@ class _DistributedOptimizer:
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
         self._sparse: Set[torch.Tensor] = set()   # gradients that were sparse this step (returned sparse)
+        self._sparse_dims: Dict[torch.Tensor, int] = {}  # sent sparse before: their sparse dimensions
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
@@ -251,7 +252,12 @@ class _DistributedOptimizer:
 
     def _start_push_pull(self, p: torch.Tensor) -> None:
         name = GRADIENT_PREFIX + self._parameter_names[p]
+        if p.grad is None and p in self._sparse_dims and not self.sparse_as_dense:
+            # No gradient here this step, but the other ranks' are sparse: push no rows rather than dense
+            # zeros, which would meet nothing of the name on the other ranks.
+            p.grad = _no_rows(p, self._sparse_dims[p])
         if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense:
+            self._sparse_dims[p] = p.grad.sparse_dim()
             # Row-sparse through the servers where the job allows it, else Horovod's gather; the sum stays
             # sparse. The table is the gradient's name, as a dense gradient's tensor is.
             handle = _sparse_allreduce_async(p.grad, name, self.op, self.process_set, name)
@@ -405,6 +411,13 @@ class _DistributedOptimizer:
         return super().zero_grad(set_to_none)
 
 
+def _no_rows(p: torch.Tensor, sparse_dim: int) -> torch.Tensor:
+    """A sparse gradient of ``p`` with ``sparse_dim`` sparse dimensions and no entries."""
+    indices = torch.zeros((sparse_dim, 0), dtype=torch.int64, device=p.device)
+    values = torch.zeros((0, *p.shape[sparse_dim:]), dtype=p.dtype, device=p.device)
+    return torch.sparse_coo_tensor(indices, values, p.shape, check_invariants=False)
+
+
 def _spend_handles(handles: List[Any]) -> None:
     """After one gradient's push_pull failed: wait for the others too (their errors are the same failure), so
     that their names are free for the next step."""
@@ -484,7 +497,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     of indices and values (bfloat16 too). Either result steps SGD,
     SparseAdam or Adagrad alike. A fused one (a small table), or any with
     ``sparse_as_dense=True``, is reduced densely, then handed back sparse
-    (docs/sparse.md).
+    (docs/sparse.md). A rank whose parameter got no gradient in a step
+    pushes no rows when its gradients were sparse before (dense zeros in
+    its first step).
     ``process_set`` averages over that set's ranks only (its gradients are
     not fused). ``groups`` (Horovod's explicit fusion groups: a number, or
     lists of parameters) is checked and otherwise left to byteps' own
