@@ -6,7 +6,9 @@ scripts/sparse_training_checks.py trains an nn.Embedding / nn.EmbeddingBag
 Adagrad, SparseAdam, sparse_as_dense) and calls sparse_allreduce_async, and
 compares every step with a single-process reference on every rank's
 batches; it checks which path was taken too. Gradients up to 4 KiB are
-fused (BYTEPS_FUSION_MAX_TENSOR_BYTES), so the 32 KB table is sent alone.
+fused (BYTEPS_FUSION_MAX_TENSOR_BYTES), so the 32 KB table is sent alone;
+with the default 64 KiB it is fused with the dense layer in the first step,
+and leaves the bucket for the row-sparse path from the second on.
 """
 
 import os
@@ -23,12 +25,20 @@ LAYOUTS = {
     "two-workers-two-servers": (["--workers", "2", "--servers", "2"], "row-sparse"),
     "one-machine-np2": (["-np", "2"], "gather"),   # several processes per machine, no servers
 }
+SMALL_FUSION = {"BYTEPS_FUSION_MAX_TENSOR_BYTES": "4096"}
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_sparse_training_matches_the_reference(layout):
     args, path = LAYOUTS[layout]
-    result = launch_job(args, SCRIPT, [path], env={"BYTEPS_FUSION_MAX_TENSOR_BYTES": "4096"}, timeout=180)
+    _assert_passed(launch_job(args, SCRIPT, [path], env=SMALL_FUSION, timeout=180))
+
+
+def test_a_small_table_fused_in_its_first_step_goes_row_sparse_from_the_second():
+    _assert_passed(launch_job(LAYOUTS["two-workers-two-servers"][0], SCRIPT, ["row-sparse", "fused"], timeout=180))
+
+
+def _assert_passed(result):
     for rank in (0, 1):
         printed = rank_lines(result.stdout, rank)
         for check in CHECKS:

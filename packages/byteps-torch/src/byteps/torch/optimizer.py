@@ -64,6 +64,7 @@ from byteps.torch.compression import Compression
 from byteps.torch.gradient_hooks import hook_gradient
 from byteps.torch.horovod_ops import allreduce_async_
 from byteps.torch.ops import push_pull_async_inplace
+from byteps.torch.row_sparse import takes_row_sparse
 
 __all__ = ["DistributedOptimizer"]
 
@@ -109,6 +110,7 @@ class _DistributedOptimizer:
         self.process_set = process_set
         self._sparse: Set[torch.Tensor] = set()   # gradients that were sparse this step (returned sparse)
         self._sparse_dims: Dict[torch.Tensor, int] = {}  # sent sparse before: their sparse dimensions
+        self._alone: Set[torch.Tensor] = set()  # sparse gradients kept out of fusion to go row-sparse
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
@@ -140,6 +142,7 @@ class _DistributedOptimizer:
         self._touched: Set[torch.Tensor] = set()      # gradient accumulated since the last synchronize
         self._pending: Dict[torch.Tensor, _PendingGradient] = {}
         self._sparse.clear()
+        self._alone.clear()  # the new job may not allow the row-sparse path: every rank plans afresh
         self._synchronized = False
         self._communicate = included and self._view.size > 1   # one worker: nothing to average (as Horovod)
         # Compressed gradients are fused apart, each compressed alone inside its bucket (as BytePS
@@ -223,7 +226,7 @@ class _DistributedOptimizer:
                 self._plan = {}  # a process set's gradients go one by one (fusion spans every rank)
             else:
                 self._plan = self._buckets.plan([p for p in self._parameter_names
-                                                 if p in self._hooked and p.requires_grad])
+                                                 if p in self._hooked and p.requires_grad and p not in self._alone])
         return self._plan
 
     def _goes_compressed(self, nbytes: int) -> bool:
@@ -237,8 +240,13 @@ class _DistributedOptimizer:
             # requires_grad switched): every rank must submit the same names.
             p.grad = torch.zeros_like(p)
         elif p.grad.is_sparse:
-            # Reduced densely (the same sum), handed back sparse at synchronize.
+            # Reduced densely (the same sum), handed back sparse at synchronize. A small table fused this
+            # step goes alone from the next plan on when it can go row-sparse (every rank sees its gradient
+            # sparse alike, so every rank plans alike).
             self._sparse.add(p)
+            if not self.sparse_as_dense and takes_row_sparse(p.grad, self.op, self.process_set):
+                self._sparse_dims[p] = p.grad.sparse_dim()
+                self._alone.add(p)
             p.grad = p.grad.to_dense()
         grad, average, postscale = p.grad, self.op == Average, 1.0
         if average and self.gradient_predivide_factor != 1.0:
@@ -488,18 +496,19 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     again moves their hooks to the new optimizer.
 
     Sparse gradients (``nn.Embedding(sparse=True)``, ``nn.EmbeddingBag(sparse=True)``)
-    sent alone (a table over BYTEPS_FUSION_MAX_TENSOR_BYTES) go through
-    :func:`~byteps.torch.collectives.sparse_allreduce_async`: a row-sparse
-    push_pull through the servers where the job allows it (servers, one worker
-    process per machine, op Average or Sum, no process set; float16/32/64),
-    which pushes the rows a rank touched and hands back a coalesced sparse
-    gradient over the union of every rank's rows; otherwise Horovod's gather
-    of indices and values (bfloat16 too). Either result steps SGD,
-    SparseAdam or Adagrad alike. A fused one (a small table), or any with
-    ``sparse_as_dense=True``, is reduced densely, then handed back sparse
-    (docs/sparse.md). A rank whose parameter got no gradient in a step
-    pushes no rows when its gradients were sparse before (dense zeros in
-    its first step).
+    go through :func:`~byteps.torch.collectives.sparse_allreduce_async`: a
+    row-sparse push_pull through the servers where the job allows it
+    (servers, one worker process per machine, op Average or Sum, no process
+    set; float16/32/64), which pushes the rows a rank touched and hands back
+    a coalesced sparse gradient over the union of every rank's rows;
+    otherwise Horovod's gather of indices and values (bfloat16 too). Either
+    result steps SGD, SparseAdam or Adagrad alike. With
+    ``sparse_as_dense=True`` they are reduced densely, then handed back
+    sparse, as is a small table fused with other small gradients: where it
+    can go row-sparse, only in its first step (it leaves its bucket from
+    the next step on). A rank whose sparse parameter got no gradient in a
+    step pushes no rows once its gradient was sparse before (dense zeros in
+    its first step). docs/sparse.md has which path each case takes.
     ``process_set`` averages over that set's ranks only (its gradients are
     not fused). ``groups`` (Horovod's explicit fusion groups: a number, or
     lists of parameters) is checked and otherwise left to byteps' own
