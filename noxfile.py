@@ -340,6 +340,8 @@ def wheels(session: nox.Session) -> None:
 #: Each adapter's tests/matrix/: capabilities run again in more layouts (docs/horovod-compatibility.md, "Layouts"),
 #: too slow for the default run; the matrix-* sessions (`nox -t matrix`) run them.
 MATRIX = "matrix"
+#: Each test session ends with its slowest tests, so that a CI log says where its time goes.
+SLOWEST = "--durations=10"
 
 
 def _tests(session: nox.Session, package: str, *extra: str, also: tuple = (), ignore: tuple = (),
@@ -353,7 +355,7 @@ def _tests(session: nox.Session, package: str, *extra: str, also: tuple = (), ig
         session.run("python", "-m", "pytest", "-q", str(tests / only), *session.posargs)
         return
     ignore = (*ignore, MATRIX) if (tests / MATRIX).is_dir() else ignore
-    session.run("python", "-m", "pytest", "-q", str(tests), *(f"--ignore={tests / name}" for name in ignore),
+    session.run("python", "-m", "pytest", "-q", SLOWEST, str(tests), *(f"--ignore={tests / name}" for name in ignore),
                 *session.posargs)
 
 
@@ -425,7 +427,7 @@ def _mxnet_tests(session: nox.Session, only: str = "") -> None:
     tests = ROOT / "packages" / "byteps-mxnet" / "tests"
     where = [str(tests / only)] if only else [str(tests)] + ([f"--ignore={tests / MATRIX}"]
                                                              if (tests / MATRIX).is_dir() else [])
-    session.run("python", "-m", "pytest", "-q", *where, *session.posargs)
+    session.run("python", "-m", "pytest", "-q", SLOWEST, *where, *session.posargs)
 
 
 @nox.session(name="tests-mxnet")
@@ -467,8 +469,8 @@ def tests_engines(session: nox.Session) -> None:
     _install(session, "byteps-torch", "byteps-server", "byteps-launcher", TESTKIT,
              extra=("pytest", "scikit-learn", RAY))
     tests = ROOT / "packages" / "byteps-launcher" / "tests"
-    session.run("python", "-m", "pytest", "-q", *(str(tests / name) for name in ENGINE_TESTS), *session.posargs,
-                env={"BYTEPS_REQUIRE_ENGINES": "1"})
+    session.run("python", "-m", "pytest", "-q", SLOWEST, *(str(tests / name) for name in ENGINE_TESTS),
+                *session.posargs, env={"BYTEPS_REQUIRE_ENGINES": "1"})
 
 
 def _install_by_name(session: nox.Session, *requirements: str, byteps: set, frameworks: set = frozenset()) -> None:
