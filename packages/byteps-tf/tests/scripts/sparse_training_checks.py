@@ -165,7 +165,7 @@ def tf1_optimizer_eagerly() -> None:
     watch = PathWatch()
     for step in range(STEPS):
         ids, target = batch(bps.rank(), step)
-        optimizer.minimize(lambda: loss_of(*variables, ids, target), var_list=variables)
+        optimizer.minimize(lambda ids=ids, target=target: loss_of(*variables, ids, target), var_list=variables)
         check_weights([v.numpy() for v in variables], step, "TF1 DistributedOptimizer eagerly")
     watch.check("TF1 DistributedOptimizer eagerly")
 
