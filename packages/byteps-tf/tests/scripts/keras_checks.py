@@ -6,7 +6,8 @@ compare with the single-process run on whole batches that each rank
 computes itself, within float32 tolerance:
 
 * DistributedOptimizer on half batches (the embedding's gradient is an
-  IndexedSlices, gathered from both ranks);
+  IndexedSlices: through a row-sparse push_pull with servers, one process a
+  machine, as this script runs; gathered from both ranks elsewhere);
 * the same with sparse_as_dense=True;
 * backward_passes_per_step=2 on quarter batches (average_aggregated_gradients).
 
@@ -275,7 +276,7 @@ def main():
     tf.config.threading.set_intra_op_parallelism_threads(1)
     bps.init()
     expected = reference_weights()
-    checks.run("equivalence: DistributedOptimizer on half batches (IndexedSlices gathered)",
+    checks.run("equivalence: DistributedOptimizer on half batches (IndexedSlices)",
                lambda: equivalence(expected))
     checks.run("equivalence: sparse_as_dense", lambda: equivalence(expected, sparse_as_dense=True))
     checks.run("equivalence: backward_passes_per_step=2 on quarter batches",

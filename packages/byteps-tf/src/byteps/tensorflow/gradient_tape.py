@@ -147,9 +147,10 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
 
     Horovod's signature. ``compression=Compression.fp16`` sends float16;
     ``sparse_as_dense=True`` densifies ``tf.IndexedSlices`` gradients, which
-    are otherwise gathered from every rank (see
-    :mod:`byteps.tensorflow.gradients`); ``op`` is ``Average``, ``Sum`` or
-    ``Adasum`` (Horovod's: each gradient combined by Adasum over the
+    otherwise take a row-sparse push_pull through the servers where the job
+    allows it, else are gathered from every rank (see
+    :mod:`byteps.tensorflow.gradients`, docs/sparse.md); ``op`` is
+    ``Average``, ``Sum`` or ``Adasum`` (Horovod's: each gradient combined by Adasum over the
     ranks, a power-of-two number of them; ``tf.IndexedSlices`` need
     ``sparse_as_dense=True``; not with ``gradient_predivide_factor`` or
     ``compression_params``)::

@@ -9,10 +9,17 @@ per process).
 * ``None`` stays ``None`` and is not sent (as in Horovod): every rank must
   get ``None`` for the same sources, which the same model code ensures.
 * ``tf.IndexedSlices`` (embedding gradients) are densified with
-  ``sparse_as_dense=True``; otherwise every rank's values and indices are
-  gathered (duplicate indices add up when applied) and, for ``Average``,
-  the values divided by the number of workers: the same update as the
-  dense average.
+  ``sparse_as_dense=True``. Otherwise, where the job allows it (servers,
+  one worker process per machine, ``Average`` or ``Sum``, every rank, no
+  backup workers, synchronous training) and the values are float16/32/64
+  (:func:`byteps.tensorflow.row_sparse.takes_row_sparse`), they go through
+  a row-sparse push_pull: the union of every worker's row ids, ascending,
+  each with its rows summed (or averaged), as a ``tf.IndexedSlices`` of the
+  same dense shape, the table named after the gradient's push_pull name.
+  Elsewhere every rank's values and indices are gathered (duplicate
+  indices add up when applied) and, for ``Average``, the values divided by
+  the number of workers. Both are the same update as the dense average
+  (docs/sparse.md).
 * ``gradient_predivide_factor=f`` divides by ``f`` before the sum and
   multiplies by ``f / size()`` after (Horovod), for float16 range.
 * With one worker nothing is sent (as in Horovod).
@@ -40,7 +47,7 @@ per process).
   ``worker.skipping_round()`` when this worker learnt that the round
   closed without it: the servers' averages of the round, nothing pushed.
   Only a plain average over every worker can be skipped (no predivide
-  factor, ``compression_params``, process set, Adasum or gathered
+  factor, ``compression_params``, process set, Adasum or sparse
   ``tf.IndexedSlices``): only such a round closes early.
 * ``compression`` with a :class:`~byteps.tensorflow.gradient_compression.GradientCompression`
   (BytePS's ``compression_params``): each dense gradient large enough to be
@@ -69,7 +76,9 @@ from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.gradient_compression import GradientCompression
 from byteps.tensorflow.graph_ops import run_group, skipped_round_ops
 from byteps.tensorflow.ops import check_process_set
-from byteps.tensorflow.reduction import AdasumReduce, Gather, Reduce
+from byteps.tensorflow.reduction import AdasumReduce, Gather, Reduce, RowSparse
+from byteps.tensorflow.row_sparse import inputs as row_sparse_inputs
+from byteps.tensorflow.row_sparse import takes_row_sparse
 
 __all__ = ["GradientReducer", "SentRound", "last_round"]
 
@@ -213,6 +222,12 @@ class GradientReducer:
             if gradient is None:
                 continue
             name = f"{self.prefix}.{i}"
+            if isinstance(gradient, tf.IndexedSlices) and not self.sparse_as_dense \
+                    and takes_row_sparse(gradient, self.op, self.process_set):
+                specs.append(RowSparse(name, average=average))
+                inputs.extend(row_sparse_inputs(gradient))
+                finishers.append((i, self._row_sparse_finisher(gradient)))
+                continue
             if isinstance(gradient, tf.IndexedSlices) and not self.sparse_as_dense:
                 specs.append(Gather(name, parts=2, view=view))
                 inputs.extend([gradient.values, gradient.indices])
@@ -252,7 +267,7 @@ class GradientReducer:
                 layout.append(None)
                 continue
             if isinstance(gradient, tf.IndexedSlices) and not self.sparse_as_dense:
-                skippable = False  # gathered: every rank's slices, a round that waits for every rank
+                skippable = False  # gathered or row-sparse: a round that waits for every rank
                 layout.append(None)
                 continue
             if isinstance(gradient, tf.IndexedSlices):  # sent dense (sparse_as_dense)
@@ -322,6 +337,12 @@ class GradientReducer:
         def finish(outputs: List[tf.Tensor]) -> tf.Tensor:
             result = self.compression.decompress(outputs[0], ctx)
             return result * tf.cast(postscale, result.dtype) if postscale != 1.0 else result
+        return finish
+
+    @staticmethod
+    def _row_sparse_finisher(local: tf.IndexedSlices):
+        def finish(outputs: List[tf.Tensor]) -> tf.IndexedSlices:
+            return tf.IndexedSlices(outputs[0], outputs[1], dense_shape=local.dense_shape)
         return finish
 
     @staticmethod

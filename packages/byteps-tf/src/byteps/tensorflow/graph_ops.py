@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from byteps.common import api
 from byteps.tensorflow import graph_errors
-from byteps.tensorflow.reduction import Gather, Reduce, Spec, execute
+from byteps.tensorflow.reduction import Gather, Reduce, RowSparse, Spec, execute
 from byteps.tensorflow.tensors import byteps_dtype
 
 __all__ = ["run_group", "run_eagerly", "skipped_round_ops"]
@@ -56,7 +56,12 @@ def skipped_round_ops() -> Iterator[None]:
 def _static_shapes(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]) -> List[tf.TensorShape]:
     shapes, position = [], 0
     for spec in specs:
-        if not isinstance(spec, Gather):  # a Reduce or an AdasumReduce: the input's shape
+        if isinstance(spec, RowSparse):  # the union's rows and ids: as many as the union has
+            values = inputs[position]
+            shapes.append(tf.TensorShape([None]).concatenate(values.shape[1:]) if values.shape.rank
+                          else tf.TensorShape(None))
+            shapes.append(tf.TensorShape([None]))
+        elif not isinstance(spec, Gather):  # a Reduce or an AdasumReduce: the input's shape
             shapes.append(inputs[position].shape)
         else:
             for tensor in inputs[position:position + spec.parts]:
@@ -70,6 +75,10 @@ def _static_shapes(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]) -> List[t
 def _output_dtypes(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]) -> List[tf.DType]:
     dtypes, position = [], 0
     for spec in specs:
+        if isinstance(spec, RowSparse):  # rows and ids in the values' and indices' dtypes
+            dtypes.extend([inputs[position].dtype, inputs[position + 1].dtype])
+            position += spec.inputs
+            continue
         dtypes.extend(tensor.dtype for tensor in inputs[position:position + spec.inputs])
         if isinstance(spec, Gather):
             dtypes.append(tf.int64)

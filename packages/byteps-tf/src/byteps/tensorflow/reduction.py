@@ -16,7 +16,12 @@ A group is a list of specs, each with its input tensors:
 * :class:`AdasumReduce` combines one floating-point tensor over the ranks
   by Horovod's Adasum, from every rank's tensor
   (:func:`byteps.common.frontend.collectives.reduce_by_gather`): what the
-  gradient wrappers do with ``op=Adasum``.
+  gradient wrappers do with ``op=Adasum``;
+* :class:`RowSparse` sums (or averages) a ``tf.IndexedSlices``' rows by id
+  over the workers through a row-sparse push_pull
+  (:meth:`byteps.common.worker.Worker.sparse_push_pull_async`,
+  :mod:`byteps.tensorflow.row_sparse`): the union of the ids, ascending,
+  with their rows.
 
 Everything of a group is in flight at once (pipelined by byteps' comm
 thread) and the group returns when all of it is done. Consecutive Reduce
@@ -45,17 +50,18 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 import tensorflow as tf
 
-from byteps.common import Handle, JobLost, PushPullError
+from byteps.common import Handle, JobLost, PushPullError, api
 from byteps.common.compression import CompressionSpec
 from byteps.common.dtypes import DType
 from byteps.common.frontend import TensorNames, after_shutdown
 from byteps.common.frontend.collectives import RankView, allgather, reduce_by_gather
 from byteps.common.frontend.group import push_pull_group
 from byteps.common.frontend.reductions import Adasum
+from byteps.tensorflow.row_sparse import table_name
 from byteps.tensorflow.tensors import ResultBuffer, _on_cpu, byteps_dtype, from_piece, host_view, to_piece
 
-__all__ = ["Reduce", "Gather", "AdasumReduce", "Spec", "MismatchError", "JobLostError", "JOB_LOST_MARK",
-           "as_tensorflow_error", "execute", "key_name", "forget_names", "tensor_names"]
+__all__ = ["Reduce", "Gather", "AdasumReduce", "RowSparse", "Spec", "MismatchError", "JobLostError",
+           "JOB_LOST_MARK", "as_tensorflow_error", "execute", "key_name", "forget_names", "tensor_names"]
 
 
 class MismatchError(PushPullError, tf.errors.FailedPreconditionError):
@@ -153,7 +159,27 @@ class AdasumReduce:
         return 1
 
 
-Spec = Union[Reduce, Gather, AdasumReduce]
+@dataclasses.dataclass(frozen=True)
+class RowSparse:
+    """A ``tf.IndexedSlices``' rows summed (or averaged) by id over every worker, by a row-sparse push_pull.
+
+    Inputs: values ``(n, *row_shape)``, indices ``(n,)`` and the int64 dense
+    shape; the table is ``name`` with that layout
+    (:func:`byteps.tensorflow.row_sparse.table_name`) and has ``dense_shape[0]``
+    rows. Outputs: the rows of the union of every worker's ids, then those ids
+    (unique, ascending, in the indices' dtype).
+    """
+
+    name: str
+    average: bool
+
+    inputs = 3
+
+    def outputs(self) -> int:
+        return 2
+
+
+Spec = Union[Reduce, Gather, AdasumReduce, RowSparse]
 
 #: Default names, per-layout names (see the module doc) of this adapter.
 tensor_names = TensorNames()
@@ -269,6 +295,28 @@ class _AdasumInFlight:
             return [tf.cast(tf.convert_to_tensor(self.started.finish()), self.dtype)]
 
 
+class _RowSparseInFlight:
+    """A row-sparse push_pull of one ``tf.IndexedSlices``' values and indices."""
+
+    def __init__(self, spec: RowSparse, values: tf.Tensor, indices: tf.Tensor, dense_shape: tf.Tensor) -> None:
+        shape = [int(size) for size in dense_shape.numpy()]
+        self.dtypes = (values.dtype, indices.dtype)
+        self.device = "" if _on_cpu(values) else values.device
+        self.core = api.worker().sparse_push_pull_async(indices.numpy(), values.numpy(),
+                                                        table_name(spec.name, shape, values.dtype), shape[0],
+                                                        tuple(shape[1:]), spec.average)
+
+    def waiting(self) -> List[Handle]:
+        return [self.core]
+
+    def tensors(self) -> List[tf.Tensor]:
+        ids, rows = self.core.wait()
+        # The merged answer may be a read-only view of a received message: astype gives TensorFlow a copy.
+        with tf.device(self.device or "/CPU:0"):
+            return [tf.constant(rows.astype(self.dtypes[0].as_numpy_dtype)),
+                    tf.constant(ids.astype(self.dtypes[1].as_numpy_dtype))]
+
+
 def execute(specs: Sequence[Spec], inputs: Sequence[tf.Tensor], lr: Optional[float] = None) -> List[tf.Tensor]:
     """Run a group eagerly; returns the outputs of every spec, flattened in order.
 
@@ -281,7 +329,7 @@ def execute(specs: Sequence[Spec], inputs: Sequence[tf.Tensor], lr: Optional[flo
     for spec, tensors in _split(specs, inputs):
         for tensor in tensors if isinstance(spec, Reduce) else ():  # a gather moves any dtype
             byteps_dtype(tensor.dtype, f"push_pull({spec.name!r})")
-    started: List[Union[_Pending, _GatherInFlight, _AdasumInFlight]] = []
+    started: List[Union[_Pending, _GatherInFlight, _AdasumInFlight, _RowSparseInFlight]] = []
     run: List[Tuple[Reduce, tf.Tensor]] = []  # consecutive Reduce specs of one averaging flag, root, compression
 
     def kind(spec: Reduce) -> tuple:
@@ -298,6 +346,8 @@ def execute(specs: Sequence[Spec], inputs: Sequence[tf.Tensor], lr: Optional[flo
                 run.append((spec, tensors[0]))
             elif isinstance(spec, Gather):
                 started.append(_GatherInFlight(spec, tensors))
+            elif isinstance(spec, RowSparse):
+                started.append(_RowSparseInFlight(spec, *tensors))
             else:
                 started.append(_AdasumInFlight(spec, tensors[0]))
         started.extend(_submit_reduces(run, lr))
@@ -329,7 +379,7 @@ def _split(specs: Sequence[Spec], inputs: Sequence[tf.Tensor]):
         raise ValueError(f"a group of {len(specs)} specs takes {position} inputs, got {len(inputs)}")
 
 
-def _drain(started: Sequence[Union[_Pending, _GatherInFlight, _AdasumInFlight]]) -> None:
+def _drain(started: Sequence[Union[_Pending, _GatherInFlight, _AdasumInFlight, _RowSparseInFlight]]) -> None:
     for item in started:
         pendings = [item] if isinstance(item, _Pending) else item.waiting()
         for pending in pendings:
