@@ -33,10 +33,7 @@ from typing import Any, List, Sequence
 
 import tensorflow as tf
 
-from byteps.common import api
-from byteps.common.frontend.async_training import async_enabled
-from byteps.common.frontend.process_sets import rank_view
-from byteps.common.frontend.reductions import Average, Sum
+from byteps.common.frontend.row_sparse import job_takes_row_sparse
 
 __all__ = ["ROW_SPARSE_DTYPES", "inputs", "table_name", "takes_row_sparse"]
 
@@ -49,15 +46,7 @@ def takes_row_sparse(gradient: Any, op: Any, process_set: Any) -> bool:
     gathered."""
     if not isinstance(gradient, tf.IndexedSlices) or gradient.dense_shape is None:
         return False
-    if not api.is_initialized() or op not in (Average, Sum):
-        return False
-    worker = api.worker()
-    # The row-sparse push_pull refuses (NotImplementedError) jobs without servers and several processes per
-    # machine; backup workers and asynchronous training have no row-sparse round yet (docs/sparse.md).
-    if (not worker.is_distributed or not worker.tasks.has_servers or worker.local_size != 1
-            or worker.config.backup_workers or async_enabled()):
-        return False
-    if rank_view(process_set).set_id:
+    if not job_takes_row_sparse(op, process_set):
         return False
     values = gradient.values
     if values.dtype not in ROW_SPARSE_DTYPES or values.shape.rank is None or values.shape.rank < 1:

@@ -33,9 +33,7 @@ import torch
 
 from byteps.common import api
 from byteps.common.frontend import collectives as front
-from byteps.common.frontend.async_training import async_enabled
-from byteps.common.frontend.process_sets import rank_view
-from byteps.common.frontend.reductions import Average, Sum
+from byteps.common.frontend.row_sparse import job_takes_row_sparse
 from byteps.common.row_sparse import SparseRows
 
 __all__ = ["ROW_SPARSE_DTYPES", "nbytes", "start", "table_name", "takes_row_sparse"]
@@ -46,18 +44,8 @@ ROW_SPARSE_DTYPES = (torch.float16, torch.float32, torch.float64)
 
 def takes_row_sparse(tensor: torch.Tensor, op: Any, process_set: Any) -> bool:
     """Whether the sparse ``tensor`` is reduced by a row-sparse push_pull rather than gathered."""
-    if not api.is_initialized() or op not in (Average, Sum):
-        return False
-    worker = api.worker()
-    # The row-sparse push_pull refuses (NotImplementedError) jobs without servers and several processes per
-    # machine; backup workers and asynchronous training have no row-sparse round yet (docs/sparse.md).
-    if (not worker.is_distributed or not worker.tasks.has_servers or worker.local_size != 1
-            or worker.config.backup_workers or async_enabled()):
-        return False
-    if rank_view(process_set).set_id:
-        return False
-    return (tensor.is_sparse and tensor.sparse_dim() == 1 and tensor.dtype in ROW_SPARSE_DTYPES
-            and all(size > 0 for size in tensor.shape))
+    return (job_takes_row_sparse(op, process_set) and tensor.is_sparse and tensor.sparse_dim() == 1
+            and tensor.dtype in ROW_SPARSE_DTYPES and all(size > 0 for size in tensor.shape))
 
 
 def table_name(name: str, tensor: torch.Tensor) -> str:

@@ -18,6 +18,8 @@ depend on the framework lives here, one idea per module:
 * :mod:`~.async_training`: BYTEPS_ENABLE_ASYNC's parameter exchange (the
   initial broadcast into the servers' store, a delta per step, and the
   servers' store taken at an elastic commit);
+* :mod:`~.row_sparse`: whether the job reduces sparse gradients by a
+  row-sparse push_pull (the adapters add whether a gradient fits);
 * :mod:`~.checks`, :mod:`~.objects`, :mod:`~.versions`: argument checks with
   their messages, broadcast_object, framework version checks.
 

@@ -1,0 +1,34 @@
+"""Whether a job reduces an adapter's sparse gradients by a row-sparse push_pull (docs/sparse.md).
+
+The job's half of the rule every adapter applies before it looks at the
+gradient itself: the row-sparse push_pull needs servers and one worker
+process per machine (it refuses the rest), has no round yet for backup
+workers' quorum or asynchronous training, and sums over every rank with
+``op`` Average or Sum. Each condition is the same on every rank, so every
+rank takes the same path. Example (an adapter)::
+
+    if job_takes_row_sparse(op, process_set) and gradient_fits(gradient):
+        ...   # row-sparse; else the gather of indices and values, as Horovod
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from byteps.common import api
+from byteps.common.frontend.async_training import async_enabled
+from byteps.common.frontend.process_sets import rank_view
+from byteps.common.frontend.reductions import Average, Sum
+
+__all__ = ["job_takes_row_sparse"]
+
+
+def job_takes_row_sparse(op: Any, process_set: Any) -> bool:
+    """Whether this job reduces a fitting sparse gradient of ``op`` over ``process_set`` row-sparse."""
+    if not api.is_initialized() or op not in (Average, Sum):
+        return False
+    worker = api.worker()
+    if (not worker.is_distributed or not worker.tasks.has_servers or worker.local_size != 1
+            or worker.config.backup_workers or async_enabled()):
+        return False
+    return not rank_view(process_set).set_id
