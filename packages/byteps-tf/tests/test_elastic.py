@@ -30,11 +30,12 @@ def test_a_custom_loop_survives_a_lost_worker_with_exact_numbers(asynchronous):
     custom_loop_survives_a_lost_worker("tape", asynchronous)
 
 
-def custom_loop_survives_a_lost_worker(mode, asynchronous=False, extra_env=None):
-    """The custom loop (``tape``, or ``tape-eager``) of 3 workers loses one at step 3; returns the job's output."""
+def custom_loop_survives_a_lost_worker(mode, asynchronous=False, extra_env=None, extra_launch=()):
+    """The custom loop (``tape``, or ``tape-eager``) of 3 workers loses one at step 3; returns the job's output.
+    ``extra_launch``: more bpslaunch options (e.g. servers of their own)."""
     steps = 10
     env = {**TF_SETTINGS, **({"BYTEPS_ENABLE_ASYNC": "1"} if asynchronous else {}), **(extra_env or {})}
-    with WatchedJob(["-np", "3", "--min-np", "2"], SCRIPT, [mode, str(steps), "0.3"], env=env) as job:
+    with WatchedJob(["-np", "3", "--min-np", "2", *extra_launch], SCRIPT, [mode, str(steps), "0.3"], env=env) as job:
         job.wait_for(r"^\[worker 2\] step 3 ", timeout=240)
         os.kill(job.child_pid("BYTEPS_ELASTIC_WORKER", "w2"), signal.SIGKILL)
         resumed_at = int(job.wait_for(r"^\[worker 0\] joined 1 rank 0 of 2 at step (\d+)", timeout=60).group(1))

@@ -26,10 +26,8 @@ The worker scripts and the checks are the default run's, with the references tak
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import re
-import signal
 import subprocess
 
 import numpy as np
@@ -40,9 +38,10 @@ from test_backup_workers import assert_slow_worker_skipped
 from test_compression import CASES as COMPRESSION_CASES
 from test_compression import STEPS as COMPRESSION_STEPS
 from test_compression import test_two_workers_match_the_reference_algorithm as check_compression_case
-from tf_jobs import SCRIPTS, TF_SETTINGS, launch_tf_job
+from test_elastic import custom_loop_survives_a_lost_worker
+from tf_jobs import SCRIPTS, launch_tf_job
 
-from byteps.testkit import WatchedJob, assert_all_ok, free_port, rank_lines, report
+from byteps.testkit import assert_all_ok, free_port, rank_lines, report
 
 TWO_BY_TWO = ["-np", "2", "--workers", "2", "--servers", "2"]
 TCP = {"BYTEPS_ENABLE_IPC": "0"}
@@ -152,24 +151,7 @@ def test_backup_workers_with_servers_of_their_own():
 def test_elastic_with_servers_of_their_own():
     """tests/test_elastic.py's custom loop (gradients from a tf.function) with two servers over TCP: 3 workers, one
     SIGKILLed at step 3; the other two go on and end on the value replayed for the job sizes they report."""
-    steps = 10
-    with WatchedJob(["-np", "3", "--min-np", "2", "--servers", "2"], os.path.join(SCRIPTS, "elastic_training.py"),
-                    ["tape", str(steps), "0.3"], env={**TF_SETTINGS, **TCP}) as job:
-        job.wait_for(r"^\[worker 2\] step 3 ", timeout=240)
-        os.kill(job.child_pid("BYTEPS_ELASTIC_WORKER", "w2"), signal.SIGKILL)
-        resumed_at = int(job.wait_for(r"^\[worker 0\] joined 1 rank 0 of 2 at step (\d+)", timeout=60).group(1))
-        result = job.finish(timeout=180)
-    output = result.stdout
-    assert result.returncode == 0, output[-6000:]
+    output = custom_loop_survives_a_lost_worker("tape", extra_env=TCP, extra_launch=["--servers", "2"])
     assert re.search(r"elastic job: 3 worker\(s\) to start, .* 2 server\(s\) per membership epoch", output), \
         output[-6000:]
     assert "worker w2 was killed by SIGKILL (signal 9); going on with 2 worker(s)" in output, output[-6000:]
-    records = [(int(s), int(n)) for s, n in re.findall(r"^\[worker 0\] step (\d+) size (\d+) ", output, re.M)]
-    counted = [s for s, _ in records]
-    assert counted == sorted(set(counted)), counted
-    sizes = [3] * resumed_at + [2] * (steps - resumed_at)
-    assert [n for s, n in records if s != resumed_at] == [n for s, n in enumerate(sizes, 1) if s in counted
-                                                          and s != resumed_at]
-    expected = -sum(sum((rank + 1) * step for rank in range(size)) / size for step, size in enumerate(sizes, 1))
-    finals = re.findall(rf"^\[worker [01]\] final step {steps} w (\S+)$", output, re.M)
-    assert [float(f) for f in finals] == [expected, expected], (finals, expected)
