@@ -34,6 +34,7 @@ from typing import Any, List, Sequence
 import tensorflow as tf
 
 from byteps.common.frontend.row_sparse import job_takes_row_sparse
+from byteps.common.frontend.row_sparse import table_name as front_table_name
 
 __all__ = ["ROW_SPARSE_DTYPES", "inputs", "table_name", "takes_row_sparse"]
 
@@ -64,6 +65,5 @@ def table_name(name: str, dense_shape: Sequence[int], dtype: tf.DType) -> str:
     """The table of a gradient's push_pull ``name`` used with this layout: one table per (name, shape,
     dtype), as the dense path gives each layout of a name a tensor of its own (a tape's gradient *i* may be
     another variable's in another call)."""
-    shape = "x".join(str(int(size)) for size in dense_shape)
-    return f"{name}[{shape} {tf.as_dtype(dtype).name}]"
+    return front_table_name(name, dense_shape, tf.as_dtype(dtype).name)
 

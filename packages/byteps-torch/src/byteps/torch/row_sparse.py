@@ -34,6 +34,7 @@ import torch
 from byteps.common import api
 from byteps.common.frontend import collectives as front
 from byteps.common.frontend.row_sparse import job_takes_row_sparse
+from byteps.common.frontend.row_sparse import table_name as front_table_name
 from byteps.common.row_sparse import SparseRows
 
 __all__ = ["ROW_SPARSE_DTYPES", "nbytes", "start", "table_name", "takes_row_sparse"]
@@ -52,8 +53,7 @@ def table_name(name: str, tensor: torch.Tensor) -> str:
     """The table of a user's ``name`` used with ``tensor``'s layout: one table per (name, shape, dtype), as
     the dense adapters give each layout of a name a tensor of its own, so a name (a default one above all)
     may come back with another shape."""
-    shape = "x".join(str(size) for size in tensor.shape)
-    return f"{name}[{shape} {str(tensor.dtype).replace('torch.', '')}]"
+    return front_table_name(name, tensor.shape, str(tensor.dtype).replace("torch.", ""))
 
 
 def start(tensor: torch.Tensor, table: str, average: bool) -> front.Started:

@@ -1,4 +1,5 @@
-"""Whether a job reduces an adapter's sparse gradients by a row-sparse push_pull (docs/sparse.md).
+"""Whether a job reduces an adapter's sparse gradients by a row-sparse push_pull, and the table a gradient
+goes to (docs/sparse.md).
 
 The job's half of the rule every adapter applies before it looks at the
 gradient itself: the row-sparse push_pull needs servers and one worker
@@ -13,14 +14,14 @@ rank takes the same path. Example (an adapter)::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from byteps.common import api
 from byteps.common.frontend.async_training import async_enabled
 from byteps.common.frontend.process_sets import rank_view
 from byteps.common.frontend.reductions import Average, Sum
 
-__all__ = ["job_takes_row_sparse"]
+__all__ = ["job_takes_row_sparse", "table_name"]
 
 
 def job_takes_row_sparse(op: Any, process_set: Any) -> bool:
@@ -32,3 +33,11 @@ def job_takes_row_sparse(op: Any, process_set: Any) -> bool:
             or worker.config.backup_workers or async_enabled()):
         return False
     return not rank_view(process_set).set_id
+
+
+def table_name(name: str, shape: Sequence[int], dtype: str) -> str:
+    """The table of ``name`` used with a gradient of ``shape`` and ``dtype`` (its name, e.g. ``"float32"``):
+    one table per (name, shape, dtype), as the dense path gives each layout of a name a tensor of its own,
+    so a name (a default one, or a tape's gradient *i* that is another variable's in another call) may come
+    back with another shape: ``table_name("g", (1000, 16), "float32") == "g[1000x16 float32]"``."""
+    return f"{name}[{'x'.join(str(int(size)) for size in shape)} {dtype}]"
