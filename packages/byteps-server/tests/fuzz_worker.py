@@ -1,9 +1,12 @@
 """Worker 1 of the fuzz job: throws generated malformed frames at every live server, then trains honestly.
 
 Usage: python fuzz_worker.py FRAMES ROUNDS
-Worker 0 runs healthy_rounds() from the start, so its first push_pull is in
-flight while this process fuzzes; after the fuzzing, this process joins the
-healthy rounds and both check the sums against numpy. Frames are generated
+Both workers run a first healthy round, so the healthy keys are declared;
+then worker 0 goes on with the healthy rounds, its second push_pull in
+flight while this process pushes and pulls the healthy keys from a stranger's
+connection (refused to the stranger alone: it never declared them) and fuzzes.
+After the fuzzing, this process rejoins the healthy rounds and both check the
+sums against numpy. Frames are generated
 by hypothesis: headers with every field drawn (unknown commands, other
 protocol versions, lying payload sizes, keys, rounds, dtypes), raw and
 truncated bytes, extra frames, and INIT_KEY descriptions of every kind. Fuzz
@@ -102,9 +105,38 @@ def fuzz(addresses: list, frames_wanted: int) -> int:
     return sent[0]
 
 
-def healthy_rounds(rounds: int) -> None:
+def stranger_pushes(addresses: list) -> int:
+    """PUSH and PULL of the healthy keys (tensor ids 0-3, partitions 0-7, rounds 0-3) from a connection that never
+    declared them; the server must refuse them to this connection and let the healthy rounds go on."""
+    context = zmq.Context()
+    sent = 0
+    for address in addresses:
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(address)
+        for tensor_id in range(4):
+            for partition in range(8):
+                for round_ in range(4):
+                    key = (tensor_id << 16) | partition
+                    payload = bytes(64)
+                    sock.send_multipart([_C.encode(int(Command.PUSH), 1, key, round_, len(payload)), payload])
+                    sock.send_multipart([_C.encode(int(Command.PULL), 1, key, round_, 0)])
+                    sent += 2
+        refusals = 0
+        while refusals < 4 * 8 * 4 * 2 and sock.poll(5000):  # every frame is answered by an ERROR
+            sock.recv_multipart()
+            refusals += 1
+        if refusals < 4 * 8 * 4 * 2:
+            print(f"only {refusals} of the stranger's frames were refused by {address}", flush=True)
+            sys.exit(1)
+        sock.close()
+    context.term()
+    return sent
+
+
+def healthy_rounds(first: int, last: int) -> None:
     rank, size = bps.rank(), bps.size()
-    for round_ in range(rounds):
+    for round_ in range(first, last):
         for name, count in HEALTHY:
             data = np.arange(count, dtype=np.float32) * (rank + 1) + round_
             bps.push_pull(data, name=name, average=False)
@@ -112,17 +144,19 @@ def healthy_rounds(rounds: int) -> None:
             if not np.array_equal(data, expected):
                 print(f"WRONG SUM rank {rank} tensor {name} round {round_}", flush=True)
                 sys.exit(1)
-    print(f"rank {rank}: {rounds} healthy rounds OK", flush=True)
 
 
 def main() -> None:
     frames_wanted, rounds = int(sys.argv[1]), int(sys.argv[2])
     bps.init()
+    healthy_rounds(0, 1)
     if bps.rank() == 1:
         addresses = worker().server_addresses
+        print(f"stranger sent {stranger_pushes(addresses)} pushes and pulls of the healthy keys", flush=True)
         sent = fuzz(addresses, frames_wanted)
         print(f"fuzzed {sent} frames at {len(addresses)} server(s)", flush=True)
-    healthy_rounds(rounds)
+    healthy_rounds(1, rounds)
+    print(f"rank {bps.rank()}: {rounds} healthy rounds OK", flush=True)
     bps.shutdown()
 
 

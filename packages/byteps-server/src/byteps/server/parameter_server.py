@@ -261,6 +261,7 @@ class ParameterServer:
             text = (f"mismatch for key {key}: worker {message.header.sender} declares {spec.describe()}, "
                     f"worker {next(iter(state.declared_by.values()))} declared {state.spec.describe()}; "
                     f"{MISMATCH_ADVICE}")
+            state.refused.add(message.identity)
             self._fail_everywhere(state, message, text)
             raise ValueError(text)
         state.declared_by[message.identity] = message.header.sender
@@ -275,7 +276,9 @@ class ParameterServer:
         state = self.keys.get(header.key)
         if state is None or message.identity not in state.declared_by:
             text = f"key {header.key} was not initialized by this worker (INIT_KEY first)"
-            if state is not None:  # its declaration was refused: the others must not wait for its push
+            if state is not None and message.identity in state.refused:
+                # its declaration was refused: the others must not wait for its push (a stranger's push of a key
+                # it never declared is refused to it alone)
                 text = (f"worker {header.sender} pushed round {header.round} of {state.spec.describe()} without "
                         f"having declared it as the others did (its declaration was refused); {MISMATCH_ADVICE}")
                 self._fail_everywhere(state, message, text)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Callable, Dict, Optional, Protocol
+from typing import Callable, Dict, Optional, Protocol, Set
 
 from byteps.common.tensor_description import PartitionSpec
 from byteps.common.tracing import Tracer
@@ -102,6 +102,7 @@ class KeyState:
     key: int
     spec: PartitionSpec
     declared_by: Dict[bytes, int] = dataclasses.field(default_factory=dict)  # identity -> worker rank
+    refused: Set[bytes] = dataclasses.field(default_factory=set)  # identities whose declaration disagreed
     policy: RoundPolicy = dataclasses.field(init=False, repr=False)  # set by rounds.declare_key
 
     def rank_of(self, identity: bytes) -> int:
