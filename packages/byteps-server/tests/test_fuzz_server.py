@@ -14,7 +14,8 @@ def test_live_servers_survive_fuzzed_frames_and_healthy_rounds_stay_correct():
                      env={"BYTEPS_PARTITION_BYTES": "4096"})
     assert not result.timed_out, result.failures()
     assert all(code == 0 for code in result.codes.values()), result.failures()
-    assert "stranger sent 512 pushes and pulls of the healthy keys" in result.outputs["worker1"], result.outputs["worker1"]
+    stranger = "stranger sent 512 pushes and pulls of the healthy keys"
+    assert stranger in result.outputs["worker1"], result.outputs["worker1"]
     fuzzed = [line for line in result.outputs["worker1"].splitlines() if line.startswith("fuzzed ")]
     assert fuzzed and int(fuzzed[0].split()[1]) >= FRAMES, result.outputs["worker1"]
     for rank in (0, 1):

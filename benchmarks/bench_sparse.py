@@ -1,0 +1,261 @@
+"""A CTR model's training step through four gradient paths, in one run: row-sparse, dense, gather, DDP-gloo.
+
+The workload (issue 44's, scaled to this machine): 26 categorical fields,
+each field's ids drawn from a power law over its own range of one
+embedding table (``--rows`` rows in all, ``--dim`` wide, ``sparse=True``),
+the 26 embeddings concatenated into an MLP (416 -> 256 -> 128 -> 1), and
+labels from a hidden rule (a fixed random weight per id and a logistic
+draw), so the logloss means something. Every rank trains on batches of its
+own (``--batch`` per rank), the same batches in every mode, with SGD.
+
+The paths, each a job of ``--workers`` processes on 127.0.0.1:
+
+* ``row-sparse``: ``byteps.torch.DistributedOptimizer`` with ``--servers``
+  servers (reached over TCP, ``BYTEPS_ENABLE_IPC=0``, as on hosts of their
+  own); the embedding's gradient goes as the (ids, rows) it touched
+  (docs/sparse.md);
+* ``dense``: the same with ``sparse_as_dense=True``: the whole table's
+  gradient through the servers, as BytePS does;
+* ``gather``: the same job, the embedding's gradient gathered as Horovod
+  does (every rank's indices and values to every rank; the benchmark turns
+  the row-sparse path off for it, nothing else changes);
+* ``ddp-gloo``: ``torch.nn.parallel.DistributedDataParallel`` over gloo,
+  the same sparse embedding (gloo's sparse allreduce).
+
+Each job times ``--steps`` steps after ``--warmup`` steps and reports the
+median step time, the loopback bytes of the whole job per timed step per
+worker (read from ``/proc/net/dev``: workers and servers share ``lo``, so
+this counts every byte the job moved, sent and received), and the logloss
+of the last step on rank 0 (the same in every mode up to summation order:
+the paths compute the same update). Modes run in turns, ``--repeats``
+times, and the report gives each mode's median over the repeats and its
+ratio against ``row-sparse`` (> 1: row-sparse is faster).
+
+    python benchmarks/bench_sparse.py [--workers 2] [--servers 2] [--rows 1000000] [--repeats 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+MODES = ("row-sparse", "dense", "gather", "ddp-gloo")
+FIELDS = 26
+
+
+def loopback_bytes() -> int:
+    """Bytes sent over ``lo`` so far (what it sends it also receives)."""
+    with open("/proc/net/dev") as dev:
+        for line in dev:
+            name, _, fields = line.partition(":")
+            if name.strip() == "lo":
+                return int(fields.split()[8])
+    raise RuntimeError("no loopback interface in /proc/net/dev")
+
+
+def make_model(args: argparse.Namespace):
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.ModuleDict({
+        "embedding": torch.nn.Embedding(args.rows, args.dim, sparse=True),
+        "mlp": torch.nn.Sequential(torch.nn.Linear(FIELDS * args.dim, 256), torch.nn.ReLU(),
+                                   torch.nn.Linear(256, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1)),
+    })
+
+
+def batches(args: argparse.Namespace, rank: int, count: int):
+    """``count`` (ids, labels) batches of this rank: field f's ids in its own range of rows, drawn from a
+    power law (small ids hot), labels from a hidden per-id weight."""
+    import numpy as np
+    import torch
+
+    per_field = args.rows // FIELDS
+    hidden = np.random.default_rng(1).standard_normal(args.rows).astype(np.float32)
+    rng = np.random.default_rng(100 + rank)
+    out = []
+    for _ in range(count):
+        local = np.minimum((per_field * rng.random((args.batch, FIELDS)) ** 3).astype(np.int64), per_field - 1)
+        ids = local + np.arange(FIELDS, dtype=np.int64) * per_field
+        logits = hidden[ids].sum(axis=1) / np.sqrt(FIELDS)
+        labels = (rng.random(args.batch) < 1 / (1 + np.exp(-logits))).astype(np.float32)
+        out.append((torch.from_numpy(ids), torch.from_numpy(labels)))
+    return out
+
+
+def step_loss(model, ids, labels):
+    import torch
+
+    features = model["embedding"](ids).reshape(ids.shape[0], -1)
+    logits = model["mlp"](features).squeeze(1)
+    return torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    model = make_model(args)
+    if args.mode == "ddp-gloo":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+        rank, barrier = dist.get_rank(), dist.barrier
+
+        class Whole(torch.nn.Module):  # DDP hooks the gradients of the module it calls: the whole step's
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, ids, labels):
+                return step_loss(self.inner, ids, labels)
+
+        trained = torch.nn.parallel.DistributedDataParallel(Whole(model))
+        optimizer = torch.optim.SGD(trained.parameters(), lr=args.lr)
+        forward = trained
+    else:
+        import byteps.torch as bps
+
+        if args.mode == "gather":  # Horovod's way: the benchmark closes the row-sparse path, nothing else
+            import byteps.torch.collectives as collectives
+            import byteps.torch.optimizer as bps_optimizer
+
+            collectives.row_sparse.takes_row_sparse = lambda *_: False
+            bps_optimizer.takes_row_sparse = lambda *_: False
+        bps.init()
+        rank, barrier = bps.rank(), bps.barrier
+        bps.broadcast_parameters(model.state_dict(), root_rank=0)
+        optimizer = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr),
+                                             named_parameters=model.named_parameters(),
+                                             sparse_as_dense=args.mode == "dense")
+
+        def forward(ids, labels):
+            return step_loss(model, ids, labels)
+
+    data = batches(args, rank, args.warmup + args.steps)
+    times, loss = [], None
+    for index, (ids, labels) in enumerate(data):
+        if index == args.warmup:
+            barrier()
+            sent_before = loopback_bytes()
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        loss = forward(ids, labels)
+        loss.backward()
+        optimizer.step()
+        if index >= args.warmup:
+            times.append(time.perf_counter() - start)
+    barrier()
+    moved = loopback_bytes() - sent_before
+    if rank == 0:
+        print("RESULT " + json.dumps({"step_s": statistics.median(times), "loopback_bytes": moved,
+                                      "logloss": float(loss)}), flush=True)
+    if args.mode == "ddp-gloo":
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    else:
+        bps.shutdown()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_mode(args: argparse.Namespace, mode: str) -> dict:
+    script = [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode, "--rows", str(args.rows),
+              "--dim", str(args.dim), "--batch", str(args.batch), "--steps", str(args.steps),
+              "--warmup", str(args.warmup), "--lr", str(args.lr)]
+    with tempfile.TemporaryDirectory() as scratch:
+        if mode == "ddp-gloo":
+            port = free_port()
+            procs = []
+            for rank in range(args.workers):
+                env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                           WORLD_SIZE=str(args.workers))
+                procs.append(subprocess.Popen(script, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                              text=True, cwd=scratch))
+            outputs = []
+            try:
+                for proc in procs:
+                    outputs.append(proc.communicate(timeout=args.timeout)[0])
+            finally:
+                for proc in procs:
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.wait()
+            codes = [proc.returncode for proc in procs]
+            output = "\n".join(outputs)
+        else:
+            launch = ["bpslaunch", "-q", "--workers", str(args.workers), "--servers", str(args.servers), "--"]
+            # Servers reached over TCP, as on machines of their own (no shared-memory shortcut to them).
+            proc = subprocess.run(launch + script, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  timeout=args.timeout, cwd=scratch, env=dict(os.environ, BYTEPS_ENABLE_IPC="0"))
+            codes, output = [proc.returncode], proc.stdout
+    if any(codes):
+        raise SystemExit(f"{mode} job failed ({codes}):\n{output[-4000:]}")
+    line = next(line for line in output.splitlines() if "RESULT " in line)
+    result = json.loads(line.split("RESULT ", 1)[1])
+    result["bytes_per_worker_step"] = result["loopback_bytes"] / args.steps / args.workers
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--servers", type=int, default=2)
+    parser.add_argument("--rows", type=int, default=1_000_000, help="embedding rows in all (26 fields)")
+    parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=512, help="examples per rank per step")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--json", help="write every run's figures here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    modes = [mode for mode in args.modes.split(",") if mode]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        parser.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES)}")
+    runs = {mode: [] for mode in modes}
+    for repeat in range(args.repeats):
+        for mode in modes:
+            result = run_mode(args, mode)
+            runs[mode].append(result)
+            print(f"repeat {repeat} {mode:>10}: {result['step_s'] * 1e3:8.1f} ms/step, "
+                  f"{result['bytes_per_worker_step'] / 1e6:8.2f} MB per worker per step, "
+                  f"logloss {result['logloss']:.5f}", flush=True)
+    print(f"\n{args.workers} workers, {args.servers} servers, {args.rows:,} rows x {args.dim}, "
+          f"batch {args.batch} per rank, median of {args.repeats}:")
+    base = statistics.median(run["step_s"] for run in runs[modes[0]])
+    print(f"| path | step (ms) | MB per worker per step | {modes[0]} speed-up | logloss |")
+    print("|---|---|---|---|---|")
+    for mode in modes:
+        step = statistics.median(run["step_s"] for run in runs[mode])
+        moved = statistics.median(run["bytes_per_worker_step"] for run in runs[mode])
+        loss = runs[mode][-1]["logloss"]
+        print(f"| {mode} | {step * 1e3:.1f} | {moved / 1e6:.2f} | {step / base:.2f}x | {loss:.5f} |")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"args": {k: v for k, v in vars(args).items() if k not in ("worker", "mode")}, "runs": runs},
+                      out, indent=1)
+
+
+if __name__ == "__main__":
+    main()
