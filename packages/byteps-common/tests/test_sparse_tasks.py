@@ -1,5 +1,7 @@
 """Row-sparse push_pull on the worker without a job: the checks, sums by id, placement, records and merge."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -119,6 +121,27 @@ def test_a_table_keeps_its_layout_and_its_id_from_its_first_use():
             tasks.make(np.array([1]), rows, "second", num_rows, row_shape, average=False)
     with pytest.raises(ValueError, match="non-empty name"):
         tasks.make(np.array([1]), np.ones((1, 2), np.float32), "", 10, (2,), average=False)
+
+
+def test_after_a_join_a_rank_adopts_the_tables_and_rounds_it_missed():
+    one = np.ones((1, 2), np.float32)
+    early, late = (SparseTasks(1, 2, 1 << 20, Recorder()) for _ in range(2))
+    for tasks in (early, late):
+        tasks.make(np.array([1]), one, "emb", 10, (2,), average=False).set_done()
+    for _ in range(2):  # the early rank has joined: the late one goes on, and uses a table of its own
+        late.make(np.array([1]), one, "emb", 10, (2,), average=False).set_done()
+    late.make(np.array([1]), one, "tail", 5, (2,), average=False).set_done()
+    states = json.loads(json.dumps([early.export(), late.export()]))  # as agree_after_join carries them
+    for tasks in (early, late):
+        tasks.adopt(states)
+        assert {name: (t.table_id, t.rounds, t.num_rows) for name, t in tasks.tables.items()} == \
+            {"emb": (0, 3, 10), "tail": (1, 1, 5)}
+        tasks.make(np.array([1]), one, "late", 10, (2,), average=False).set_done()
+        assert tasks.tables["late"].table_id == 2  # a new table takes the same id on every rank again
+    other = SparseTasks(1, 2, 1 << 20, Recorder())
+    other.make(np.array([1]), one, "tail", 5, (2,), average=False).set_done()
+    with pytest.raises(RuntimeError, match="has id 0 here and 1 on another rank"):
+        other.adopt(states)
 
 
 def test_one_server_s_share_is_refused_when_larger_than_a_message():

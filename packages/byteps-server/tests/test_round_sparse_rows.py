@@ -156,3 +156,35 @@ def test_a_sparse_description_must_be_consistent():
         PartitionSpec(name="emb", partition=0, shape=(10, 2), tensor_nbytes=80, nbytes=8, dtype=0, sparse=True,
                       asynchronous=True).check(1 << 20)
     table_spec().check(1 << 20)
+
+
+def test_a_joined_machine_counts_as_an_empty_push_until_every_machine_joined():
+    server = RoundDriver(machines=3)
+    server.declare(KEY, table_spec())
+    push(server, 0, 0, [1], [[1, 1]])
+    push(server, 1, 0, [1, 4], [[2, 2], [4, 4]])
+    assert server.take(Command.PULL_RESPONSE) == []
+    server.join(2)  # machine 2 ran out of data: the open round has every other machine's push, and closes
+    assert answers(server) == {0: ([1, 4], [[3, 3], [4, 4]]), 1: ([1, 4], [[3, 3], [4, 4]])}
+    push(server, 1, 1, [7], [[7, 7]])  # later rounds wait for the machines that have not joined only
+    assert server.take(Command.PULL_RESPONSE) == []
+    push(server, 0, 1, [], [])
+    assert answers(server) == {0: ([7], [[7, 7]]), 1: ([7], [[7, 7]])}
+    server.join(0)
+    push(server, 1, 2, [2], [[2, 2]])  # the last machine alone
+    assert answers(server) == {1: ([2], [[2, 2]])}
+    server.join(1)  # every machine joined: round 3 waits for all three again
+    for rank in (0, 1):
+        push(server, rank, 3, [rank], [[1, 1]])
+    assert server.take(Command.PULL_RESPONSE) == []
+    push(server, 2, 3, [2], [[1, 1]])
+    assert answers(server) == {r: ([0, 1, 2], [[1, 1]] * 3) for r in range(3)}
+
+
+def test_a_join_that_completes_a_round_too_large_to_answer_fails_it_and_stands():
+    server = RoundDriver(machines=2)
+    server.services.max_payload_bytes = 40  # two records of 16 bytes fit, three do not
+    server.declare(KEY, table_spec())
+    push(server, 0, 0, [1, 2, 3], [[1, 1], [2, 2], [3, 3]])
+    server.join(1)  # the union of 3 records does not fit: the round fails on machine 0, the JOIN is kept
+    assert [s.to for s in server.take(Command.ERROR)] == [0] and 1 in server.services.joined

@@ -12,7 +12,8 @@ the plain torch optimizer on it, and compares the parameters after every
 step. It also checks which path was taken: with ``row-sparse`` the
 gradient's table exists in the worker's row-sparse tables with one round a
 step and the bytes sent per step stay far below the dense table; with
-``gather`` no table was made. Prints ``OK <check>`` per check, ``ALL OK <n>``.
+``gather`` no table was made. With ``row-sparse`` a rank also joins early
+(hvd.join) while the other trains on. Prints ``OK <check>`` per check, ``ALL OK <n>``.
 """
 
 from __future__ import annotations
@@ -70,10 +71,11 @@ def loss_of(model: Net, rank: int, step: int, tag: str) -> torch.Tensor:
     return ((output - target[:len(output)]) ** 2).mean()
 
 
-def averaged_gradients(model: Net, step: int, tag: str) -> dict:
-    """Every rank's gradients of ``step`` averaged, as the job's averaged gradient (sparse ones stay sparse)."""
+def averaged_gradients(model: Net, step: int, tag: str, ranks=None) -> dict:
+    """Every rank's gradients of ``step`` averaged, as the job's averaged gradient (sparse ones stay sparse);
+    ``ranks``: those that trained the step (the others joined: zeros in the average)."""
     total: dict = {}
-    for rank in range(bps.size()):
+    for rank in range(bps.size()) if ranks is None else ranks:
         model.zero_grad()
         loss_of(model, rank, step, tag).backward()
         for name, p in model.named_parameters():
@@ -132,6 +134,41 @@ def sgd_embedding_unused_on_one_rank() -> None:
 
 def sgd_sparse_as_dense() -> None:
     train("dense", False, lambda model: torch.optim.SGD(model.parameters(), lr=0.5), sparse_as_dense=True)
+
+
+def sgd_join_uneven_batches() -> None:
+    """Rank 1 runs out of data after 3 steps and joins (hvd.join): rank 0's last 2 steps average its own rows
+    with nothing from rank 1, as Horovod counts a joined rank as zeros; then the ranks agree on the tables'
+    rounds, take the last-joined rank's parameters, and train a step together."""
+    torch.manual_seed(3)
+    model = Net(False)
+    reference = copy.deepcopy(model)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    optimizer = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
+                                         named_parameters=[(f"join.{n}", p) for n, p in model.named_parameters()])
+
+    def steps_of(rank: int) -> int:
+        return STEPS - 2 * rank
+
+    for step in range(steps_of(bps.rank())):
+        optimizer.zero_grad()
+        loss_of(model, bps.rank(), step, "join").backward()
+        optimizer.step()
+    last = bps.join()
+    assert last == 0, f"join() returned {last}: rank 0 has the most batches"
+    bps.broadcast_parameters(model.state_dict(), root_rank=last)
+    optimizer.zero_grad()
+    loss_of(model, bps.rank(), STEPS, "join").backward()
+    optimizer.step()
+    for step in range(STEPS + 1):
+        ranks = [r for r in range(bps.size()) if step == STEPS or steps_of(r) > step]
+        for name, grad in averaged_gradients(reference, step, "join", ranks).items():
+            dict(reference.named_parameters())[name].grad = grad
+        reference_optimizer.step()
+    for (name, p), (_, want) in zip(model.named_parameters(), reference.named_parameters()):
+        assert_close(p.detach(), want.detach(), f"after the join {name}")
+    table = api.worker().sparse.tables.get("Gradient.join.embedding.weight")
+    assert table is not None and table.rounds == STEPS + 1, table  # rank 1 adopted the rounds it missed
 
 
 def sparse_adam() -> None:
@@ -202,6 +239,8 @@ def main() -> None:
     checks.run("embedding_unused_on_one_rank", sgd_embedding_unused_on_one_rank)
     checks.run("sparse_as_dense", sgd_sparse_as_dense)
     checks.run("sparse_allreduce_against_numpy", sparse_allreduce_against_numpy)
+    if PATH == "row-sparse" and not FUSED:  # the gather path is an allgather, which a joined rank refuses
+        checks.run("join_uneven_batches", sgd_join_uneven_batches)
     bps.shutdown()
     checks.done()
 

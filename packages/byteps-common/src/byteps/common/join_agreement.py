@@ -1,7 +1,8 @@
 """After ``hvd.join()``: every rank agrees again on what the others declared meanwhile.
 
 While a rank had joined, the others may have declared tensors (ids come
-from declaration order), moved their rounds on and placed partitions. Once
+from declaration order), moved their rounds on and placed partitions, and
+used row-sparse tables (ids from first use, rounds of their own). Once
 every rank has joined, each rank's :meth:`TensorRegistry.export` (and an
 ``extra`` of the caller's, anything JSON can carry, e.g. the front's name
 state) goes to every rank through two sums on the worker's own reserved
@@ -22,10 +23,11 @@ __all__ = ["agree_after_join"]
 
 
 def agree_after_join(worker: Any, extra: Any) -> List[Any]:
-    """Exchange every rank's declarations, rounds and placements; adopt what this rank missed. Returns every
-    rank's ``extra``, in rank order."""
+    """Exchange every rank's declarations, rounds, placements and row-sparse tables; adopt what this rank
+    missed. Returns every rank's ``extra``, in rank order."""
     registry = worker.registry
-    blob = json.dumps({**registry.export(), "extra": extra}, separators=(",", ":")).encode()
+    blob = json.dumps({**registry.export(), "sparse": worker.sparse.export(), "extra": extra},
+                      separators=(",", ":")).encode()
     sizes = np.zeros(worker.size, dtype=np.int64)
     sizes[worker.rank] = len(blob)
     summed = PushPullOptions(average=False, tensor_id=registry.reserved_id(0))
@@ -43,4 +45,5 @@ def agree_after_join(worker: Any, extra: Any) -> List[Any]:
         states.append(json.loads(bytes(raw[4 * offset:4 * offset + int(n)])))
         offset += words[rank]
     registry.adopt(states)
+    worker.sparse.adopt([state["sparse"] for state in states])
     return [state["extra"] for state in states]

@@ -175,6 +175,31 @@ class SparseTasks:
                                result, average=average, average_over=self.size if average else 0))
         return handle
 
+    # --- agreement after join -------------------------------------------------------------
+    def export(self) -> Dict[str, Any]:
+        """Every table this rank used, with its id, rounds and layout (JSON-able), for the others after a join."""
+        with self._lock:
+            return {name: [table.table_id, table.rounds, table.num_rows, list(table.row_shape), int(table.dtype)]
+                    for name, table in self.tables.items()}
+
+    def adopt(self, states: List[Dict[str, Any]]) -> None:
+        """Take in every rank's :meth:`export`: tables this rank missed while it had joined (the others used
+        them; ids go by first use, so they extend this rank's), and each table's furthest round (the servers
+        counted a joined machine's missing pushes as empty ones)."""
+        with self._lock:
+            for state in states:
+                for name, (table_id, rounds, num_rows, row_shape, dtype) in state.items():
+                    table = self.tables.get(name)
+                    if table is None:
+                        table = self.tables[name] = SparseTable(name, table_id, num_rows, tuple(row_shape),
+                                                                DType(dtype))
+                    elif table.table_id != table_id:
+                        raise RuntimeError(f"join: {table.describe()} has id {table.table_id} here and {table_id} "
+                                           "on another rank; every rank must use the same tables in the same order")
+                    elif table.num_rows == 0 and num_rows:  # first used here by a refused call
+                        table.num_rows, table.row_shape, table.dtype = num_rows, tuple(row_shape), DType(dtype)
+                    table.rounds = max(table.rounds, rounds)
+
     def _checked(self, table: SparseTable, ids: Any, rows: Any, num_rows: Any,
                  row_shape: Any) -> Tuple[np.ndarray, np.ndarray]:
         rows = np.asarray(rows)

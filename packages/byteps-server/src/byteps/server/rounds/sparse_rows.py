@@ -26,6 +26,11 @@ pushed it, and its later pushes get the same ERROR):
   table's rows;
 - the round's answer fits the workers' payload limit
   (BYTEPS_PARTITION_BYTES, at least 64 MiB).
+
+A machine that joined (``hvd.join()``, :mod:`byteps.server.rounds.joined`)
+counts as an empty push in every round until every machine joined, as a
+dense round counts it as zeros: a round closes when the machines that have
+not joined pushed it, and averages still divide by every worker.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ class SparseRowSum:
         self.num_rows = spec.shape[0]
         self.row_shape = tuple(spec.shape[1:])
         self.machines = services.num_machines
+        self.joined = services.joined.machines  # the shared dict itself (cleared in place once all joined)
         self.completed = -1  # the last closed (answered or failed) round
         self.pushed: Dict[int, Tuple[bytes, np.ndarray, np.ndarray]] = {}  # machine -> (identity, ids, rows)
         self.round_started = 0.0
@@ -111,8 +117,12 @@ class SparseRowSum:
         if not self.pushed:
             self.round_started, self.round_flags, self.round_first = time.monotonic(), flags, header.sender
         self.pushed[machine] = (message.identity, ids, rows)
-        if len(self.pushed) == self.machines:
+        if self._complete():
             self._close()
+
+    def _complete(self) -> bool:
+        """Every machine pushed the open round, or joined (an empty push)."""
+        return len(self.pushed) + sum(1 for machine in self.joined if machine not in self.pushed) >= self.machines
 
     def _records(self, message: Message) -> Tuple[np.ndarray, np.ndarray]:
         """The push's ids and rows (views of its payload), checked."""
@@ -199,7 +209,13 @@ class SparseRowSum:
 
     # --- join, failures and stalls --------------------------------------------------------------
     def machine_joined(self) -> None:
-        """hvd.join does not cover row-sparse tables yet (docs/sparse.md): their rounds wait for every machine."""
+        """A machine joined: the open round, if some machine pushed it, may now be complete (a round nobody
+        pushed closes at its first push)."""
+        if self.pushed and self._complete():
+            try:
+                self._close()
+            except ValueError:
+                pass  # the round failed (its union too large): its pushers have the ERROR; the JOIN stands
 
     def fail_round(self, round_: int) -> None:
         """A worker failed ``round_`` (the server sent its ERROR to every other worker that declared the key):
