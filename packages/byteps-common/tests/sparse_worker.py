@@ -83,6 +83,30 @@ def sums(rounds: int) -> None:
     print(f"SPARSE OK rank {me}", flush=True)
 
 
+def large(rounds: int) -> None:
+    """Rounds of about 3 MB of rows per worker and server, each more than one message carries (the payload limit
+    is 1 MiB): pushes and answers go in parts, and the sums are still numpy's."""
+    me, n = bps.rank(), bps.size()
+    num_rows, row_shape = 100_000, (256,)
+
+    def rows_of(rank: int, round_: int):
+        rng = np.random.default_rng(1000 * rank + round_)
+        ids = rng.integers(0, 6000, size=3000)  # overlapping between ranks, duplicates within one
+        return ids, rng.uniform(-1, 1, size=(len(ids), *row_shape)).astype(np.float32)
+
+    for round_ in range(rounds):
+        assert rows_of(me, round_)[1].nbytes > 2 * worker().config.max_partition_bytes
+        ids, rows = worker().sparse_push_pull(*rows_of(me, round_), "emb.wide", num_rows, row_shape, average=True)
+        sums = {}
+        for rank in range(n):
+            for i, row in zip(*rows_of(rank, round_)):
+                sums[int(i)] = sums.get(int(i), 0.0) + row.astype(np.float64)
+        want_ids = np.array(sorted(sums), dtype=np.int64)
+        np.testing.assert_array_equal(ids, want_ids, err_msg=f"round {round_}")
+        np.testing.assert_allclose(rows, np.array([sums[i] for i in want_ids]) / n, rtol=1e-5, atol=1e-5)
+    print(f"LARGE OK rank {me}", flush=True)
+
+
 def expect_failure(call, kind, text: str) -> None:
     try:
         call()
@@ -142,6 +166,8 @@ def main() -> None:
     bps.init()
     if sys.argv[1] == "sums":
         sums(int(sys.argv[2]))
+    elif sys.argv[1] == "large":
+        large(int(sys.argv[2]))
     else:
         bad(sys.argv[2])
     bps.shutdown()

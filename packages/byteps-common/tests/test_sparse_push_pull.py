@@ -42,6 +42,11 @@ def test_sparse_rows_over_tcp_alone_with_server_scheduling_and_a_trace(tmp_path)
     assert '"cat": "sparse_exchange"' in traces and '"cat": "sparse_merge"' in traces, traces[:2000]
 
 
+def test_rounds_larger_than_a_message_go_in_parts():
+    result = run_job([*WORKER, "large", "2"], 2, 2, timeout=120, env={"BYTEPS_ENABLE_IPC": "0"})
+    _check(result, 2, "LARGE OK")
+
+
 @pytest.mark.parametrize("case", ["out_of_range", "negative", "dtype", "row_shape", "first_use", "reused",
                                   "disagree"])
 def test_bad_sparse_input_fails_its_round_everywhere_and_the_servers_go_on(case):

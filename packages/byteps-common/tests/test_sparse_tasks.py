@@ -10,7 +10,7 @@ from byteps.common.engine.route import SPARSE_ROUTE
 from byteps.common.engine.sparse_exchange import SparseExchange, table_spec
 from byteps.common.engine.sparse_task import SparseTasks, SparseTrip
 from byteps.common.options import MAX_PROCESS_SET_ID
-from byteps.common.row_sparse import decode, encode, is_sparse_key, server_of, sparse_key, sum_by_id
+from byteps.common.row_sparse import decode, encode, encode_chunks, is_sparse_key, server_of, sparse_key, sum_by_id
 from byteps.common.tensor_registry import TensorRegistry
 
 
@@ -72,7 +72,8 @@ def test_a_call_becomes_one_share_per_server_with_duplicates_summed():
     assert task.round == 0 and task.average_over == 4 and [s.server for s in task.plan.partitions] == [0, 1, 2]
     pushed = {}
     for shard in task.plan.partitions:
-        shard_ids, shard_rows = decode(shard.payload, (2,), DType.FLOAT32)
+        payload, = shard.payloads
+        shard_ids, shard_rows = decode(payload, (2,), DType.FLOAT32)
         assert np.all(server_of(shard_ids, 3) == shard.server) and shard.key == sparse_key(0, shard.server)
         pushed.update(zip(shard_ids.tolist(), shard_rows[:, 0].tolist()))
     assert pushed == {0: 1, 1: 2, 2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1}
@@ -144,10 +145,18 @@ def test_after_a_join_a_rank_adopts_the_tables_and_rounds_it_missed():
         other.adopt(states)
 
 
-def test_one_server_s_share_is_refused_when_larger_than_a_message():
-    tasks = SparseTasks(1, 2, 100, Recorder())
-    with pytest.raises(ValueError, match="more than one push carries"):
-        tasks.make(np.arange(10), np.ones((10, 2), np.float32), "emb", 100, (2,), average=False)
+def test_one_server_s_share_larger_than_a_message_goes_in_parts_of_whole_records():
+    submit = Recorder()
+    tasks = SparseTasks(1, 2, 100, submit)  # 16-byte records: 6 a message
+    tasks.make(np.arange(10)[::-1], np.arange(20, dtype=np.float32).reshape(10, 2), "emb", 100, (2,), average=False)
+    shard, = submit.tasks[0].plan.partitions
+    parts = [decode(payload, (2,), DType.FLOAT32) for payload in shard.payloads]
+    assert [part[0].tolist() for part in parts] == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9]]
+    assert np.concatenate([part[1] for part in parts])[:, 0].tolist() == [18, 16, 14, 12, 10, 8, 6, 4, 2, 0]
+    assert encode_chunks(np.array([], np.int64), np.zeros((0, 2), np.float32), 100, "t") == [None]
+    with pytest.raises(ValueError, match="one .id, row. record is 16 bytes, more than one message carries"):
+        SparseTasks(1, 2, 8, Recorder()).make(np.arange(2), np.ones((2, 2), np.float32), "emb", 100, (2,),
+                                               average=False)
 
 
 def test_a_single_process_gets_its_own_rows_summed():

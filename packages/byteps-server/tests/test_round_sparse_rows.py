@@ -101,13 +101,14 @@ def test_a_payload_of_no_whole_number_of_records_is_refused():
 def test_a_push_must_carry_its_pull_and_come_once_per_machine():
     server = RoundDriver(machines=2)
     server.declare(KEY, table_spec())
-    with pytest.raises(ValueError, match="without its pull"):
+    with pytest.raises(ValueError, match="part 1 of 1 .aux., without its pull"):  # fails round 0 everywhere
         server.push(KEY, 0, 0, payload=records([1], [[1, 1]]))
-    push(server, 0, 0, [1], [[1, 1]])
-    with pytest.raises(ValueError, match="second push of round 0"):
-        server.push(KEY, 0, 0, payload=records([1], [[1, 1]]), flags=FLAG_PULL)
+    assert server.take(Command.ERROR) == []  # nobody else pushed round 0; worker 0 hears of it from the raise
+    push(server, 0, 1, [1], [[1, 1]])
+    with pytest.raises(ValueError, match="second push of round 1"):
+        server.push(KEY, 0, 1, payload=records([1], [[1, 1]]), flags=FLAG_PULL)
     with pytest.raises(ValueError, match="without its push"):
-        server.pull(KEY, 1, 0)
+        server.pull(KEY, 1, 1)
 
 
 def test_machines_that_average_and_sum_in_one_round_all_fail():
@@ -132,12 +133,75 @@ def test_a_round_a_worker_failed_is_closed_and_one_pushed_past_is_skipped():
     assert answers(server) == {r: ([1, 2], [[1, 1], [2, 2]]) for r in range(2)}
 
 
-def test_an_answer_larger_than_a_worker_receives_fails_the_round():
+def answer_parts(server: RoundDriver):
+    """Each machine's answer, part by part: {rank: [(aux, ids, rows), ...]}."""
+    parts = {}
+    for s in server.take(Command.PULL_RESPONSE):
+        ids, rows = decode(s.payload, ROW, DType.FLOAT32)
+        parts.setdefault(s.to, []).append((s.aux, ids.tolist(), rows.tolist()))
+    return parts
+
+
+def push_in_parts(server: RoundDriver, rank: int, round_: int, parts, flags: int = 0):
+    """A push of several messages, each with their number in aux, the last one carrying the pull."""
+    for index, (ids, values) in enumerate(parts):
+        last = index == len(parts) - 1
+        server.push(KEY, rank, round_, payload=records(ids, values), aux=len(parts),
+                    flags=flags | (FLAG_PULL if last else 0))
+    server.pull(KEY, rank, round_)
+
+
+def test_an_answer_larger_than_a_message_goes_in_parts_of_whole_records():
     server = RoundDriver(machines=2)
     server.services.max_payload_bytes = 40  # two records of 16 bytes fit, three do not
     server.declare(KEY, table_spec())
     push(server, 0, 0, [1, 2], [[1, 1], [2, 2]])
-    with pytest.raises(ValueError, match="more than a worker receives at once"):
+    push(server, 1, 0, [2, 3], [[2, 2], [3, 3]])
+    parts = [(2, [1, 2], [[1, 1], [4, 4]]), (2, [3], [[3, 3]])]
+    assert answer_parts(server) == {0: parts, 1: parts}
+
+
+def test_a_push_in_parts_is_summed_once_its_last_part_is_in():
+    server = RoundDriver(machines=2)
+    server.services.max_payload_bytes = 40
+    policy = server.declare(KEY, table_spec())
+    push_in_parts(server, 0, 0, [([1, 2], [[1, 1], [2, 2]]), ([5], [[5, 5]])])
+    push(server, 1, 0, [2], [[2, 2]])
+    parts = [(2, [1, 2], [[1, 1], [4, 4]]), (2, [5], [[5, 5]])]
+    assert answer_parts(server) == {0: parts, 1: parts}
+    server.push(KEY, 1, 1, payload=records([3], [[3, 3]]), aux=2)  # part 1 of 2: the round is open, not done
+    assert policy.partial_round().pushed_ranks == {1}
+    push(server, 0, 1, [4], [[4, 4]])
+    assert server.take(Command.PULL_RESPONSE) == []  # machine 1's push is not whole yet
+    server.push(KEY, 1, 1, payload=records([8], [[8, 8]]), aux=2, flags=FLAG_PULL)
+    server.pull(KEY, 1, 1)
+    assert answer_parts(server) == {r: [(2, [3, 4], [[3, 3], [4, 4]]), (2, [8], [[8, 8]])] for r in range(2)}
+
+
+@pytest.mark.parametrize("parts,flags,text", [
+    ([([2], [[2, 2]]), ([1], [[1, 1]])], [0, FLAG_PULL], "not unique and ascending across the push's parts"),
+    ([([1], [[1, 1]]), ([2], [[2, 2]])], [FLAG_PULL, FLAG_PULL], "part 1 of 2 .aux., with its pull"),
+    ([([1], [[1, 1]]), ([2], [[2, 2]])], [0, 0], "part 2 of 2 .aux., without its pull"),
+])
+def test_a_push_whose_parts_do_not_add_up_fails_the_round_everywhere(parts, flags, text):
+    server = RoundDriver(machines=2)
+    server.declare(KEY, table_spec())
+    push(server, 1, 0, [7], [[7, 7]])
+    with pytest.raises(ValueError, match=text):
+        for (ids, values), flag in zip(parts, flags):
+            server.push(KEY, 0, 0, payload=records(ids, values), aux=len(parts), flags=flag)
+    assert [s.to for s in server.take(Command.ERROR)] == [1]  # worker 0 hears of it from the raise
+    push(server, 0, 1, [1], [[1, 1]])  # the next round goes on
+    push(server, 1, 1, [1], [[1, 1]])
+    assert answers(server) == {r: ([1], [[2, 2]]) for r in range(2)}
+
+
+def test_a_record_larger_than_a_message_fails_the_round():
+    server = RoundDriver(machines=2)
+    server.services.max_payload_bytes = 8  # a record (8-byte id, 8-byte row) never fits
+    server.declare(KEY, table_spec())
+    push(server, 0, 0, [1], [[1, 1]])
+    with pytest.raises(ValueError, match="one .id, row. record is 16 bytes, more than one message carries"):
         push(server, 1, 0, [3], [[3, 3]])
     assert sorted(s.to for s in server.take(Command.ERROR)) == [0, 1]
 
@@ -183,8 +247,8 @@ def test_a_joined_machine_counts_as_an_empty_push_until_every_machine_joined():
 
 def test_a_join_that_completes_a_round_too_large_to_answer_fails_it_and_stands():
     server = RoundDriver(machines=2)
-    server.services.max_payload_bytes = 40  # two records of 16 bytes fit, three do not
+    server.services.max_payload_bytes = 8  # a record (8-byte id, 8-byte row) never fits
     server.declare(KEY, table_spec())
-    push(server, 0, 0, [1, 2, 3], [[1, 1], [2, 2], [3, 3]])
-    server.join(1)  # the union of 3 records does not fit: the round fails on machine 0, the JOIN is kept
+    push(server, 0, 0, [1], [[1, 1]])
+    server.join(1)  # the answer cannot be sent: the round fails on machine 0, the JOIN is kept
     assert [s.to for s in server.take(Command.ERROR)] == [0] and 1 in server.services.joined

@@ -23,7 +23,7 @@ from byteps.common.interface import require_interface
 # compression.stages moved there), Config.max_partition_bytes; 3.1: compression.warn_if_feedback_meets_momentum
 # and FeedbackMomentumWarning, Config.shutdown_leaves_job and Worker.shutdown_leaves_job (role mode's shutdown);
 # 3.2: row-sparse push_pull (Worker.sparse_push_pull, byteps.common.row_sparse, PartitionSpec.sparse)
-INTERFACE_VERSION = (3, 2)
+INTERFACE_VERSION = (3, 3)
 
 require_interface("byteps-transport", "byteps.transport", (2, 10), requirer="byteps-common")
 

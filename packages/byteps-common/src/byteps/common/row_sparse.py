@@ -25,14 +25,14 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, List, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from byteps.common.dtypes import DType
 from byteps.common.tensor_registry import SET_ID_SHIFT, SPARSE_TABLE_SET
 
-__all__ = ["SPARSE_DTYPES", "SparseRows", "SparseTable", "decode", "encode", "record_nbytes",
+__all__ = ["SPARSE_DTYPES", "SparseRows", "SparseTable", "decode", "encode", "encode_chunks", "record_nbytes",
            "is_sparse_key", "server_of", "sparse_key", "sum_by_id", "table_layout"]
 
 #: Bits of a key below its tensor id (``tensor_id << 16 | partition``).
@@ -78,6 +78,22 @@ def encode(ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
     payload[:count * _ID.itemsize].view(_ID)[:] = ids
     payload[count * _ID.itemsize:].view(rows.dtype)[:] = rows.reshape(-1)
     return payload
+
+
+def encode_chunks(ids: np.ndarray, rows: np.ndarray, limit: int, what: str) -> List[Optional[np.ndarray]]:
+    """The records cut into payloads of at most ``limit`` bytes each (whole records, in order; at least one,
+    None for no records): what a row-sparse push or answer sends, one message per payload. ValueError naming
+    ``what`` if one record alone is larger than ``limit``."""
+    count = len(ids)
+    if count == 0:
+        return [None]
+    record = _ID.itemsize + rows[0].nbytes
+    per_chunk = limit // record if limit else count
+    if per_chunk < 1:
+        raise ValueError(f"{what}: one (id, row) record is {record} bytes, more than one message carries "
+                         f"({limit} bytes, BYTEPS_PARTITION_BYTES)")
+    return [encode(ids[start:start + per_chunk], rows[start:start + per_chunk])
+            for start in range(0, count, per_chunk)]
 
 
 def decode(payload: Any, row_shape: Sequence[int], dtype: DType) -> Tuple[np.ndarray, np.ndarray]:

@@ -11,9 +11,9 @@ runs the job's scheduler::
 
 from byteps.common.interface import require_interface
 
-INTERFACE_VERSION = (1, 1)  # 1.1: row-sparse keys (rounds.SparseRowSum), which need byteps-common 3.2
+INTERFACE_VERSION = (1, 2)  # 1.2: row-sparse rounds in parts; 1.1: row-sparse keys (rounds.SparseRowSum)
 
-require_interface("byteps-common", "byteps.common", (3, 2), requirer="byteps-server")
+require_interface("byteps-common", "byteps.common", (3, 3), requirer="byteps-server")
 require_interface("byteps-transport", "byteps.transport", (2, 10), requirer="byteps-server")
 
 __all__ = ["INTERFACE_VERSION"]

@@ -12,10 +12,14 @@ on that server with their sums. SPARSE_MERGE puts the servers' answers
 together once the last is in: ids ascending (each id lives on one server,
 so the union is a sort of disjoint parts), rows averaged when asked.
 
-Sparse pushes hold no scheduling credit: a push's size is known only
-once the caller's rows are cut by server, and a round is one message per
-server. A server's PUSH_ACK (sent while the round waits for other
-machines) is therefore dropped here.
+A shard's records go in one PUSH per payload (each at most
+BYTEPS_PARTITION_BYTES, whole records in order), every one carrying the
+number of them in its header's ``aux`` and the last one the pull
+(FLAG_PULL); the server answers the same way, ``aux`` PULL_RESPONSEs of
+whole records in order, which are put together here. Sparse pushes hold
+no scheduling credit: a push's size is known only once the caller's rows
+are cut by server. A server's PUSH_ACK (sent while the round waits for
+other machines) is therefore dropped here.
 """
 
 from __future__ import annotations
@@ -77,9 +81,13 @@ class SparseExchange:
             connection.send(Command.INIT_KEY, self.rank, shard.key, payload=json_payload(spec.to_json()))
             self._initialized.add(shard.key)
         self._in_flight[(shard.key, task.round)] = trip
-        flags = FLAG_PULL | (FLAG_AVERAGE if task.average else 0)
-        connection.send(Command.PUSH, self.rank, shard.key, task.round, payload=shard.payload,
-                        dtype=int(task.table.dtype), flags=flags)
+        trip.data = []  # the answer's parts, as they come
+        average = FLAG_AVERAGE if task.average else 0
+        count = len(shard.payloads)
+        for index, payload in enumerate(shard.payloads):
+            connection.send(Command.PUSH, self.rank, shard.key, task.round, payload=payload,
+                            dtype=int(task.table.dtype), flags=average | (FLAG_PULL if index == count - 1 else 0),
+                            aux=count)
         return WAIT
 
     def merge(self, trip: SparseTrip) -> Outcome:
@@ -118,12 +126,17 @@ class SparseExchange:
         if header.command != Command.PULL_RESPONSE or trip is None:
             raise TransportError(f"unexpected {command_name(header.command)} for row-sparse key {header.key} "
                                  f"round {header.round} from server {connection.address}")
-        del self._in_flight[entry]
         table = trip.task.table
         try:
-            trip.data = decode(message.payload, table.row_shape, table.dtype)
+            trip.data.append(decode(message.payload, table.row_shape, table.dtype))
         except ValueError as exc:
             return [Failure(trip.task, TransportError(f"server {connection.address}: {exc}"), tell_peers=False)]
+        if len(trip.data) < max(header.aux, 1):
+            return NOTHING  # more parts of the answer to come
+        del self._in_flight[entry]
+        parts = trip.data
+        trip.data = parts[0] if len(parts) == 1 else (np.concatenate([part[0] for part in parts]),
+                                                      np.concatenate([part[1] for part in parts]))
         return [trip]
 
     # --- failures -----------------------------------------------------------------------

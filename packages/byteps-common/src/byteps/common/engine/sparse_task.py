@@ -30,7 +30,7 @@ from byteps.common.handle import Handle
 from byteps.common.row_sparse import (
     SparseRows,
     SparseTable,
-    encode,
+    encode_chunks,
     server_of,
     sparse_key,
     sum_by_id,
@@ -42,12 +42,13 @@ __all__ = ["SparseHandle", "SparseShard", "SparsePlan", "SparseTask", "SparseTas
 
 @dataclasses.dataclass(eq=False)
 class SparseShard:
-    """The rows of one round that one server sums: the key of the table on that server, and the payload."""
+    """The rows of one round that one server sums: the key of the table on that server, and the payloads (one
+    message each, at most BYTEPS_PARTITION_BYTES: the records cut in order, :func:`encode_chunks`)."""
 
     key: int
     index: int  # the server: a trip's "partition" for the tracer
     server: int
-    payload: Optional[np.ndarray]  # encoded (id, row) records; None for none
+    payloads: List[Optional[np.ndarray]]  # encoded (id, row) records; [None] for none
 
 
 @dataclasses.dataclass(eq=False)
@@ -98,7 +99,7 @@ class SparseTrip:
         self.route = route
         self.stages = route.stages
         self.position = -1
-        self.data: Any = None  # SPARSE_EXCHANGE: the server's (ids, rows)
+        self.data: Any = None  # SPARSE_EXCHANGE: the parts of the server's answer so far, then its (ids, rows)
         self.stage_started = 0.0
         self.sent_at = 0.0
 
@@ -216,7 +217,7 @@ class SparseTasks:
         """Fail round ``round_`` of ``table`` on the servers (the other ranks' pushes of it fail there)."""
         if self.submit is None:
             return
-        shards = [SparseShard(sparse_key(table.table_id, s), s, s, None) for s in range(self.num_servers)]
+        shards = [SparseShard(sparse_key(table.table_id, s), s, s, [None]) for s in range(self.num_servers)]
         handle = Handle(table.name, None)
         self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, 0), handle,
                                refusal=error))
@@ -229,11 +230,7 @@ class SparseTasks:
         shards, pushed = [], 0
         for server in range(self.num_servers):
             mine = owners == server
-            payload = encode(ids[mine], rows[mine])
-            if payload.nbytes > self.max_payload_bytes:
-                raise ValueError(f"{table.describe()}: {payload.nbytes} bytes of rows for server {server} are more "
-                                 f"than one push carries ({self.max_payload_bytes} bytes, BYTEPS_PARTITION_BYTES)")
-            pushed += payload.nbytes
-            shards.append(SparseShard(sparse_key(table.table_id, server), server, server,
-                                      payload if payload.nbytes else None))
+            payloads = encode_chunks(ids[mine], rows[mine], self.max_payload_bytes, table.describe())
+            pushed += sum(payload.nbytes for payload in payloads if payload is not None)
+            shards.append(SparseShard(sparse_key(table.table_id, server), server, server, payloads))
         return shards, pushed

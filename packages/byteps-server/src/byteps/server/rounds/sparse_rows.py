@@ -18,14 +18,18 @@ The rules a round enforces (each broken one is a ValueError, answered
 with an ERROR; one that spoils the round fails it on every machine that
 pushed it, and its later pushes get the same ERROR):
 
-- one push per machine and round, carrying its pull; a push of a later
+- one push per machine and round, carrying its pull. A push may come in
+  several messages (each at most the payload limit, BYTEPS_PARTITION_BYTES,
+  whole records in order): each says how many in its header's ``aux``
+  (0 counts as 1), and the last carries the pull. A push of a later
   round than the open one means its machine failed the open round (which
   is closed, its pushers told), one of an earlier round is refused;
 - every push of a round averages or sums alike (FLAG_AVERAGE);
 - a push is whole records, its ids ascending, unique and within the
   table's rows;
-- the round's answer fits the workers' payload limit
-  (BYTEPS_PARTITION_BYTES, at least 64 MiB).
+- the round's answer goes to each machine in as many PULL_RESPONSEs as
+  the payload limit needs, each with their number in ``aux``; only a
+  single record larger than the limit fails the round.
 
 A machine that joined (``hvd.join()``, :mod:`byteps.server.rounds.joined`)
 counts as an empty push in every round until every machine joined, as a
@@ -41,7 +45,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import numpy as np
 
 from byteps.common.dtypes import DType
-from byteps.common.row_sparse import decode, encode, sum_by_id
+from byteps.common.row_sparse import decode, encode_chunks, sum_by_id
 from byteps.server.rounds.key_state import KeyState, RoundServices
 from byteps.server.stall_inspector import PartialRound
 from byteps.transport import Command, Message
@@ -80,11 +84,14 @@ class SparseRowSum:
         self.joined = services.joined.machines  # the shared dict itself (cleared in place once all joined)
         self.completed = -1  # the last closed (answered or failed) round
         self.pushed: Dict[int, Tuple[bytes, np.ndarray, np.ndarray]] = {}  # machine -> (identity, ids, rows)
+        # machine -> (identity, parts in all, the (ids, rows) of those in so far): pushes still coming in parts
+        self.parts: Dict[int, Tuple[bytes, int, List[Tuple[np.ndarray, np.ndarray]]]] = {}
         self.round_started = 0.0
         self.round_flags = 0  # FLAG_AVERAGE of the open round's first push
         self.round_first = 0  # the rank of that push
         self.pending: List[Tuple[bytes, int]] = []  # (identity, round): pulls the open round answers
-        self.answer: Optional[Tuple[int, np.ndarray, Set[bytes]]] = None  # closed round, records, not yet answered
+        self.answer: Optional[Tuple[int, List[Optional[np.ndarray]], Set[bytes]]] = None  # closed round, its
+        # payloads, the machines not yet answered
         self.failed: Dict[int, str] = {}  # round -> why it failed: its late pushes get this ERROR
 
     # --- pushes ----------------------------------------------------------------------------
@@ -93,9 +100,6 @@ class SparseRowSum:
         round_ = header.round
         if round_ in self.failed:
             raise ValueError(self.failed[round_])
-        if not header.flags & FLAG_PULL:
-            raise ValueError(f"push of round {round_} for {self.spec.describe()} without its pull: a row-sparse "
-                             "push always carries it (FLAG_PULL)")
         if round_ > self.completed + 1:
             self._skip_to(round_, header.sender)
         elif round_ <= self.completed:
@@ -104,8 +108,16 @@ class SparseRowSum:
         machine = header.sender // self.services.local_size
         if machine in self.pushed:
             raise ValueError(f"second push of round {round_} for {self.spec.describe()}")
+        _, of, parts = self.parts.get(machine, (message.identity, max(header.aux, 1), []))
+        last = len(parts) + 1 == of
+        if max(header.aux, 1) != of or bool(header.flags & FLAG_PULL) != last:
+            self.parts.pop(machine, None)  # its sender hears of the failure from the raise
+            self._fail_open_round(
+                f"worker {header.sender}: push of round {round_} for {self.spec.describe()}, part {len(parts) + 1} "
+                f"of {max(header.aux, 1)} (aux), {'with' if header.flags & FLAG_PULL else 'without'} its pull: a "
+                f"row-sparse push is {of} part(s), the last one carrying the pull (FLAG_PULL)")
         flags = header.flags & FLAG_AVERAGE
-        if self.pushed and flags != self.round_flags:
+        if (self.pushed or self.parts) and flags != self.round_flags:
             how = {FLAG_AVERAGE: "averages", 0: "sums"}
             self._fail_open_round(f"mismatch for {self.spec.describe()}: worker {header.sender} {how[flags]} but "
                                   f"worker {self.round_first} {how[self.round_flags]}; every worker must use the "
@@ -114,8 +126,18 @@ class SparseRowSum:
             ids, rows = self._records(message)
         except ValueError as exc:
             self._fail_open_round(f"worker {header.sender}: {exc}")
-        if not self.pushed:
+        if not self.pushed and not self.parts:
             self.round_started, self.round_flags, self.round_first = time.monotonic(), flags, header.sender
+        parts.append((ids, rows))
+        if not last:
+            self.parts[machine] = (message.identity, of, parts)
+            return
+        self.parts.pop(machine, None)
+        if len(parts) > 1:
+            ids, rows = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+            if not np.all(ids[1:] > ids[:-1]):
+                self._fail_open_round(f"worker {header.sender}: row ids pushed for {self.spec.describe()} are not "
+                                      "unique and ascending across the push's parts")
         self.pushed[machine] = (message.identity, ids, rows)
         if self._complete():
             self._close()
@@ -138,11 +160,16 @@ class SparseRowSum:
         """The open round cannot be summed: every machine that pushed it gets ``text``, and so will those that
         push it later (raised here, for the message being handled)."""
         round_ = self.completed + 1
-        for identity, _, _ in self.pushed.values():
+        for identity in self._pushers():
             self.send(Command.ERROR, self.rank, self.key, round_, payload=text.encode(), identity=identity)
         self.failed[round_] = text
         self._forget_open_round()
         raise ValueError(text)
+
+    def _pushers(self) -> Set[bytes]:
+        """The connections that pushed the open round, whole or in part."""
+        return {identity for identity, _, _ in self.pushed.values()} | {
+            identity for identity, _, _ in self.parts.values()}
 
     def _skip_to(self, round_: int, sender: int) -> None:
         """A machine pushed a round past the open one: it failed the rounds in between (a worker's refusal
@@ -150,7 +177,7 @@ class SparseRowSum:
         sum; whoever pushed the open one gets an ERROR."""
         text = (f"round {self.completed + 1} of {self.spec.describe()} failed (worker {sender} went on to round "
                 f"{round_}); see the first error of this push_pull")
-        for identity, _, _ in self.pushed.values():
+        for identity in self._pushers():
             self.send(Command.ERROR, self.rank, self.key, self.completed + 1, payload=text.encode(), identity=identity)
         while self.completed + 1 < round_:
             self.failed[self.completed + 1] = text
@@ -160,6 +187,7 @@ class SparseRowSum:
         self.completed += 1
         self.failed.pop(self.completed - 2, None)  # pushes of a round come before the machines' next round
         self.pushed.clear()
+        self.parts.clear()
         self.pending = [(identity, round_) for identity, round_ in self.pending if round_ > self.completed]
 
     def _close(self) -> None:
@@ -169,13 +197,12 @@ class SparseRowSum:
         ids = np.concatenate([p[1] for p in pushes])
         rows = np.concatenate([p[2] for p in pushes])
         union, sums = sum_by_id(ids, rows)
-        records = encode(union, sums)
-        limit = self.services.max_payload_bytes
-        if limit and records.nbytes > limit:
-            self._fail_open_round(f"round {round_} of {self.spec.describe()}: the union of {len(union)} rows "
-                                  f"({records.nbytes} bytes) is more than a worker receives at once ({limit} bytes, "
-                                  "BYTEPS_PARTITION_BYTES); fewer rows per push_pull, or more servers")
-        self.answer = (round_, records, {p[0] for p in pushes})
+        try:
+            payloads = encode_chunks(union, sums, self.services.max_payload_bytes,
+                                     f"round {round_} of {self.spec.describe()}")
+        except ValueError as exc:
+            self._fail_open_round(str(exc))
+        self.answer = (round_, payloads, {p[0] for p in pushes})
         pending = [(identity, pulled) for identity, pulled in self.pending if pulled == round_]
         self._forget_open_round()
         for identity, pulled in pending:
@@ -197,9 +224,10 @@ class SparseRowSum:
         self.pending.append((identity, round_))
 
     def _answer(self, identity: bytes, round_: int) -> None:
-        closed, records, waiting = self.answer
-        self.send(Command.PULL_RESPONSE, self.rank, self.key, round_, payload=records if records.nbytes else None,
-                  dtype=self.spec.dtype, identity=identity)
+        closed, payloads, waiting = self.answer
+        for payload in payloads:
+            self.send(Command.PULL_RESPONSE, self.rank, self.key, round_, payload=payload, dtype=self.spec.dtype,
+                      aux=len(payloads), identity=identity)
         waiting.discard(identity)
         if not waiting:
             self.answer = None  # every machine has the round: nothing of it is kept
@@ -225,7 +253,8 @@ class SparseRowSum:
             self._forget_open_round()
 
     def partial_round(self) -> Optional[PartialRound]:
-        if not self.pushed:
+        if not self.pushed and not self.parts:
             return None
-        return PartialRound(self.key, self.spec.name, self.completed + 1, self.round_started, set(self.pushed))
+        return PartialRound(self.key, self.spec.name, self.completed + 1, self.round_started,
+                            set(self.pushed) | set(self.parts))
 
