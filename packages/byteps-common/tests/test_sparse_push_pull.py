@@ -42,6 +42,14 @@ def test_sparse_rows_over_tcp_alone_with_server_scheduling_and_a_trace(tmp_path)
     assert '"cat": "sparse_exchange"' in traces and '"cat": "sparse_merge"' in traces, traces[:2000]
 
 
+def test_several_worker_processes_per_machine_each_push_their_rows():
+    """2 machines of 2 worker processes: every process pushes its own rows, over TCP and through shared memory
+    to a co-located server alike; a join() after them is refused on the rank that calls it."""
+    for env in ({"BYTEPS_ENABLE_IPC": "0"}, {}):
+        result = run_job([*WORKER, "sums", "3"], 2, 2, local_size=2, timeout=90, env=env)
+        _check(result, 4, "SPARSE OK")
+
+
 def test_rounds_larger_than_a_message_go_in_parts():
     result = run_job([*WORKER, "large", "2"], 2, 2, timeout=120, env={"BYTEPS_ENABLE_IPC": "0"})
     _check(result, 2, "LARGE OK")

@@ -23,6 +23,7 @@ CHECKS = ["sgd", "adagrad_embedding_bag", "sparse_adam", "embedding_unused_on_on
 LAYOUTS = {
     "two-workers-one-server": (["--workers", "2", "--servers", "1"], "row-sparse"),
     "two-workers-two-servers": (["--workers", "2", "--servers", "2"], "row-sparse"),
+    "two-machines-of-two": (["-np", "2", "--workers", "2", "--servers", "2"], "row-sparse"),  # each rank pushes
     "one-machine-np2": (["-np", "2"], "gather"),   # several processes per machine, no servers
 }
 SMALL_FUSION = {"BYTEPS_FUSION_MAX_TENSOR_BYTES": "4096"}
@@ -32,15 +33,16 @@ SMALL_FUSION = {"BYTEPS_FUSION_MAX_TENSOR_BYTES": "4096"}
 def test_sparse_training_matches_the_reference(layout):
     args, path = LAYOUTS[layout]
     _assert_passed(launch_job(args, SCRIPT, [path], env=SMALL_FUSION, timeout=180),
-                   CHECKS + (["join_uneven_batches"] if path == "row-sparse" else []))
+                   CHECKS + (["join_uneven_batches"] if path == "row-sparse" else []),
+                   range(4) if "-np" in args and "--workers" in args else (0, 1))
 
 
 def test_a_small_table_fused_in_its_first_step_goes_row_sparse_from_the_second():
     _assert_passed(launch_job(LAYOUTS["two-workers-two-servers"][0], SCRIPT, ["row-sparse", "fused"], timeout=180))
 
 
-def _assert_passed(result, checks=CHECKS):
-    for rank in (0, 1):
+def _assert_passed(result, checks=CHECKS, ranks=(0, 1)):
+    for rank in ranks:
         printed = rank_lines(result.stdout, rank)
         for check in checks:
             assert f"OK {check}" in printed, (

@@ -180,9 +180,6 @@ class Worker:
         if self.is_distributed and not self.tasks.has_servers:
             raise NotImplementedError("a row-sparse push_pull needs servers: several processes on one machine "
                                       "without servers are a later step (docs/sparse.md)")
-        if self.local_size > 1:
-            raise NotImplementedError("a row-sparse push_pull with several worker processes per machine (local "
-                                      "aggregation) is a later step (docs/sparse.md)")
         return self.sparse.make(ids, rows, table, num_rows, row_shape, average)
 
     def sparse_push_pull(self, ids: Any, rows: Any, table: str, num_rows: int, row_shape: Sequence[int],
@@ -261,10 +258,16 @@ class Worker:
         Ranks then agree again on what the others declared meanwhile (tensor ids, rounds, placements);
         ``extra`` (anything JSON can carry, e.g. the front's name state) is exchanged too: returned are
         the joined-last rank and every rank's ``extra``, in rank order. Works in every layout: one machine,
-        servers, several processes per machine (a joined local root stands in for its peers), backup workers.
+        servers, several processes per machine (a joined local root stands in for its peers), backup workers;
+        refused (NotImplementedError) after row-sparse push_pulls with several processes per machine.
         """
         if self._comm is None:
             return self.rank, [extra]
+        if self.local_size > 1 and self.sparse.tables:
+            raise NotImplementedError(
+                "join() after row-sparse push_pulls with several worker processes per machine: each process "
+                "pushes its own rows, and a server learns only of whole machines joining (docs/sparse.md, "
+                "\"Not yet\"); run one worker process per machine, or densify (sparse_as_dense=True)")
         last = self._comm.join_job()
         return last, agree_after_join(self, extra)
 

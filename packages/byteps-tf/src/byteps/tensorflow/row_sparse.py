@@ -12,7 +12,8 @@ rank's values and indices uncoalesced instead; applied by an optimizer
 (``scatter_add`` of each row) the two are the same update.
 
 :func:`takes_row_sparse` says whether a gradient goes this way: the job must
-allow it (servers, one worker process per machine, op Average or Sum, every
+allow it (servers, any number of worker processes per machine, op Average or
+Sum, every
 rank, no backup workers, synchronous training) and the gradient must fit it
 (float16/32/64 values of a known row shape, a dense shape). Everything else
 keeps the gather of :class:`byteps.tensorflow.reduction.Gather`. Every

@@ -11,7 +11,8 @@ Horovod's sparse allreduce of the same gradients (which gathers every rank's
 indices and values), so an optimizer steps alike on either.
 
 :func:`takes_row_sparse` says whether a tensor goes this way: the job must
-allow it (servers, one worker process per machine, op Average or Sum, every
+allow it (servers, any number of worker processes per machine, op Average or
+Sum, every
 rank, no backup workers, synchronous training) and the tensor must fit it
 (one sparse dimension, float16/32/64 values). Everything else keeps the
 gather path of :func:`byteps.torch.collectives.sparse_allreduce_async`.

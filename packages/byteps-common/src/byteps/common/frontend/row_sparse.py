@@ -29,8 +29,8 @@ def job_takes_row_sparse(op: Any, process_set: Any) -> bool:
     if not api.is_initialized() or op not in (Average, Sum):
         return False
     worker = api.worker()
-    if (not worker.is_distributed or not worker.tasks.has_servers or worker.local_size != 1
-            or worker.config.backup_workers or async_enabled()):
+    if (not worker.is_distributed or not worker.tasks.has_servers or worker.config.backup_workers
+            or async_enabled()):
         return False
     return not rank_view(process_set).set_id
 
