@@ -3,7 +3,8 @@ machine (docs/sparse.md).
 
 scripts/sparse_training_checks.py trains an nn.Embedding / nn.EmbeddingBag
 (sparse=True) with a dense layer on top through DistributedOptimizer (SGD,
-Adagrad, SparseAdam, sparse_as_dense) and calls sparse_allreduce_async, and
+Adagrad, SparseAdam, sparse_as_dense) and byteps' DistributedDataParallel,
+calls sparse_allreduce_async, and
 compares every step with a single-process reference on every rank's
 batches; it checks which path was taken too. Gradients up to 4 KiB are
 fused (BYTEPS_FUSION_MAX_TENSOR_BYTES), so the 32 KB table is sent alone;
@@ -19,7 +20,7 @@ from byteps.testkit import launch_job, rank_lines, tail
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "sparse_training_checks.py")
 CHECKS = ["sgd", "adagrad_embedding_bag", "sparse_adam", "embedding_unused_on_one_rank", "sparse_as_dense",
-          "sparse_allreduce_against_numpy"]
+          "sparse_allreduce_against_numpy", "ddp_sparse_embedding"]
 LAYOUTS = {
     "two-workers-one-server": (["--workers", "2", "--servers", "1"], "row-sparse"),
     "two-workers-two-servers": (["--workers", "2", "--servers", "2"], "row-sparse"),

@@ -136,6 +136,39 @@ def sgd_sparse_as_dense() -> None:
     train("dense", False, lambda model: torch.optim.SGD(model.parameters(), lr=0.5), sparse_as_dense=True)
 
 
+def ddp_sparse_embedding() -> None:
+    """byteps' DistributedDataParallel over a sparse embedding: its gradient comes back sparse, averaged over
+    the job (rank 1's embedding unused at step 2 sends no rows), and SGD steps as on the whole batch."""
+    from byteps.torch.parallel import DistributedDataParallel
+
+    torch.manual_seed(3)
+    model = Net(False)
+    reference = copy.deepcopy(model)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        ids, target = batch(bps.rank(), step)
+        output = ddp(ids, uses_embedding(bps.rank(), step, "unused"))
+        ((output - target[:len(output)]) ** 2).mean().backward()
+        gradient = model.embedding.weight.grad
+        assert gradient is not None and gradient.is_sparse, f"step {step}: {gradient!r}"
+        optimizer.step()
+        for name, grad in averaged_gradients(reference, step, "unused").items():
+            dict(reference.named_parameters())[name].grad = grad
+        reference_optimizer.step()
+        assert_close(gradient.to_dense(), reference.embedding.weight.grad.to_dense(), f"DDP step {step} gradient")
+        for (name, p), (_, want) in zip(model.named_parameters(), reference.named_parameters()):
+            assert_close(p.detach(), want.detach(), f"DDP step {step} {name}")
+    tables = [t for name, t in api.worker().sparse.tables.items() if name.endswith(".Gradient.embedding.weight")
+              and name.startswith("DistributedDataParallel.")]
+    if PATH == "row-sparse":
+        assert len(tables) == 1 and tables[0].rounds == STEPS, tables
+    else:
+        assert not tables, tables
+
+
 def sgd_join_uneven_batches() -> None:
     """Rank 1 runs out of data after 3 steps and joins (hvd.join): rank 0's last 2 steps average its own rows
     with nothing from rank 1, as Horovod counts a joined rank as zeros; then the ranks agree on the tables'
@@ -246,6 +279,7 @@ def main() -> None:
     checks.run("embedding_unused_on_one_rank", sgd_embedding_unused_on_one_rank)
     checks.run("sparse_as_dense", sgd_sparse_as_dense)
     checks.run("sparse_allreduce_against_numpy", sparse_allreduce_against_numpy)
+    checks.run("ddp_sparse_embedding", ddp_sparse_embedding)
     if PATH == "row-sparse" and not FUSED:  # the gather path is an allgather, which a joined rank refuses
         checks.run("join_uneven_batches", sgd_join_uneven_batches)
     bps.shutdown()

@@ -64,7 +64,7 @@ from byteps.torch.compression import Compression
 from byteps.torch.gradient_hooks import hook_gradient
 from byteps.torch.horovod_ops import allreduce_async_
 from byteps.torch.ops import push_pull_async_inplace
-from byteps.torch.row_sparse import takes_row_sparse
+from byteps.torch.row_sparse import no_rows, takes_row_sparse
 
 __all__ = ["DistributedOptimizer"]
 
@@ -263,7 +263,7 @@ class _DistributedOptimizer:
         if p.grad is None and p in self._sparse_dims and not self.sparse_as_dense:
             # No gradient here this step, but the other ranks' are sparse: push no rows rather than dense
             # zeros, which would meet nothing of the name on the other ranks.
-            p.grad = _no_rows(p, self._sparse_dims[p])
+            p.grad = no_rows(p, self._sparse_dims[p])
         if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense:
             self._sparse_dims[p] = p.grad.sparse_dim()
             # Row-sparse through the servers where the job allows it, else Horovod's gather; the sum stays
@@ -417,13 +417,6 @@ class _DistributedOptimizer:
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(); push_pulls of the gradients are pending, and zeroing them now would race")
         return super().zero_grad(set_to_none)
-
-
-def _no_rows(p: torch.Tensor, sparse_dim: int) -> torch.Tensor:
-    """A sparse gradient of ``p`` with ``sparse_dim`` sparse dimensions and no entries."""
-    indices = torch.zeros((sparse_dim, 0), dtype=torch.int64, device=p.device)
-    values = torch.zeros((0, *p.shape[sparse_dim:]), dtype=p.dtype, device=p.device)
-    return torch.sparse_coo_tensor(indices, values, p.shape, check_invariants=False)
 
 
 def _spend_handles(handles: List[Any]) -> None:

@@ -12,8 +12,7 @@ indices and values), so an optimizer steps alike on either.
 
 :func:`takes_row_sparse` says whether a tensor goes this way: the job must
 allow it (servers, any number of worker processes per machine, op Average or
-Sum, every
-rank, no backup workers, synchronous training) and the tensor must fit it
+Sum, every rank, no backup workers, synchronous training) and the tensor must fit it
 (one sparse dimension, float16/32/64 values). Everything else keeps the
 gather path of :func:`byteps.torch.collectives.sparse_allreduce_async`.
 Every condition is the same on every rank for the same parameter, so all
@@ -38,7 +37,7 @@ from byteps.common.frontend.row_sparse import job_takes_row_sparse
 from byteps.common.frontend.row_sparse import table_name as front_table_name
 from byteps.common.row_sparse import SparseRows
 
-__all__ = ["ROW_SPARSE_DTYPES", "nbytes", "start", "table_name", "takes_row_sparse"]
+__all__ = ["ROW_SPARSE_DTYPES", "nbytes", "no_rows", "sparse_parameters", "start", "table_name", "takes_row_sparse"]
 
 #: Value dtypes the row-sparse push_pull takes (byteps.common.row_sparse.SPARSE_DTYPES); bfloat16 is gathered.
 ROW_SPARSE_DTYPES = (torch.float16, torch.float32, torch.float64)
@@ -48,6 +47,21 @@ def takes_row_sparse(tensor: torch.Tensor, op: Any, process_set: Any) -> bool:
     """Whether the sparse ``tensor`` is reduced by a row-sparse push_pull rather than gathered."""
     return (job_takes_row_sparse(op, process_set) and tensor.is_sparse and tensor.sparse_dim() == 1
             and tensor.dtype in ROW_SPARSE_DTYPES and all(size > 0 for size in tensor.shape))
+
+
+def no_rows(p: torch.Tensor, sparse_dim: int) -> torch.Tensor:
+    """A sparse gradient of ``p`` with ``sparse_dim`` sparse dimensions and no entries: what a rank whose
+    sparse parameter got no gradient this step sends, as the others send theirs."""
+    indices = torch.zeros((sparse_dim, 0), dtype=torch.int64, device=p.device)
+    values = torch.zeros((0, *p.shape[sparse_dim:]), dtype=p.dtype, device=p.device)
+    return torch.sparse_coo_tensor(indices, values, p.shape, check_invariants=False)
+
+
+def sparse_parameters(module: torch.nn.Module) -> set:
+    """The parameters of ``module`` whose gradients are sparse: the weights of its ``nn.Embedding`` and
+    ``nn.EmbeddingBag`` layers built with ``sparse=True`` (the same on every rank that builds the same model)."""
+    return {layer.weight for layer in module.modules()
+            if isinstance(layer, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and layer.sparse}
 
 
 def table_name(name: str, tensor: torch.Tensor) -> str:

@@ -34,17 +34,20 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import torch
 
-from byteps.common.frontend import size
+from byteps.common.frontend import Average, size
 from byteps.torch.buckets import Bucket, GradientBuckets, push_pull_bucket, wait_gradient
+from byteps.torch.collectives import _sparse_allreduce_async
 from byteps.torch.compression import Compression
 from byteps.torch.functions import broadcast_parameters
-from byteps.torch.ops import push_pull_async_inplace
+from byteps.torch.ops import push_pull_async_inplace, synchronize
+from byteps.torch.row_sparse import no_rows, sparse_parameters
 
 __all__ = ["DistributedDataParallel"]
 
 # Every rank builds its DistributedDataParallel modules in the same order, so
 # this counter gives each module the same name prefix on every rank.
 _instances = itertools.count()
+_SPARSE = object()  # the "compressor context" of a sparse gradient's handle
 
 
 class DistributedDataParallel(torch.nn.Module):
@@ -58,7 +61,12 @@ class DistributedDataParallel(torch.nn.Module):
     ``compression`` is a Horovod compressor (``Compression.fp16`` sends
     float16). Parameters that get no gradient in a backward pass (unused
     branches) are averaged as zeros, so ``find_unused_parameters`` is
-    accepted and has nothing left to do.
+    accepted and has nothing left to do. The sparse gradients of
+    ``nn.Embedding``/``nn.EmbeddingBag(sparse=True)`` layers go alone,
+    through :func:`~byteps.torch.collectives.sparse_allreduce_async` (the
+    row-sparse push_pull where the job allows it, docs/sparse.md), and come
+    back as sparse gradients, averaged; a rank whose embedding got no
+    gradient sends no rows.
     """
 
     def __init__(self, module: torch.nn.Module, device_ids: Optional[Sequence[Any]] = None,
@@ -76,12 +84,16 @@ class DistributedDataParallel(torch.nn.Module):
         self._compression = compression
         self._prefix = f"DistributedDataParallel.{next(_instances)}."
         self._names: Dict[torch.Tensor, str] = {p: name for name, p in module.named_parameters()}
+        self._sparse = sparse_parameters(module) & set(self._names)  # gradients sent row-sparse, never fused
         self._pending: Dict[torch.Tensor, Tuple[int, Any]] = {}   # parameter -> (handle, compressor context)
         self._callback_queued = False
         self._communicate = size() > 1
         # Small gradients travel fused, in buckets decided from the parameters (see byteps.torch.buckets).
-        self._buckets = GradientBuckets({p: self._prefix + "Gradient." + name for p, name in self._names.items()},
+        gradient_names = {p: self._prefix + "Gradient." + name for p, name in self._names.items()}
+        # sparse gradients are tables of their own (not declared as dense tensors, never fused)
+        self._buckets = GradientBuckets({p: n for p, n in gradient_names.items() if p not in self._sparse},
                                         compression)
+        self._tables = {p: n for p, n in gradient_names.items() if p in self._sparse}
         self._plan: Optional[Dict[torch.Tensor, Bucket]] = None   # this backward's buckets, once known
         self._hooked: Set[torch.Tensor] = set()
         self._buckets.declare(self._current_plan() if self._communicate else {})
@@ -94,7 +106,7 @@ class DistributedDataParallel(torch.nn.Module):
     def _current_plan(self) -> Dict[torch.Tensor, Bucket]:
         """This backward's buckets, over the parameters requiring grad when its first gradient came."""
         if self._plan is None:
-            self._plan = self._buckets.plan([p for p in self._names if p.requires_grad])
+            self._plan = self._buckets.plan([p for p in self._names if p.requires_grad and p not in self._sparse])
         return self._plan
 
     def _register_hooks(self) -> None:
@@ -145,6 +157,11 @@ class DistributedDataParallel(torch.nn.Module):
         return (compressed if compressed.is_contiguous() else compressed.contiguous()), ctx
 
     def _start_push_pull(self, p: torch.Tensor) -> None:
+        if p in self._sparse:
+            gradient = p.grad if p.grad is not None and p.grad.is_sparse else no_rows(p, 1)
+            name = self._tables[p]
+            self._pending[p] = (_sparse_allreduce_async(gradient, name, Average, None, name), _SPARSE)
+            return
         buffer, ctx = self._prepare(p)
         self._pending[p] = (push_pull_async_inplace(buffer, average=True, name=self._buckets.names[p]), ctx)
 
@@ -165,6 +182,9 @@ class DistributedDataParallel(torch.nn.Module):
         pending, self._pending = self._pending, {}
         try:
             for p, (handle, ctx) in pending.items():
+                if ctx is _SPARSE:
+                    p.grad = synchronize(handle)  # sparse, averaged
+                    continue
                 output = self._compression.decompress(wait_gradient(handle), ctx)
                 if output.data_ptr() != p.grad.data_ptr():
                     p.grad.copy_(output)
