@@ -8,9 +8,18 @@ import pytest
 from byteps.common.dtypes import DType
 from byteps.common.engine.route import SPARSE_ROUTE
 from byteps.common.engine.sparse_exchange import SparseExchange, table_spec
-from byteps.common.engine.sparse_task import SparseTasks, SparseTrip
+from byteps.common.engine.sparse_task import SparseTasks, SparseTrip, average_rows
 from byteps.common.options import MAX_PROCESS_SET_ID
-from byteps.common.row_sparse import decode, encode, encode_chunks, is_sparse_key, server_of, sparse_key, sum_by_id
+from byteps.common.row_sparse import (
+    decode,
+    encode,
+    encode_chunks,
+    is_sparse_key,
+    server_of,
+    sparse_dtype,
+    sparse_key,
+    sum_by_id,
+)
 from byteps.common.tensor_registry import TensorRegistry
 
 
@@ -24,6 +33,30 @@ def test_rows_of_one_id_are_summed_and_ids_sorted():
 def test_float16_rows_of_one_id_are_summed_in_float32():
     _, rows = sum_by_id(np.array([1, 1, 1]), np.array([[2048], [1], [1]], np.float16))
     assert rows.dtype == np.float16 and rows[0, 0] == 2050
+
+
+def bf16(values) -> np.ndarray:
+    """float32 values (exact in bfloat16) as bfloat16 storage."""
+    return (np.asarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def test_bfloat16_rows_of_one_id_are_summed_in_float32_and_rounded_once():
+    # 256 + 1 + 1 in bfloat16 one by one stays 256 (its spacing there is 2); in float32 it is 258, exact in bf16
+    ids, rows = sum_by_id(np.array([1, 1, 1, 0]), bf16([[256], [1], [1], [3]]), DType.BFLOAT16)
+    assert ids.tolist() == [0, 1] and rows.dtype == np.uint16 and rows[:, 0].tolist() == bf16([3, 258]).tolist()
+    assert sparse_dtype("bfloat16") is DType.BFLOAT16 and sparse_dtype(np.float16) is DType.FLOAT16
+    with pytest.raises(ValueError, match=r"rows of dtype uint16: .* \(bfloat16 as dtype='bfloat16'"):
+        sparse_dtype(np.uint16)  # 16-bit integers are not taken for bfloat16 unless asked
+
+
+def test_bfloat16_rows_are_given_by_name_over_16_bit_storage_and_averaged_in_float32():
+    tasks = SparseTasks(0, 1, 1 << 20, None)
+    ids, rows = tasks.make(np.array([4, 4, 1]), bf16([[1, 2], [1, 2], [3, 3]]).view(np.int16), "emb", 10, 2,
+                           average=True, dtype="bfloat16").wait()
+    assert ids.tolist() == [1, 4] and rows.dtype == np.uint16 and rows.tolist() == bf16([[3, 3], [2, 4]]).tolist()
+    with pytest.raises(ValueError, match="bfloat16 rows must be stored in 16 bits, not as float32"):
+        tasks.make(np.array([1]), np.ones((1, 2), np.float32), "emb2", 10, 2, average=False, dtype="bfloat16")
+    assert average_rows(bf16([[3, 6]]), 3, DType.BFLOAT16).tolist() == bf16([[1, 2]]).tolist()
 
 
 def test_rows_spread_over_the_servers_alike_everywhere():

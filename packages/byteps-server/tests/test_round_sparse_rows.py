@@ -71,6 +71,20 @@ def test_float16_rows_are_summed_in_float32_and_rounded_once():
     assert answers(server, DType.FLOAT16)[0] == ([5], [[2050, 2050]])
 
 
+def test_bfloat16_rows_are_summed_in_float32_and_rounded_once():
+    server = RoundDriver(machines=3)
+    server.declare(KEY, table_spec(dtype=DType.BFLOAT16))
+    bf16 = lambda v: (np.asarray(v, np.float32).view(np.uint32) >> 16).astype(np.uint16)  # noqa: E731
+    # 256 + 1 + 1 in bfloat16 one by one stays 256 (its spacing there is 2); in float32 it is 258
+    for rank, value in enumerate([256, 1, 1]):
+        server.push(KEY, rank, 0, payload=encode(np.array([5], np.int64), bf16([[value, value]])).tobytes(),
+                    flags=FLAG_PULL)
+        server.pull(KEY, rank, 0)
+    sent = server.take(Command.PULL_RESPONSE)
+    ids, rows = decode(sent[0].payload, ROW, DType.BFLOAT16)
+    assert ids.tolist() == [5] and rows.tolist() == bf16([[258, 258]]).tolist() and len(sent) == 3
+
+
 @pytest.mark.parametrize("ids,values,text", [
     ([3, 1], [[1, 1], [1, 1]], "not unique and ascending"),
     ([2, 2], [[1, 1], [1, 1]], "not unique and ascending"),

@@ -261,7 +261,7 @@ def sparse_allreduce_against_numpy() -> None:
             assert_equal(got.to_dense().double(), torch.from_numpy(want), f"{dtype} {op_tag}", rtol=tolerance,
                          atol=tolerance)
             table = f"sa.{case}.{op_tag}[100x3 {str(dtype).replace('torch.', '')}]"
-            row_sparse = PATH == "row-sparse" and dtype != torch.bfloat16
+            row_sparse = PATH == "row-sparse"
             assert (table in api.worker().sparse.tables) == row_sparse, (table, list(api.worker().sparse.tables))
             if row_sparse:  # the union of the ranks' rows, coalesced: exactly the rows some rank touched
                 touched = sorted({int(i) for rank in range(n)

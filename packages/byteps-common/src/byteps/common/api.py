@@ -277,10 +277,11 @@ def synchronize(handle_id: int) -> Any:
 
 
 def sparse_push_pull(ids: Any, rows: Any, table: str, num_rows: int, row_shape: Sequence[int],
-                     average: bool = False) -> SparseRows:
+                     average: bool = False, dtype: Any = None) -> SparseRows:
     """Row-sparse push_pull: every worker's (ids, rows) of ``table`` summed by id (averaged if ``average``);
-    returns the union of ids, ascending, and their rows (see Worker.sparse_push_pull, docs/sparse.md)."""
-    return worker().sparse_push_pull(ids, rows, table, num_rows, row_shape, average)
+    returns the union of ids, ascending, and their rows (see Worker.sparse_push_pull, docs/sparse.md).
+    ``dtype="bfloat16"`` for bfloat16 rows in 16-bit storage."""
+    return worker().sparse_push_pull(ids, rows, table, num_rows, row_shape, average, dtype)
 
 
 def push_pull(tensor: Any, name: str, average: bool = True, output: Any = None,

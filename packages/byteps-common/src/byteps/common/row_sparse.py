@@ -8,7 +8,9 @@ both sides place, encode and sum rows alike (docs/sparse.md):
 - :class:`SparseTable`: a table as a worker uses it (its name, id, rows,
   row shape, dtype) and the check of one call's input against it;
 - :func:`sum_by_id`: ids sorted and made unique, rows of one id summed
-  (float16 in float32, rounded once);
+  (float16 and bfloat16 in float32, rounded once);
+- :func:`sparse_dtype`: the dtype of a call's rows (bfloat16 given as
+  ``dtype="bfloat16"`` over 16-bit storage, or ml_dtypes' ``bfloat16``);
 - :func:`server_of`: which server holds a row (a multiplicative hash of
   the id, the same on every worker and in every round);
 - :func:`encode` / :func:`decode`: the payload of a sparse PUSH and of its
@@ -29,16 +31,19 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from byteps.common.dtypes import DType
+from byteps.common.dtypes import DType, dtype_of
+from byteps.common.kernels import accumulate, finalize
 from byteps.common.tensor_registry import SET_ID_SHIFT, SPARSE_TABLE_SET
 
 __all__ = ["SPARSE_DTYPES", "SparseRows", "SparseTable", "decode", "encode", "encode_chunks", "record_nbytes",
-           "is_sparse_key", "server_of", "sparse_key", "sum_by_id", "table_layout"]
+           "is_sparse_key", "narrow", "server_of", "sparse_dtype", "sparse_key", "sum_by_id", "table_layout",
+           "widen"]
 
 #: Bits of a key below its tensor id (``tensor_id << 16 | partition``).
 _KEY_SHIFT = 16
 #: The row dtypes a row-sparse push_pull takes (bfloat16 and integers are a later step).
-SPARSE_DTYPES = (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16)
+SPARSE_DTYPES = (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16)
+_HALVES = (DType.FLOAT16, DType.BFLOAT16)  # summed and divided in float32, rounded once
 _ID = np.dtype("<i8")
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: neighbouring ids land on different servers
 
@@ -109,9 +114,10 @@ def decode(payload: Any, row_shape: Sequence[int], dtype: DType) -> Tuple[np.nda
     return ids, rows
 
 
-def sum_by_id(ids: np.ndarray, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """The unique ids, ascending, and the rows of each id summed, in ``rows``' dtype (float16 is summed in
-    float32 and rounded once). The sum of one id's rows runs in the order the rows come."""
+def sum_by_id(ids: np.ndarray, rows: np.ndarray, dtype: Optional[DType] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """The unique ids, ascending, and the rows of each id summed, in the rows' dtype (``dtype``, else
+    ``rows``' own; float16 and bfloat16, stored as uint16, are summed in float32 and rounded once). The sum
+    of one id's rows runs in the order the rows come."""
     if len(ids) == 0:
         return ids.astype(np.int64), rows
     order = np.argsort(ids, kind="stable")
@@ -119,9 +125,48 @@ def sum_by_id(ids: np.ndarray, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray
     starts = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1])))
     if len(starts) == len(ids):  # no duplicates: sorting was all
         return sorted_ids, rows[order]
+    if dtype is DType.BFLOAT16:
+        return sorted_ids[starts], narrow(np.add.reduceat(widen(rows[order], dtype), starts, axis=0), dtype)
     wide = np.float32 if rows.dtype == np.float16 else rows.dtype
     summed = np.add.reduceat(rows[order].astype(wide, copy=False), starts, axis=0)
     return sorted_ids[starts], summed.astype(rows.dtype, copy=False)
+
+
+def widen(rows: np.ndarray, dtype: DType) -> np.ndarray:
+    """Rows of a half dtype (float16, or bfloat16 stored as uint16) as float32; others as they are."""
+    if dtype not in _HALVES:
+        return rows
+    wide = np.empty(rows.shape, np.float32)
+    accumulate(wide.reshape(-1), np.ascontiguousarray(rows).reshape(-1), dtype, first=True)
+    return wide
+
+
+def narrow(wide: np.ndarray, dtype: DType) -> np.ndarray:
+    """float32 rows rounded once (nearest even) to a half ``dtype``'s storage; others as they are."""
+    if dtype not in _HALVES:
+        return wide
+    out = np.empty(wide.shape, dtype.storage)
+    finalize(out.reshape(-1), np.ascontiguousarray(wide, dtype=np.float32).reshape(-1), dtype)
+    return out
+
+
+def sparse_dtype(dtype: Any) -> DType:
+    """The row dtype a caller means, or ValueError: float32, float64, float16, or bfloat16 given by name
+    (``"bfloat16"``, over 16-bit storage) or as ml_dtypes' ``bfloat16``; a uint16 array alone is not taken
+    for bfloat16."""
+    try:
+        code = dtype_of(dtype)
+    except (ValueError, TypeError):
+        code = None
+    if code not in SPARSE_DTYPES:
+        names = ", ".join(code.name.lower() for code in SPARSE_DTYPES)
+        try:
+            shown = str(np.dtype(dtype))
+        except TypeError:
+            shown = repr(dtype)
+        raise ValueError(f"rows of dtype {shown}: a row-sparse push_pull takes {names} (bfloat16 as "
+                         "dtype='bfloat16' over 16-bit storage)")
+    return code
 
 
 @dataclasses.dataclass
@@ -184,16 +229,7 @@ def table_layout(num_rows: Any, row_shape: Any, dtype: Any) -> Tuple[int, Tuple[
         raise ValueError(f"a row shape must be a sequence of sizes, not {row_shape!r}") from None
     if any(d <= 0 for d in shape):
         raise ValueError(f"a row shape needs positive sizes, not {shape}")
-    try:
-        given = np.dtype(dtype)
-    except TypeError:
-        given = None
-    code = next((code for code in SPARSE_DTYPES if given == code.storage), None)
-    if code is None:
-        names = ", ".join(code.name.lower() for code in SPARSE_DTYPES)
-        shown = str(given) if given is not None else repr(dtype)
-        raise ValueError(f"rows of dtype {shown}: a row-sparse push_pull takes {names}")
-    return int(num_rows), shape, code
+    return int(num_rows), shape, sparse_dtype(dtype)
 
 
 def _sample(values: np.ndarray, most: int = 5) -> str:

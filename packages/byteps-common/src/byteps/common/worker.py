@@ -166,26 +166,28 @@ class Worker:
         return self.push_pull_async(tensor, name, options).wait()
 
     def sparse_push_pull_async(self, ids: Any, rows: Any, table: str, num_rows: int, row_shape: Sequence[int],
-                               average: bool = False) -> Handle:
+                               average: bool = False, dtype: Any = None) -> Handle:
         """Start a row-sparse push_pull of ``table`` (``num_rows`` rows of shape ``row_shape``): this rank's
         gradient is ``rows[i]`` for row ``ids[i]`` (rows of one id are summed). The handle's ``wait()``
         returns the round's :class:`~byteps.common.row_sparse.SparseRows` over every worker: the union of
         their ids, ascending, and each id's rows summed (divided by the number of workers if ``average``).
 
         ValueError on this rank for bad input (ids out of range, another dtype or row shape than the
-        table's first use...); the round then fails on the other ranks too. docs/sparse.md has the design::
+        table's first use...); the round then fails on the other ranks too. ``dtype``: the rows' dtype where
+        their array does not say it: ``"bfloat16"`` over 16-bit storage (numpy has no bfloat16; ml_dtypes'
+        is recognised), the result's rows then in uint16 storage. docs/sparse.md has the design::
 
             ids, rows = worker.sparse_push_pull(np.array([7, 3, 7]), grads, "emb", 10_000, (16,))
         """
         if self.is_distributed and not self.tasks.has_servers:
             raise NotImplementedError("a row-sparse push_pull needs servers: several processes on one machine "
                                       "without servers are a later step (docs/sparse.md)")
-        return self.sparse.make(ids, rows, table, num_rows, row_shape, average)
+        return self.sparse.make(ids, rows, table, num_rows, row_shape, average, dtype)
 
     def sparse_push_pull(self, ids: Any, rows: Any, table: str, num_rows: int, row_shape: Sequence[int],
-                         average: bool = False) -> SparseRows:
+                         average: bool = False, dtype: Any = None) -> SparseRows:
         """Synchronous :meth:`sparse_push_pull_async`; returns ``SparseRows`` (unpacks as ``ids, rows``)."""
-        return self.sparse_push_pull_async(ids, rows, table, num_rows, row_shape, average).wait()
+        return self.sparse_push_pull_async(ids, rows, table, num_rows, row_shape, average, dtype).wait()
 
     def announce_layout(self, name: str, layout: str, set_id: int = 0) -> bool:
         """Tell the other ranks (of process set ``set_id``; 0: every rank), in a round of ``name`` that

@@ -10,7 +10,8 @@ per process).
   get ``None`` for the same sources, which the same model code ensures.
 * ``tf.IndexedSlices`` (embedding gradients) are densified with
   ``sparse_as_dense=True``. Otherwise, where the job allows it (servers,
-  ``Average`` or ``Sum``, every rank, no backup workers, synchronous training) and the values are float16/32/64
+  ``Average`` or ``Sum``, every rank, no backup workers, synchronous
+  training) and the values are float16/32/64 or bfloat16
   (:func:`byteps.tensorflow.row_sparse.takes_row_sparse`), they go through
   a row-sparse push_pull: the union of every worker's row ids, ascending,
   each with its rows summed (or averaged), as a ``tf.IndexedSlices`` of the

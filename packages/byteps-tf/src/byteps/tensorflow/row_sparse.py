@@ -39,8 +39,9 @@ from byteps.common.frontend.row_sparse import table_name as front_table_name
 
 __all__ = ["ROW_SPARSE_DTYPES", "inputs", "table_name", "takes_row_sparse"]
 
-#: Value dtypes the row-sparse push_pull takes (byteps.common.row_sparse.SPARSE_DTYPES); bfloat16 is gathered.
-ROW_SPARSE_DTYPES = (tf.float16, tf.float32, tf.float64)
+#: Value dtypes the row-sparse push_pull takes (byteps.common.row_sparse.SPARSE_DTYPES); bfloat16 as
+#: ml_dtypes' bfloat16 numpy arrays, which byteps reads as their 16-bit storage.
+ROW_SPARSE_DTYPES = (tf.float16, tf.float32, tf.float64, tf.bfloat16)
 
 
 def takes_row_sparse(gradient: Any, op: Any, process_set: Any) -> bool:

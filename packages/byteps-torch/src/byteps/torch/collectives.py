@@ -335,13 +335,14 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str] = None, op:
     in Horovod) returns the sparse sum (or average, for ``op=Average``).
 
     Two paths, with equal results (docs/sparse.md). Where the job allows it
-    (servers, every rank, no backup workers, synchronous training) and the tensor fits it (one sparse dimension, as an
-    embedding's gradient has; float16, float32 or float64 values), a
-    row-sparse push_pull: each rank's rows summed by id on the servers, and the
-    result a coalesced tensor over the union of the ranks' rows. Otherwise
-    (one machine without servers, a process set, bfloat16, several sparse
-    dimensions) Horovod's way: every rank's
-    indices and values gathered, the result uncoalesced as Horovod returns it::
+    (servers, every rank, no backup workers, synchronous training) and the
+    tensor fits it (one sparse dimension, as an embedding's gradient has;
+    float16, float32, float64 or bfloat16 values), a row-sparse push_pull:
+    each rank's rows summed by id on the servers, and the result a coalesced
+    tensor over the union of the ranks' rows. Otherwise (one machine without
+    servers, a process set, several sparse dimensions) Horovod's way: every
+    rank's indices and values gathered, the result uncoalesced as Horovod
+    returns it::
 
         grad = torch.sparse_coo_tensor([[3, 7, 3]], torch.ones(3, 16), (1000, 16))
         averaged = bps.sparse_allreduce_async(grad, name="emb")()   # rows 3 and 7 of every rank, averaged

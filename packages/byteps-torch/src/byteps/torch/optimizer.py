@@ -491,9 +491,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     Sparse gradients (``nn.Embedding(sparse=True)``, ``nn.EmbeddingBag(sparse=True)``)
     go through :func:`~byteps.torch.collectives.sparse_allreduce_async`: a
     row-sparse push_pull through the servers where the job allows it
-    (servers, op Average or Sum, no process set; float16/32/64), which pushes the rows a rank touched and hands back
-    a coalesced sparse gradient over the union of every rank's rows;
-    otherwise Horovod's gather of indices and values (bfloat16 too). Either
+    (servers, op Average or Sum, no process set; float16/32/64, bfloat16),
+    which pushes the rows a rank touched and hands back a coalesced sparse
+    gradient over the union of every rank's rows;
+    otherwise Horovod's gather of indices and values. Either
     result steps SGD, SparseAdam or Adagrad alike. With
     ``sparse_as_dense=True`` they are reduced densely, then handed back
     sparse, as is a small table fused with other small gradients: where it

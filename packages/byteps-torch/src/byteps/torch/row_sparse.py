@@ -13,7 +13,7 @@ indices and values), so an optimizer steps alike on either.
 :func:`takes_row_sparse` says whether a tensor goes this way: the job must
 allow it (servers, any number of worker processes per machine, op Average or
 Sum, every rank, no backup workers, synchronous training) and the tensor must fit it
-(one sparse dimension, float16/32/64 values). Everything else keeps the
+(one sparse dimension, float16/32/64 or bfloat16 values). Everything else keeps the
 gather path of :func:`byteps.torch.collectives.sparse_allreduce_async`.
 Every condition is the same on every rank for the same parameter, so all
 ranks take the same path. Example::
@@ -39,8 +39,9 @@ from byteps.common.row_sparse import SparseRows
 
 __all__ = ["ROW_SPARSE_DTYPES", "nbytes", "no_rows", "sparse_parameters", "start", "table_name", "takes_row_sparse"]
 
-#: Value dtypes the row-sparse push_pull takes (byteps.common.row_sparse.SPARSE_DTYPES); bfloat16 is gathered.
-ROW_SPARSE_DTYPES = (torch.float16, torch.float32, torch.float64)
+#: Value dtypes the row-sparse push_pull takes (byteps.common.row_sparse.SPARSE_DTYPES); bfloat16 travels in
+#: 16-bit storage (numpy has no bfloat16).
+ROW_SPARSE_DTYPES = (torch.float16, torch.float32, torch.float64, torch.bfloat16)
 
 
 def takes_row_sparse(tensor: torch.Tensor, op: Any, process_set: Any) -> bool:
@@ -76,7 +77,8 @@ def start(tensor: torch.Tensor, table: str, average: bool) -> front.Started:
     :class:`~byteps.common.frontend.collectives.Started`'s ``finish()`` gives the coalesced sparse result."""
     ids, rows = _ids_and_rows(tensor)
     shape, device = tensor.shape, tensor.device
-    handle = api.worker().sparse_push_pull_async(ids, rows, table, shape[0], tuple(shape[1:]), average)
+    bfloat16 = "bfloat16" if tensor.dtype == torch.bfloat16 else None
+    handle = api.worker().sparse_push_pull_async(ids, rows, table, shape[0], tuple(shape[1:]), average, bfloat16)
     return front.Started(handle, lambda: _sparse_tensor(handle.wait(), shape, tensor.dtype, device))
 
 
@@ -88,8 +90,10 @@ def nbytes(tensor: torch.Tensor) -> int:
 def _ids_and_rows(tensor: torch.Tensor) -> Tuple[np.ndarray, np.ndarray]:
     coalesced = tensor.detach().coalesce()   # duplicates summed in torch, ids ascending
     ids = coalesced.indices()[0].to("cpu").numpy()
-    rows = coalesced.values().to("cpu").contiguous().numpy()
-    return ids, rows
+    values = coalesced.values().to("cpu").contiguous()
+    if values.dtype == torch.bfloat16:  # numpy has no bfloat16: its 16 bits, read as such by byteps
+        values = values.view(torch.int16)
+    return ids, values.numpy()
 
 
 def _sparse_tensor(result: SparseRows, shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -97,7 +101,10 @@ def _sparse_tensor(result: SparseRows, shape: torch.Size, dtype: torch.dtype, de
     # The merged answer may be a read-only view of a received message: torch wants memory of its own.
     rows = rows if rows.flags.writeable else rows.copy()
     ids = ids if ids.flags.writeable else ids.copy()
-    values = torch.from_numpy(rows).to(dtype)
+    if dtype == torch.bfloat16:  # the rows' 16-bit storage
+        values = torch.from_numpy(rows.view(np.int16)).view(torch.bfloat16)
+    else:
+        values = torch.from_numpy(rows).to(dtype)
     indices = torch.from_numpy(ids).reshape(1, -1)
     result_tensor = torch.sparse_coo_tensor(indices, values, shape, check_invariants=False, is_coalesced=True)
     return result_tensor.to(device)

@@ -102,7 +102,7 @@ class SparseExchange:
         if len(parts) > 1:
             order = np.argsort(ids, kind="stable")
             ids, rows = ids[order], rows[order]
-        task.result.ids, task.result.rows = ids, average_rows(rows, task.average_over)
+        task.result.ids, task.result.rows = ids, average_rows(rows, task.average_over, task.table.dtype)
         task.answers.clear()
         return DONE
 

@@ -31,10 +31,12 @@ from byteps.common.row_sparse import (
     SparseRows,
     SparseTable,
     encode_chunks,
+    narrow,
     server_of,
     sparse_key,
     sum_by_id,
     table_layout,
+    widen,
 )
 
 __all__ = ["SparseHandle", "SparseShard", "SparsePlan", "SparseTask", "SparseTasks", "SparseTrip", "average_rows"]
@@ -123,12 +125,13 @@ class SparseHandle(Handle):
         super().set_error(error)
 
 
-def average_rows(rows: np.ndarray, divisor: int) -> np.ndarray:
-    """``rows`` divided by ``divisor`` in their dtype, in place (float16 is divided in float32, then rounded)."""
+def average_rows(rows: np.ndarray, divisor: int, dtype: DType) -> np.ndarray:
+    """``rows`` (of ``dtype``) divided by ``divisor``, in place where their dtype allows (float16 and bfloat16
+    are divided in float32, then rounded once)."""
     if divisor <= 1:
         return rows
-    if rows.dtype == np.float16:
-        return (rows.astype(np.float32) / divisor).astype(np.float16)
+    if dtype in (DType.FLOAT16, DType.BFLOAT16):
+        return narrow(widen(rows, dtype) / divisor, dtype)
     return np.divide(rows, divisor, out=rows)
 
 
@@ -148,8 +151,10 @@ class SparseTasks:
         self.tables: Dict[str, SparseTable] = {}
         self._lock = threading.Lock()
 
-    def make(self, ids: Any, rows: Any, name: str, num_rows: Any, row_shape: Any, average: bool) -> Handle:
-        """Start a row-sparse push_pull; ValueError for bad input (its round fails on the other ranks too)."""
+    def make(self, ids: Any, rows: Any, name: str, num_rows: Any, row_shape: Any, average: bool,
+             dtype: Any = None) -> Handle:
+        """Start a row-sparse push_pull; ValueError for bad input (its round fails on the other ranks too).
+        ``dtype``: the rows' dtype where their array does not say it (``"bfloat16"`` over 16-bit storage)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"a row-sparse table needs a non-empty name, not {name!r}")
         with self._lock:
@@ -161,7 +166,7 @@ class SparseTasks:
             round_ = table.rounds
             table.rounds += 1
             try:
-                ids, rows = sum_by_id(*self._checked(table, ids, rows, num_rows, row_shape))
+                ids, rows = sum_by_id(*self._checked(table, ids, rows, num_rows, row_shape, dtype), table.dtype)
                 shards, pushed = self._shards(table, ids, rows)
             except ValueError as exc:
                 self._refuse(table, round_, exc)
@@ -201,10 +206,14 @@ class SparseTasks:
                         table.num_rows, table.row_shape, table.dtype = num_rows, tuple(row_shape), DType(dtype)
                     table.rounds = max(table.rounds, rounds)
 
-    def _checked(self, table: SparseTable, ids: Any, rows: Any, num_rows: Any,
-                 row_shape: Any) -> Tuple[np.ndarray, np.ndarray]:
+    def _checked(self, table: SparseTable, ids: Any, rows: Any, num_rows: Any, row_shape: Any,
+                 dtype: Any) -> Tuple[np.ndarray, np.ndarray]:
         rows = np.asarray(rows)
-        layout = table_layout(num_rows, row_shape, rows.dtype)
+        layout = table_layout(num_rows, row_shape, rows.dtype if dtype is None else dtype)
+        if layout[2] is DType.BFLOAT16 and rows.dtype != np.uint16:  # int16, or ml_dtypes' bfloat16
+            if rows.dtype.itemsize != 2:
+                raise ValueError(f"bfloat16 rows must be stored in 16 bits, not as {rows.dtype}")
+            rows = rows.view(np.uint16)
         if table.num_rows == 0:
             table.num_rows, table.row_shape, table.dtype = layout
         elif not table.same_layout(*layout):

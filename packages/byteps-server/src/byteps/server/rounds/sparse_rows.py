@@ -204,7 +204,7 @@ class SparseRowSum:
         pushes = [self.pushed[worker] for worker in sorted(self.pushed)]
         ids = np.concatenate([p[1] for p in pushes])
         rows = np.concatenate([p[2] for p in pushes])
-        union, sums = sum_by_id(ids, rows)
+        union, sums = sum_by_id(ids, rows, self.dtype)
         try:
             payloads = encode_chunks(union, sums, self.services.max_payload_bytes,
                                      f"round {round_} of {self.spec.describe()}")
