@@ -134,9 +134,11 @@ class PartitionSpec:
             raise ValueError(f"inconsistent description: {self.describe()}")
         if self.sparse and (not self.shape or self.shape[0] <= 0 or self.nbytes * self.shape[0] !=
                             self.tensor_nbytes or self.compression or self.asynchronous or self.quorum
-                            or self.contributors or dtype not in (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16)):
+                            or self.contributors or dtype not in (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16,
+                                                                     DType.BFLOAT16)):
             raise ValueError(f"inconsistent description: {self.describe()} (row bytes {self.nbytes}; a row-sparse "
-                             "table is synchronous, uncompressed, of every worker, float32, float64 or float16)")
+                             "table is synchronous, uncompressed, of every worker, float32, float64, float16 or "
+                             "bfloat16)")
 
 
 def quorum_aux(machines: int, closed_after: int) -> int:
