@@ -207,7 +207,7 @@ def test_the_servers_unions_are_merged_by_id_and_averaged():
     answers = {0: (np.array([2, 9]), np.full((2, 2), 8, np.float32)), 1: (np.array([1, 5]), np.full((2, 2), 4.0))}
     for server, answer in answers.items():
         trip = SparseTrip(task, task.plan.partitions[server], SPARSE_ROUTE)
-        trip.data = (answer[0], answer[1].astype(np.float32))
+        trip.data = [(answer[0], answer[1].astype(np.float32))]  # an answer of one part
         merge(trip)
     handle.set_done()
     ids, rows = handle.wait()

@@ -33,6 +33,7 @@ import numpy as np
 
 from byteps.common.dtypes import DType, dtype_of
 from byteps.common.kernels import accumulate, finalize
+from byteps.common.tensor_description import SPARSE_DTYPES
 from byteps.common.tensor_registry import SET_ID_SHIFT, SPARSE_TABLE_SET
 
 __all__ = ["SPARSE_DTYPES", "SparseRows", "SparseTable", "decode", "encode", "encode_chunks", "record_nbytes",
@@ -41,8 +42,6 @@ __all__ = ["SPARSE_DTYPES", "SparseRows", "SparseTable", "decode", "encode", "en
 
 #: Bits of a key below its tensor id (``tensor_id << 16 | partition``).
 _KEY_SHIFT = 16
-#: The row dtypes a row-sparse push_pull takes (bfloat16 and integers are a later step).
-SPARSE_DTYPES = (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16)
 _HALVES = (DType.FLOAT16, DType.BFLOAT16)  # summed and divided in float32, rounded once
 _ID = np.dtype("<i8")
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: neighbouring ids land on different servers
@@ -125,11 +124,9 @@ def sum_by_id(ids: np.ndarray, rows: np.ndarray, dtype: Optional[DType] = None) 
     starts = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1])))
     if len(starts) == len(ids):  # no duplicates: sorting was all
         return sorted_ids, rows[order]
-    if dtype is DType.BFLOAT16:
-        return sorted_ids[starts], narrow(np.add.reduceat(widen(rows[order], dtype), starts, axis=0), dtype)
-    wide = np.float32 if rows.dtype == np.float16 else rows.dtype
-    summed = np.add.reduceat(rows[order].astype(wide, copy=False), starts, axis=0)
-    return sorted_ids[starts], summed.astype(rows.dtype, copy=False)
+    if dtype is None and rows.dtype == np.float16:
+        dtype = DType.FLOAT16
+    return sorted_ids[starts], narrow(np.add.reduceat(widen(rows[order], dtype), starts, axis=0), dtype)
 
 
 def widen(rows: np.ndarray, dtype: DType) -> np.ndarray:

@@ -21,7 +21,10 @@ from typing import Any, Optional, Sequence, Tuple
 from byteps.common.dtypes import DType
 
 __all__ = ["PartitionSpec", "TensorDescription", "describe_tensor", "dtype_name", "MISMATCH_ADVICE", "quorum_aux",
-           "split_quorum_aux", "TAG_NOTICE", "notice_tag"]
+           "split_quorum_aux", "TAG_NOTICE", "notice_tag", "SPARSE_DTYPES"]
+
+#: The row dtypes a row-sparse table takes (byteps.common.row_sparse; integers are a later step).
+SPARSE_DTYPES = (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16)
 
 MISMATCH_ADVICE = "every worker must push_pull the same tensors (same names, shapes, dtypes, order)"
 
@@ -134,8 +137,7 @@ class PartitionSpec:
             raise ValueError(f"inconsistent description: {self.describe()}")
         if self.sparse and (not self.shape or self.shape[0] <= 0 or self.nbytes * self.shape[0] !=
                             self.tensor_nbytes or self.compression or self.asynchronous or self.quorum
-                            or self.contributors or dtype not in (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16,
-                                                                     DType.BFLOAT16)):
+                            or self.contributors or dtype not in SPARSE_DTYPES):
             raise ValueError(f"inconsistent description: {self.describe()} (row bytes {self.nbytes}; a row-sparse "
                              "table is synchronous, uncompressed, of every worker, float32, float64, float16 or "
                              "bfloat16)")

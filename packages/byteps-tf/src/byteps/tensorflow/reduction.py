@@ -313,7 +313,7 @@ class _RowSparseInFlight:
         ids, rows = self.core.wait()
         # The merged answer may be a read-only view of a received message: astype gives TensorFlow a copy.
         if self.dtypes[0] == tf.bfloat16:  # the rows come back in their 16-bit storage
-            rows = rows.view(tf.bfloat16.as_numpy_dtype).copy()
+            rows = rows.view(tf.bfloat16.as_numpy_dtype)
         with tf.device(self.device or "/CPU:0"):
             return [tf.constant(rows.astype(self.dtypes[0].as_numpy_dtype)),
                     tf.constant(ids.astype(self.dtypes[1].as_numpy_dtype))]

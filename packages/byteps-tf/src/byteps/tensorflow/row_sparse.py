@@ -12,10 +12,10 @@ rank's values and indices uncoalesced instead; applied by an optimizer
 (``scatter_add`` of each row) the two are the same update.
 
 :func:`takes_row_sparse` says whether a gradient goes this way: the job must
-allow it (servers, any number of worker processes per machine, op Average or
-Sum, every
-rank, no backup workers, synchronous training) and the gradient must fit it
-(float16/32/64 values of a known row shape, a dense shape). Everything else
+allow it (servers, any number of worker processes per machine, op Average
+or Sum, every rank, no backup workers, synchronous training) and the gradient
+must fit it (float16/32/64 or bfloat16 values of a known row shape, a dense
+shape). Everything else
 keeps the gather of :class:`byteps.tensorflow.reduction.Gather`. Every
 condition depends on the job and the gradient's type only, so every rank
 takes the same path. The push_pull itself runs in

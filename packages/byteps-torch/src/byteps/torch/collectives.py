@@ -36,7 +36,7 @@ from byteps.common.frontend.reductions import Average, Sum, op_name
 from byteps.common.handle import all_done
 from byteps.torch import row_sparse
 from byteps.torch.ops import _names, _tracker, synchronize
-from byteps.torch.tensors import byteps_dtype, check_tensor, numpy_view
+from byteps.torch.tensors import byteps_dtype, check_tensor, from_storage, numpy_view
 from byteps.torch.tensors import scaled as _scaled
 
 __all__ = [
@@ -260,9 +260,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
     def finish(parts: List[np.ndarray]) -> List[torch.Tensor]:
         out = []
         for part, tensor, (host, _, _) in zip(parts, tensors, staged):
-            rows = torch.from_numpy(part).view(host.dtype) if part.dtype != np.dtype(np.uint16) \
-                else torch.from_numpy(part.view(np.int16)).view(host.dtype)
-            out.append(_scaled(rows, postscale_factor).to(tensor.device))
+            out.append(_scaled(from_storage(part, host.dtype), postscale_factor).to(tensor.device))
         return out
 
     return _start("reducescatter", name, sum(h.numel() * h.element_size() for h, _, _ in staged), steps, finish)

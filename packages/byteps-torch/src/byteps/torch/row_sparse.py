@@ -11,10 +11,10 @@ Horovod's sparse allreduce of the same gradients (which gathers every rank's
 indices and values), so an optimizer steps alike on either.
 
 :func:`takes_row_sparse` says whether a tensor goes this way: the job must
-allow it (servers, any number of worker processes per machine, op Average or
-Sum, every rank, no backup workers, synchronous training) and the tensor must fit it
-(one sparse dimension, float16/32/64 or bfloat16 values). Everything else keeps the
-gather path of :func:`byteps.torch.collectives.sparse_allreduce_async`.
+allow it (servers, any number of worker processes per machine, op Average
+or Sum, every rank, no backup workers, synchronous training) and the tensor
+must fit it (one sparse dimension, float16/32/64 or bfloat16 values).
+Everything else keeps the gather path of :func:`byteps.torch.collectives.sparse_allreduce_async`.
 Every condition is the same on every rank for the same parameter, so all
 ranks take the same path. Example::
 
@@ -36,6 +36,7 @@ from byteps.common.frontend import collectives as front
 from byteps.common.frontend.row_sparse import job_takes_row_sparse
 from byteps.common.frontend.row_sparse import table_name as front_table_name
 from byteps.common.row_sparse import SparseRows
+from byteps.torch.tensors import from_storage, numpy_view
 
 __all__ = ["ROW_SPARSE_DTYPES", "nbytes", "no_rows", "sparse_parameters", "start", "table_name", "takes_row_sparse"]
 
@@ -90,10 +91,7 @@ def nbytes(tensor: torch.Tensor) -> int:
 def _ids_and_rows(tensor: torch.Tensor) -> Tuple[np.ndarray, np.ndarray]:
     coalesced = tensor.detach().coalesce()   # duplicates summed in torch, ids ascending
     ids = coalesced.indices()[0].to("cpu").numpy()
-    values = coalesced.values().to("cpu").contiguous()
-    if values.dtype == torch.bfloat16:  # numpy has no bfloat16: its 16 bits, read as such by byteps
-        values = values.view(torch.int16)
-    return ids, values.numpy()
+    return ids, numpy_view(coalesced.values().to("cpu").contiguous(), "sparse gradient")  # bfloat16: uint16
 
 
 def _sparse_tensor(result: SparseRows, shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -101,10 +99,7 @@ def _sparse_tensor(result: SparseRows, shape: torch.Size, dtype: torch.dtype, de
     # The merged answer may be a read-only view of a received message: torch wants memory of its own.
     rows = rows if rows.flags.writeable else rows.copy()
     ids = ids if ids.flags.writeable else ids.copy()
-    if dtype == torch.bfloat16:  # the rows' 16-bit storage
-        values = torch.from_numpy(rows.view(np.int16)).view(torch.bfloat16)
-    else:
-        values = torch.from_numpy(rows).to(dtype)
+    values = from_storage(rows, dtype)
     indices = torch.from_numpy(ids).reshape(1, -1)
     result_tensor = torch.sparse_coo_tensor(indices, values, shape, check_invariants=False, is_coalesced=True)
     return result_tensor.to(device)

@@ -30,7 +30,8 @@ from byteps.common.dtypes import DType
 from byteps.common.frontend.binding import dtype_table
 from byteps.torch import _C
 
-__all__ = ["HostTensor", "TorchStaging", "byteps_dtype", "check_tensor", "numpy_view", "shares_memory", "scaled"]
+__all__ = ["HostTensor", "TorchStaging", "byteps_dtype", "check_tensor", "from_storage", "numpy_view", "shares_memory",
+           "scaled"]
 
 _DTYPES = dtype_table(lambda name: getattr(torch, name))
 _SUPPORTED = ", ".join(str(dtype) for dtype in _DTYPES)
@@ -69,6 +70,14 @@ def numpy_view(tensor: torch.Tensor, what: str) -> np.ndarray:
     except ValueError as exc:
         raise ValueError(f"{what}: {exc}") from None
     return np.frombuffer(view, dtype=DType(code).storage).reshape(shape)
+
+
+def from_storage(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A torch tensor of ``dtype`` over a numpy array of its byteps storage, the inverse of :func:`numpy_view`
+    (uint16 storage read as bfloat16); the memory is shared."""
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array).view(dtype)
 
 
 def scaled(tensor: torch.Tensor, factor: float) -> torch.Tensor:

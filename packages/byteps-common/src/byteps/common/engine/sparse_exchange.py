@@ -96,10 +96,11 @@ class SparseExchange:
         task.answers[trip.part.server] = trip.data
         if len(task.answers) < len(task.plan.partitions):
             return DONE
-        parts = [task.answers[server] for server in sorted(task.answers)]
+        # each server's answer: its parts, ascending; the servers' ids are disjoint
+        parts = [part for server in sorted(task.answers) for part in task.answers[server]]
         ids = np.concatenate([part[0] for part in parts])
         rows = np.concatenate([part[1] for part in parts])  # a copy out of the received messages
-        if len(parts) > 1:
+        if len(task.answers) > 1:
             order = np.argsort(ids, kind="stable")
             ids, rows = ids[order], rows[order]
         task.result.ids, task.result.rows = ids, average_rows(rows, task.average_over, task.table.dtype)
@@ -134,9 +135,6 @@ class SparseExchange:
         if len(trip.data) < max(header.aux, 1):
             return NOTHING  # more parts of the answer to come
         del self._in_flight[entry]
-        parts = trip.data
-        trip.data = parts[0] if len(parts) == 1 else (np.concatenate([part[0] for part in parts]),
-                                                      np.concatenate([part[1] for part in parts]))
         return [trip]
 
     # --- failures -----------------------------------------------------------------------

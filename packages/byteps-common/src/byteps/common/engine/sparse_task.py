@@ -75,7 +75,8 @@ class SparseTask:
     average: bool = False
     average_over: int = 0  # 0 for a sum, else the number of workers to divide by
     refusal: Optional[BaseException] = None  # refused on this rank: the engine only fails the round on the servers
-    answers: Dict[int, Tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)  # server -> answer
+    # server -> its answer's (ids, rows) parts
+    answers: Dict[int, List[Tuple[np.ndarray, np.ndarray]]] = dataclasses.field(default_factory=dict)
     # --- what the task table, dispatcher and failures read, as of a PushPullTask ---
     stand_in: bool = False
     skipped: bool = False
@@ -101,7 +102,7 @@ class SparseTrip:
         self.route = route
         self.stages = route.stages
         self.position = -1
-        self.data: Any = None  # SPARSE_EXCHANGE: the parts of the server's answer so far, then its (ids, rows)
+        self.data: Any = None  # SPARSE_EXCHANGE: the (ids, rows) parts of the server's answer, in order
         self.stage_started = 0.0
         self.sent_at = 0.0
 

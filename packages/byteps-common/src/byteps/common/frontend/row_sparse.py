@@ -2,10 +2,9 @@
 goes to (docs/sparse.md).
 
 The job's half of the rule every adapter applies before it looks at the
-gradient itself: the row-sparse push_pull needs servers and one worker
-process per machine (it refuses the rest), has no round yet for backup
-workers' quorum or asynchronous training, and sums over every rank with
-``op`` Average or Sum. Each condition is the same on every rank, so every
+gradient itself: the row-sparse push_pull needs servers (it refuses a job
+without), has no round yet for backup workers' quorum or asynchronous
+training, and sums over every rank with ``op`` Average or Sum. Each condition is the same on every rank, so every
 rank takes the same path. Example (an adapter)::
 
     if job_takes_row_sparse(op, process_set) and gradient_fits(gradient):

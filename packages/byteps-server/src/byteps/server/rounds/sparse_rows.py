@@ -8,11 +8,11 @@ and ascending (:func:`~byteps.common.row_sparse.encode`; possibly none),
 and is also its PULL (FLAG_PULL); with several worker processes per
 machine each pushes its own (rows are not summed inside a machine first).
 When every worker has pushed the round, :class:`SparseRowSum` sums the
-rows by id (float16 in float32, rounded once; workers in rank order, so
-the sums are the same whatever order the pushes came in) and answers
-every worker with the same records: the union of the round's ids, ascending, and their sums. Nothing
-is kept once the round is answered: the table itself lives on the
-workers. The engine's dense accumulators are not used, since the size of
+rows by id (float16 and bfloat16 in float32, rounded once; workers in rank
+order, so the sums are the same whatever order the pushes came in) and
+answers every worker with the same records: the union of the round's ids,
+ascending, and their sums. Nothing is kept once the round is answered: the
+table itself lives on the workers. The engine's dense accumulators are not used, since the size of
 a round is only known when its last push is in.
 
 The rules a round enforces (each broken one is a ValueError, answered
