@@ -75,7 +75,9 @@ def test_the_digits_example_trains_asynchronously_through_a_lost_and_an_added_wo
     # parameters; each epoch's fresh servers start from the last commit, broadcast from rank 0.
     discovery = DiscoveryScript(tmp_path, "localhost:3")  # keeps the lost worker's slot: a new worker takes it
     flags = ["-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", discovery.path]
-    with WatchedJob(flags, EXAMPLE, ["--epochs", "4", "--log-steps", "--min-accuracy", "0.85"],
+    # 6 epochs: under load the stale pushes of an asynchronous job slow it, and at 4 one run in a few ended
+    # below 0.85 (0.825 with two busy loops beside it; 0.956-0.967 at 6).
+    with WatchedJob(flags, EXAMPLE, ["--epochs", "6", "--log-steps", "--min-accuracy", "0.85"],
                     env={"BYTEPS_ENABLE_ASYNC": "1"}) as job:
         job.wait_for(r"^\[worker 1\] step \d+ epoch 2 samples [1-9]", timeout=240)
         os.kill(job.child_pid("BYTEPS_ELASTIC_WORKER", "w1"), signal.SIGKILL)
@@ -84,7 +86,7 @@ def test_the_digits_example_trains_asynchronously_through_a_lost_and_an_added_wo
                                 r"weights checksum (\S+)", timeout=120)
         result = job.finish(timeout=300)
     output = result.stdout
-    assert_survived(result, newcomer, 4)
+    assert_survived(result, newcomer, 6)
     assert accuracy(output) >= 0.85, output[-3000:]
     assert re.search(r"servers applied asynchronous pushes: \d+ in membership epoch 1, \d+ in membership epoch 2",
                      output), output[-3000:]
