@@ -1,4 +1,4 @@
-"""Worker script: 100,000 unnamed allreduces of a scalar (a metric averaged every step, Horovod style),
+"""Worker script: 30,000 unnamed allreduces of a scalar (a metric averaged every step, Horovod style),
 while worker and server memory must stay flat.
 
 Run with 2 workers and 1 server on this machine. Rank 0 samples its own
@@ -16,7 +16,7 @@ import torch
 
 import byteps.torch as bps
 
-CALLS = int(os.environ.get("UNNAMED_CALLS", "100000"))
+CALLS = int(os.environ.get("UNNAMED_CALLS", "30000"))
 WARM_UP = CALLS // 10
 
 
