@@ -16,7 +16,6 @@ scheduler's "pod" exists, as a headless Service publishes it. Needs root
 (CI and tests-launcher run as root).
 """
 
-import itertools
 import json
 import os
 import re
@@ -211,9 +210,13 @@ def assert_completed(job, timeout_s=90, restarts=None):
     assert processes_with_variable("BYTEPS_JOB_ID", job.job_id) == []
 
 
+# The three rotations: every role starts first once and last once, the scheduler last included (all six
+# orders took twice the CI minutes).
+ORDERS = [("scheduler", "server", "workers"), ("server", "workers", "scheduler"), ("workers", "scheduler", "server")]
+
+
 @needs_root
-@pytest.mark.parametrize("order", list(itertools.permutations(["scheduler", "server", "workers"])),
-                         ids="-".join)
+@pytest.mark.parametrize("order", ORDERS, ids="-".join)
 def test_the_pods_start_in_any_order_and_the_job_completes(pods, order):
     """Each role's pods start a second after the previous role's; the Service's name is published only once the
     scheduler said it waits for it (a headless Service's DNS lags its pod). No pod may need a restart."""

@@ -6,7 +6,7 @@ the training loop as TensorFlow's AbortedError from inside a graph; the
 final variable is replayed exactly for the job sizes the workers report.
 ``fit``: Keras model.fit with Horovod's elastic callbacks (KerasState,
 CommitStateCallback, UpdateBatchStateCallback, UpdateEpochStateCallback),
-synchronous and asynchronous.
+synchronous (asynchronous: matrix/test_elastic_matrix.py).
 """
 
 from __future__ import annotations
@@ -55,10 +55,8 @@ def custom_loop_survives_a_lost_worker(mode, asynchronous=False, extra_env=None,
     return output
 
 
-@pytest.mark.parametrize("asynchronous", [False, True], ids=["synchronous", "asynchronous"])
-def test_keras_fit_with_the_elastic_callbacks_survives_a_lost_worker(asynchronous):
-    # Asynchronous: every epoch needs two workers (--min-np 2); each commit takes the servers' weights.
-    keras_fit_survives_a_lost_worker(asynchronous)
+def test_keras_fit_with_the_elastic_callbacks_survives_a_lost_worker():
+    keras_fit_survives_a_lost_worker()
 
 
 def keras_fit_survives_a_lost_worker(asynchronous=False, extra_env=None):
