@@ -50,6 +50,7 @@ from byteps.common.compression import CompressionSpec
 from byteps.common.frontend.async_training import check_async_compression
 from byteps.common.frontend.process import size
 from byteps.common.frontend.process_sets import rank_view
+from byteps.common.frontend.reductions import Average
 from byteps.mxnet.async_training import ArrayExchange, asynchronous, check_master_weights
 from byteps.mxnet.backup_workers import rounds_behind, skip_round
 from byteps.mxnet.compression import Compression
@@ -57,6 +58,8 @@ from byteps.mxnet.functions import broadcast_after_init, parameter_name
 from byteps.mxnet.gradient_compression import take_compression_params
 from byteps.mxnet.ops import allreduce_, allreduce_group_, broadcast_, byteps_declare_tensor
 from byteps.mxnet.optimizer import DistributedOptimizer
+from byteps.mxnet.row_sparse import start as start_row_sparse
+from byteps.mxnet.row_sparse import takes_row_sparse
 
 __all__ = ["DistributedTrainer"]
 
@@ -167,8 +170,13 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._batch_scale = 1.0  # step()'s 1/batch_size while its gradients go compressed (BytePS's order)
         self._prefix = prefix or ""
         for param in self._params:
-            if param._stype != "default" or param._grad_stype != "default":
-                raise ValueError(f"DistributedTrainer: parameter {param.name} is sparse; byteps reduces dense arrays")
+            if param._stype != "default":
+                raise ValueError(f"DistributedTrainer: parameter {param.name} is stored {param._stype}; byteps "
+                                 "keeps weights dense (sparse_grad=True, a dense weight with row_sparse gradients, "
+                                 "is supported)")
+            if param._grad_stype not in ("default", "row_sparse"):
+                raise ValueError(f"DistributedTrainer: parameter {param.name} has {param._grad_stype} gradients; "
+                                 "byteps reduces dense and row_sparse ones")
             if len(param.list_ctx()) > 1:
                 raise ValueError(f"DistributedTrainer: parameter {param.name} lives on {len(param.list_ctx())} "
                                  "contexts; byteps runs one device per worker process (launch one per device)")
@@ -276,7 +284,9 @@ class DistributedTrainer(mx.gluon.Trainer):
             return  # each worker updates with its own gradients
         if self._process_set is not None:
             for index, param in enumerate(self._params):
-                if param.grad_req != "null":
+                if param.grad_req != "null" and param._grad_stype == "row_sparse":
+                    self._allreduce_densely(index, param, 1.0)
+                elif param.grad_req != "null":
                     grad = param.list_grad()[0]
                     sent, ctx = self._compression.compress(grad)
                     name = self._gradient_name(param)
@@ -289,10 +299,18 @@ class DistributedTrainer(mx.gluon.Trainer):
         # step() with a compressor: divided by the batch size before compression (predivide is 1 then)
         prescale = self._batch_scale / self._predivide
         small: List[Tuple[int, Parameter, mx.nd.NDArray, mx.nd.NDArray, Any, bool]] = []
+        row_sparse: List[Tuple[mx.nd.NDArray, Any]] = []
         for index, param in enumerate(self._params):
             if param.grad_req == "null":
                 continue
             grad = param.list_grad()[0]
+            if param._grad_stype == "row_sparse":  # never fused nor compressed (docs/sparse.md)
+                if takes_row_sparse(grad, Average, None):
+                    row_sparse.append((grad, start_row_sparse(grad, self._gradient_name(param), True,
+                                                              self._batch_scale)))
+                else:
+                    self._allreduce_densely(index, param, prescale)
+                continue
             sent, ctx = self._compression.compress(grad)
             nbytes = sent.size * np.dtype(sent.dtype).itemsize
             compressed = spec is not None and api.worker().compresses(nbytes, True, spec)
@@ -317,6 +335,17 @@ class DistributedTrainer(mx.gluon.Trainer):
                              postscale_factor=self._predivide, compression_spec=spec, lr=lr)
         for _, param, grad, sent, ctx, _ in small:
             self._after_pull(self._gradient_name(param), grad, sent, ctx)
+        for grad, started in row_sparse:
+            started.finish().copyto(grad)
+
+    def _allreduce_densely(self, index: int, param: Parameter, prescale: float) -> None:
+        """A ``row_sparse`` gradient where the job has no row-sparse path (no servers, a process set, backup
+        workers): averaged as a dense array (uncompressed), written back ``row_sparse``."""
+        grad = param.list_grad()[0]
+        dense = grad.tostype("default")
+        allreduce_(dense, average=True, name=self._gradient_name(param), priority=-index, prescale_factor=prescale,
+                   postscale_factor=self._predivide, process_set=self._process_set)
+        dense.tostype("row_sparse").copyto(grad)
 
     def _after_pull(self, name: str, grad: mx.nd.NDArray, sent: mx.nd.NDArray, ctx: Any) -> None:
         """``grad`` = the averaged ``sent`` cast back; with compression_params, momentum where it went uncompressed."""
