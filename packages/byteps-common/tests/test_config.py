@@ -148,7 +148,9 @@ def test_training_mode_knobs_and_the_settings_every_node_shares():
                            "BYTEPS_SERVER_ENABLE_SCHEDULE": "1"})
     assert (cfg.enable_async, cfg.async_max_staleness, cfg.server_enable_schedule) == (True, 3, True)
     assert cfg.job_settings() == {"DMLC_ENABLE_RDMA": "0", "BYTEPS_ENABLE_ASYNC": "1",
-                                  "BYTEPS_ASYNC_MAX_STALENESS": "3", "BYTEPS_BACKUP_WORKERS": "0"}
+                                  "BYTEPS_ASYNC_MAX_STALENESS": "3", "BYTEPS_BACKUP_WORKERS": "0",
+                                  "BYTEPS_ROW_SPARSE": "1"}
+    assert Config.from_env({**TWO_MACHINES, "BYTEPS_ROW_SPARSE": "0"}).job_settings()["BYTEPS_ROW_SPARSE"] == "0"
     assert Config.from_env({**TWO_MACHINES, "BYTEPS_BACKUP_WORKERS": "1"}).backup_workers == 1
     # A server does not know the job's size: its workers judge it
     assert Config.from_env({**DISTRIBUTED, "DMLC_ROLE": "server", "BYTEPS_BACKUP_WORKERS": "5"}).backup_workers == 5

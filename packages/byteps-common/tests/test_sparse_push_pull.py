@@ -1,6 +1,7 @@
 """Row-sparse push_pull through real scheduler, servers and workers on 127.0.0.1 (docs/sparse.md).
 
-Each job runs sparse_worker.py in its worker processes (one per machine):
+Each job runs sparse_worker.py in its worker processes (one per machine,
+or several: the table's local root sums its machine's rows first):
 random ids with duplicates and empty inputs, checked against numpy on
 every rank; and each bad input, which must fail where it should, within
 seconds, and leave the servers serving the next round.
@@ -42,12 +43,29 @@ def test_sparse_rows_over_tcp_alone_with_server_scheduling_and_a_trace(tmp_path)
     assert '"cat": "sparse_exchange"' in traces and '"cat": "sparse_merge"' in traces, traces[:2000]
 
 
-def test_several_worker_processes_per_machine_each_push_their_rows():
-    """2 machines of 2 worker processes: every process pushes its own rows, over TCP and through shared memory
-    to a co-located server alike; a join() after them is refused on the rank that calls it."""
+def test_several_worker_processes_per_machine_sum_their_rows_before_they_leave_it():
+    """2 machines of 2 worker processes: each table's local root sums its machine's rows by id and pushes that
+    sum alone (a rank that is not the root sends the servers nothing), over TCP and through shared memory to a
+    co-located server alike; a join() after them is refused on the rank that calls it."""
     for env in ({"BYTEPS_ENABLE_IPC": "0"}, {}):
         result = run_job([*WORKER, "sums", "3"], 2, 2, local_size=2, timeout=90, env=env)
         _check(result, 4, "SPARSE OK")
+
+
+@pytest.mark.parametrize("local_size", [2, 3])
+def test_one_machine_without_servers_sums_its_ranks_rows(local_size):
+    """No servers: the table's local root sums every rank's rows, and that sum (averaged where asked) is the
+    round's result on every rank."""
+    result = run_job([*WORKER, "sums", "3"], 1, 0, local_size=local_size, timeout=90)
+    _check(result, local_size, "SPARSE OK")
+
+
+@pytest.mark.parametrize("case", ["out_of_range", "row_shape", "disagree"])
+def test_bad_sparse_input_of_a_local_rank_fails_its_round_on_every_rank(case):
+    """2 machines of 2: a rank's bad input (a peer's or a root's, whichever the culprit is of the table) or a
+    disagreement inside a machine fails the round on every rank, and the next round is whole."""
+    result = run_job([*WORKER, "bad", case], 2, 2, local_size=2, timeout=60)
+    _check(result, 4, "BAD OK")
 
 
 def test_rounds_larger_than_a_message_go_in_parts():

@@ -268,17 +268,18 @@ def test_a_join_that_completes_a_round_too_large_to_answer_fails_it_and_stands()
     assert [s.to for s in server.take(Command.ERROR)] == [0] and 1 in server.services.joined
 
 
-def test_with_several_workers_per_machine_every_worker_pushes_and_a_joined_machine_stands_for_all_of_its():
+def test_with_several_workers_per_machine_each_machine_pushes_once_and_a_joined_machine_is_an_empty_push():
+    # The table's local root pushes its machine's rows (summed there: byteps.common.engine.sparse_local): the
+    # round closes with one push per machine, whichever local rank is the root.
     server = RoundDriver(machines=2, local_size=2)
     policy = server.declare(KEY, table_spec())
-    for rank in (0, 1, 2):
-        push(server, rank, 0, [rank], [[1, 1]])
+    push(server, 1, 0, [0, 1], [[1, 1], [2, 2]])  # machine 0's root is local rank 1
     assert server.take(Command.PULL_RESPONSE) == []
-    assert policy.partial_round().pushed_ranks == {0}  # machine 0 pushed whole, machine 1 not yet
-    push(server, 3, 0, [1], [[2, 2]])
-    assert answers(server) == {r: ([0, 1, 2], [[1, 1], [3, 3], [1, 1]]) for r in range(4)}
-    server.join(3)  # machine 1 (ranks 2 and 3) joined: round 1 waits for ranks 0 and 1 only
-    push(server, 0, 1, [5], [[5, 5]])
-    assert server.take(Command.PULL_RESPONSE) == []
-    push(server, 1, 1, [], [])
-    assert answers(server) == {r: ([5], [[5, 5]]) for r in range(2)}
+    assert policy.partial_round().pushed_ranks == {0}  # machine 0 pushed, machine 1 not yet
+    with pytest.raises(ValueError, match="second push of round 0"):
+        push(server, 0, 0, [3], [[1, 1]])  # machine 0's other rank: its machine pushed already
+    push(server, 2, 0, [1, 2], [[1, 1], [1, 1]])
+    assert answers(server) == {r: ([0, 1, 2], [[1, 1], [3, 3], [1, 1]]) for r in (1, 2)}
+    server.join(3)  # machine 1 (ranks 2 and 3) joined: round 1 waits for machine 0 only
+    push(server, 1, 1, [5], [[5, 5]])
+    assert answers(server) == {1: ([5], [[5, 5]])}

@@ -1,5 +1,5 @@
 """``tf.IndexedSlices`` gradients under the real launcher: the row-sparse path through servers, the gather
-path on one machine (docs/sparse.md).
+path on one machine (docs/sparse.md; 2 machines of 2 processes: tests/matrix/test_sparse_layouts.py).
 
 scripts/sparse_training_checks.py trains an embedding table with a dense
 layer on top through DistributedGradientTape (eagerly, and in

@@ -1,5 +1,5 @@
-"""Sparse gradients under the real launcher: the row-sparse path through servers, the gather path on one
-machine (docs/sparse.md).
+"""Sparse gradients under the real launcher: the row-sparse path through servers, Horovod's gather on one
+machine and with BYTEPS_ROW_SPARSE=0 (docs/sparse.md).
 
 scripts/sparse_training_checks.py trains an nn.Embedding / nn.EmbeddingBag
 (sparse=True) with a dense layer on top through DistributedOptimizer (SGD,
@@ -24,8 +24,9 @@ CHECKS = ["sgd", "adagrad_embedding_bag", "sparse_adam", "embedding_unused_on_on
 LAYOUTS = {
     "two-workers-one-server": (["--workers", "2", "--servers", "1"], "row-sparse"),
     "two-workers-two-servers": (["--workers", "2", "--servers", "2"], "row-sparse"),
-    "two-machines-of-two": (["-np", "2", "--workers", "2", "--servers", "2"], "row-sparse"),  # each rank pushes
+    "two-machines-of-two": (["-np", "2", "--workers", "2", "--servers", "2"], "row-sparse"),  # summed per machine
     "one-machine-np2": (["-np", "2"], "gather"),   # several processes per machine, no servers
+    "row-sparse-off": (["--workers", "2", "--servers", "1"], "gather"),   # BYTEPS_ROW_SPARSE=0
 }
 SMALL_FUSION = {"BYTEPS_FUSION_MAX_TENSOR_BYTES": "4096"}
 
@@ -33,7 +34,8 @@ SMALL_FUSION = {"BYTEPS_FUSION_MAX_TENSOR_BYTES": "4096"}
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_sparse_training_matches_the_reference(layout):
     args, path = LAYOUTS[layout]
-    _assert_passed(launch_job(args, SCRIPT, [path], env=SMALL_FUSION, timeout=180),
+    env = {**SMALL_FUSION, **({"BYTEPS_ROW_SPARSE": "0"} if layout == "row-sparse-off" else {})}
+    _assert_passed(launch_job(args, SCRIPT, [path], env=env, timeout=180),
                    CHECKS + (["join_uneven_batches"] if path == "row-sparse" else []),
                    range(4) if "-np" in args and "--workers" in args else (0, 1))
 

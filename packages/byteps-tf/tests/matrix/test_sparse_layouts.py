@@ -1,4 +1,4 @@
-"""Row-sparse gradients on 2 machines of 2 worker processes: each process pushes its own rows to the servers
+"""Row-sparse gradients on 2 machines of 2 worker processes: the table's local root sums its machine's rows
 (docs/sparse.md); the default run's test_sparse_training.py job in a layout it lacks (torch runs it by
 default)."""
 

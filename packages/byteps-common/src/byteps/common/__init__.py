@@ -22,10 +22,12 @@ from byteps.common.interface import require_interface
 # engine package byteps.common.engine (comm_loop, route, server_exchange, local_aggregation, device_local and
 # compression.stages moved there), Config.max_partition_bytes; 3.1: compression.warn_if_feedback_meets_momentum
 # and FeedbackMomentumWarning, Config.shutdown_leaves_job and Worker.shutdown_leaves_job (role mode's shutdown);
-# 3.2: row-sparse push_pull (Worker.sparse_push_pull, byteps.common.row_sparse, PartitionSpec.sparse)
-INTERFACE_VERSION = (3, 3)
+# 3.2: row-sparse push_pull (Worker.sparse_push_pull, byteps.common.row_sparse, PartitionSpec.sparse); 3.3: rows
+# in parts, several processes per machine, bfloat16; 3.4: a machine's rows summed by its table's local root
+# (byteps.common.engine.sparse_local), row-sparse on one machine without servers, wire protocol v5
+INTERFACE_VERSION = (3, 4)
 
-require_interface("byteps-transport", "byteps.transport", (2, 10), requirer="byteps-common")
+require_interface("byteps-transport", "byteps.transport", (2, 11), requirer="byteps-common")
 
 from byteps.common.api import (  # noqa: E402
     barrier,

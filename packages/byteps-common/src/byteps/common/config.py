@@ -96,6 +96,7 @@ ENV_DEFAULTS: Mapping[str, object] = MappingProxyType({
     "BYTEPS_ENABLE_ASYNC": False,
     "BYTEPS_ASYNC_MAX_STALENESS": None,
     "BYTEPS_BACKUP_WORKERS": 0,
+    "BYTEPS_ROW_SPARSE": True,
     # Diagnostics and timeouts
     "BYTEPS_LOG_LEVEL": "WARNING",
     "PS_VERBOSE": 0,
@@ -292,6 +293,8 @@ class Config:
     enable_ipc: bool = True
     # A CUDA tensor's local aggregation sums on the GPU through CUDA IPC (docs/gpu.md); 0: through host memory
     gpu_local_aggregation: bool = True
+    # Sparse gradients (docs/sparse.md): False: the adapters reduce them as Horovod does (the gather)
+    row_sparse: bool = True
     # Asynchronous training (BytePS's BYTEPS_ENABLE_ASYNC): parameter deltas added at the servers as they come
     enable_async: bool = False
     async_max_staleness: Optional[int] = None  # a worker at most this many steps ahead of the slowest; None: no bound
@@ -448,6 +451,7 @@ class Config:
             pipeline=env.get("BYTEPS_PIPELINE", _parse_bool),
             fusion_threshold=env.get("BYTEPS_FUSION_THRESHOLD", _int(0)),
             fusion_max_tensor_bytes=env.get("BYTEPS_FUSION_MAX_TENSOR_BYTES", _int(1)),
+            row_sparse=env.get("BYTEPS_ROW_SPARSE", _parse_bool),
             key_hash_fn=env.get("BYTEPS_KEY_HASH_FN", _choice(KEY_HASH_FNS, str.lower)),
             server_assignment=env.get("BYTEPS_SERVER_ASSIGNMENT", _choice(SERVER_ASSIGNMENTS, str.lower)),
             numa_on=env.get("BYTEPS_NUMA_ON", _parse_bool),
@@ -487,7 +491,8 @@ class Config:
         return {"DMLC_ENABLE_RDMA": "1" if self.enable_rdma else "0",
                 "BYTEPS_ENABLE_ASYNC": "1" if self.enable_async else "0",
                 "BYTEPS_ASYNC_MAX_STALENESS": "" if self.async_max_staleness is None else str(self.async_max_staleness),
-                "BYTEPS_BACKUP_WORKERS": str(self.backup_workers)}
+                "BYTEPS_BACKUP_WORKERS": str(self.backup_workers),
+                "BYTEPS_ROW_SPARSE": "1" if self.row_sparse else "0"}
 
 
 def _check_training_mode(role: str, num_worker: int, local_size: int, force_distributed: bool, enable_async: bool,

@@ -36,7 +36,8 @@ __all__ = ["Tracer", "clock_metadata", "worker_trace_path", "server_trace_path",
 
 #: One trace thread per kind of span, in route order (tid = position + 1).
 WORKER_TRACKS = ("tensor", "copy_in", "local_reduce", "compress", "push", "pull", "decompress", "local_broadcast",
-                 "copy_out", "sparse_exchange", "sparse_merge")
+                 "copy_out", "sparse_exchange", "sparse_merge", "sparse_to_root", "sparse_local_sum",
+                 "sparse_local_answer")
 SERVER_TRACKS = ("receive", "sum", "answer")
 SERVER_PID_BASE = 1000
 

@@ -79,8 +79,11 @@ class Worker:
                                                       config.server_assignment, config.key_hash_fn)
                                        if self._comm is not None else None)
         has_servers = self._comm is not None and self._comm.engine.has_servers
+        # Row-sparse push_pulls: through the servers, the machine's ranks summing their rows first; on one
+        # machine without servers the local ranks' sum is the result; a single process makes its own.
         self.sparse = SparseTasks(len(servers) if has_servers else 0, self.size, config.max_partition_bytes,
-                                  self._comm.submit if has_servers else None)
+                                  self._comm.submit if self._comm is not None else None, config.local_rank,
+                                  config.local_size)
         self.tasks = TaskMaker(config, self.registry, self.rank, self.size, has_servers,
                                self._comm.post if self._comm is not None else None)
         if self._comm is not None:
@@ -179,9 +182,6 @@ class Worker:
 
             ids, rows = worker.sparse_push_pull(np.array([7, 3, 7]), grads, "emb", 10_000, (16,))
         """
-        if self.is_distributed and not self.tasks.has_servers:
-            raise NotImplementedError("a row-sparse push_pull needs servers: several processes on one machine "
-                                      "without servers are a later step (docs/sparse.md)")
         return self.sparse.make(ids, rows, table, num_rows, row_shape, average, dtype)
 
     def sparse_push_pull(self, ids: Any, rows: Any, table: str, num_rows: int, row_shape: Sequence[int],
@@ -267,8 +267,8 @@ class Worker:
             return self.rank, [extra]
         if self.local_size > 1 and self.sparse.tables:
             raise NotImplementedError(
-                "join() after row-sparse push_pulls with several worker processes per machine: each process "
-                "pushes its own rows, and a server learns only of whole machines joining (docs/sparse.md, "
+                "join() after row-sparse push_pulls with several worker processes per machine: a table's local "
+                "root sums its machine's rows and does not yet stand in for a joined rank (docs/sparse.md, "
                 "\"Not yet\"); run one worker process per machine, or densify (sparse_as_dense=True)")
         last = self._comm.join_job()
         return last, agree_after_join(self, extra)

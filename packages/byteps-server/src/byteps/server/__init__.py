@@ -11,9 +11,11 @@ runs the job's scheduler::
 
 from byteps.common.interface import require_interface
 
-INTERFACE_VERSION = (1, 2)  # 1.2: row-sparse rounds in parts; 1.1: row-sparse keys (rounds.SparseRowSum)
+# 1.3: a row-sparse round is one push per machine; 1.2: row-sparse rounds in parts; 1.1: row-sparse keys
+# (rounds.SparseRowSum)
+INTERFACE_VERSION = (1, 3)
 
-require_interface("byteps-common", "byteps.common", (3, 3), requirer="byteps-server")
-require_interface("byteps-transport", "byteps.transport", (2, 10), requirer="byteps-server")
+require_interface("byteps-common", "byteps.common", (3, 4), requirer="byteps-server")
+require_interface("byteps-transport", "byteps.transport", (2, 11), requirer="byteps-server")
 
 __all__ = ["INTERFACE_VERSION"]

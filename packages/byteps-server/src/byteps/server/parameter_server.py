@@ -252,8 +252,6 @@ class ParameterServer:
         contributors = spec.contributors or self.num_workers
         if contributors > self.num_workers:
             raise ValueError(f"{spec.describe()}: more contributors than the job's {self.num_workers} worker machines")
-        if spec.sparse:  # every worker process pushes a row-sparse table's rows itself (rounds/sparse_rows.py)
-            contributors *= self.local_size
         if state is not None and message.identity not in state.declared_by \
                 and len(state.declared_by) >= contributors:
             raise ValueError(f"key {key} already has its {contributors} workers")

@@ -45,7 +45,9 @@ from byteps.transport.zmq_endpoints import Connection, Listener, tcp_address
 # 2.6: Context(rdma=RdmaSettings(...)): payloads by RDMA WRITE; ByteCounters.rdma_*
 # 2.7: FLAG_PULL, wire protocol v3 (a PUSH that is also its PULL); 2.8: zero-copy RDMA sends, no inline writes
 # 2.9: SchedulerOptions.shutdown_leaves, AddressBook.shutdown_leaves
-INTERFACE_VERSION = (2, 10)  # 2.10: wire protocol v4, BARRIER_ARRIVED for a BARRIER sent with BARRIER_ASK_ARRIVAL
+# 2.10: wire protocol v4, BARRIER_ARRIVED for a BARRIER sent with BARRIER_ASK_ARRIVAL
+# 2.11: wire protocol v5 (a row-sparse round is one push per machine, its ranks' rows summed there)
+INTERFACE_VERSION = (2, 11)
 
 __all__ = [
     "INTERFACE_VERSION",

@@ -14,7 +14,9 @@ module each:
 * :mod:`~byteps.common.engine.compress`: COMPRESS, DECOMPRESS;
 * :mod:`~byteps.common.engine.copy_out`: COPY_OUT;
 * :mod:`~byteps.common.engine.sparse_exchange`: SPARSE_EXCHANGE, SPARSE_MERGE, the stages of a
-  row-sparse push_pull (:mod:`~byteps.common.engine.sparse_task`, docs/sparse.md).
+  row-sparse push_pull (:mod:`~byteps.common.engine.sparse_task`, docs/sparse.md);
+* :mod:`~byteps.common.engine.sparse_local`: SPARSE_TO_ROOT, SPARSE_LOCAL_SUM, SPARSE_LOCAL_ANSWER,
+  a machine's row-sparse rows summed by id before they leave it.
 
 How a stage finishes is one contract (:mod:`~byteps.common.engine.stage`);
 :mod:`~byteps.common.engine.failures` spreads a failure,

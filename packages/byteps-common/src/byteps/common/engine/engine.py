@@ -24,9 +24,10 @@ from byteps.common.engine.dispatcher import Dispatcher, StageDone
 from byteps.common.engine.exchange import ServerExchange
 from byteps.common.engine.failures import Failures
 from byteps.common.engine.local import LocalGroup
-from byteps.common.engine.route import SPARSE_ROUTE, Role, plan_route
+from byteps.common.engine.route import Role, plan_route, sparse_route
 from byteps.common.engine.sparse_exchange import SparseExchange
-from byteps.common.engine.sparse_task import SparseTask, SparseTrip
+from byteps.common.engine.sparse_local import SparseLocal
+from byteps.common.engine.sparse_task import PEER, ROOT, SparseTask, SparseTrip
 from byteps.common.engine.stage import TaskFailed
 from byteps.common.engine.task import PartitionTrip, PushPullTask
 from byteps.common.engine.task_table import TaskTable
@@ -75,18 +76,24 @@ class Engine:
             self.local = LocalGroup(context, options.job_id, options.machine, options.local_rank,
                                     options.local_size, options.partition_bytes, options.secret,
                                     options.handshake_timeout_s, len(servers), options.quorum)
-        # Row-sparse push_pulls: their own stages over the same server connections (docs/sparse.md)
+        # Row-sparse push_pulls: their own stages over the same server connections (docs/sparse.md), and with
+        # several processes per machine a local sum by id before them, over the local channel
         self.sparse: Optional[SparseExchange] = None
         if self.exchange is not None:
             self.sparse = self.exchange.sparse = SparseExchange(self.exchange.connections, options.rank)
+        self.sparse_local: Optional[SparseLocal] = None
+        if self.local is not None:
+            self.sparse_local = self.local.sparse = SparseLocal(self.local.channel, options.local_rank,
+                                                                options.local_size, len(servers),
+                                                                options.max_payload_bytes)
         self.device = DeviceStages(self.local)
         self.copy_out = CopyOut()
         owners: List[Any] = [self.copy_out, self.device]
         if self.exchange is not None:
             owners += [self.exchange, CompressionStages(), self.sparse]
         if self.local is not None:
-            owners.append(self.local)
-        self.failures = Failures(self.tasks, self.exchange, self.local, self.sparse)
+            owners += [self.local, self.sparse_local]
+        self.failures = Failures(self.tasks, self.exchange, self.local, self.sparse, self.sparse_local)
         self.dispatcher = Dispatcher(owners, self.tasks.arrived, self.failures, post, options.compress_threads,
                                      options.tracer, self.tasks)
 
@@ -125,9 +132,11 @@ class Engine:
             self.dispatcher.advance(trip)
 
     def start_sparse(self, task: SparseTask) -> None:
-        """Start a row-sparse task's trips, one per server; a task refused on this rank only fails its round on
-        the servers, so that the other ranks' pushes of it fail there."""
-        trips = [SparseTrip(task, shard, SPARSE_ROUTE) for shard in task.plan.partitions]
+        """Start a row-sparse task's trips (one per server; a local rank other than the table's root: one); a
+        task refused on this rank only fails its round where the other ranks wait for it."""
+        role = Role.ROOT if task.role == ROOT else Role.PEER if task.role == PEER else Role.ALONE
+        route = sparse_route(role, self.exchange is not None)
+        trips = [SparseTrip(task, shard, route) for shard in task.plan.partitions]
         self.tasks.add(task, trips)
         if task.refusal is not None:
             self.failures.fail_task(task, task.refusal)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from byteps.common.engine.sparse_task import ALONE, PEER, SparseTask
 from byteps.common.engine.task import PushPullTask
 from byteps.common.engine.task_table import TaskTable
 from byteps.common.handle import JobLost
@@ -21,11 +22,13 @@ __all__ = ["Failures", "as_job_lost"]
 
 
 class Failures:
-    """Fails tasks, and tells whoever waits on them. ``exchange``, ``local`` and ``sparse`` (the row-sparse
-    exchange) may be None."""
+    """Fails tasks, and tells whoever waits on them. ``exchange``, ``local``, ``sparse`` (the row-sparse
+    exchange) and ``sparse_local`` (the machine's row-sparse sums) may be None."""
 
-    def __init__(self, tasks: TaskTable, exchange: Any, local: Any, sparse: Any = None) -> None:
+    def __init__(self, tasks: TaskTable, exchange: Any, local: Any, sparse: Any = None,
+                 sparse_local: Any = None) -> None:
         self.tasks, self.exchange, self.local, self.sparse = tasks, exchange, local, sparse
+        self.sparse_local = sparse_local
 
     def fail_task(self, task: PushPullTask, error: BaseException, tell_peers: bool = True,
                   tell_servers: bool = True) -> None:
@@ -33,6 +36,9 @@ class Failures:
         a failure found on this machine, the servers, which fail the round on the other machines."""
         if not self.tasks.remove(task):
             return  # finished or failed already
+        if task.__class__ is SparseTask:
+            self._fail_sparse(task, error, tell_peers, tell_servers)
+            return
         if self.exchange is not None:
             self.exchange.abandon(task)
             if self.sparse is not None:
@@ -48,6 +54,21 @@ class Failures:
                 self.local.tell_peers(task, error)
         if not task.stand_in:
             task.handle.set_error(error)
+        if self.tasks.idle is not None:
+            self.tasks.idle()
+
+    def _fail_sparse(self, task: SparseTask, error: BaseException, tell_peers: bool, tell_servers: bool) -> None:
+        """A row-sparse task: its servers hear of it from whoever pushes to them (a lone process, the table's
+        local root), a local root's other ranks from the root, a root from its other rank."""
+        if self.sparse is not None:
+            self.sparse.abandon(task)
+        if task.role != ALONE and self.sparse_local is not None:
+            self.sparse_local.abandon(task)
+            if tell_peers:
+                self.sparse_local.tell(task, error)
+        if tell_servers and self.exchange is not None and task.role != PEER:
+            self.exchange.report_failure(task, task.plan.partitions, error)
+        task.handle.set_error(error)
         if self.tasks.idle is not None:
             self.tasks.idle()
 

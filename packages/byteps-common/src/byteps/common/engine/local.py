@@ -41,7 +41,7 @@ waiting. Joined ranks (Horovod's ``hvd.join()``) are in
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from byteps.common import kernels
 from byteps.common.engine.device import DeviceSlots, summed_on_gpu
@@ -54,6 +54,7 @@ from byteps.common.engine.route import Stage
 from byteps.common.engine.stage import DONE, NOTHING, WAIT, Failure, Later, Outcome, TaskFailed
 from byteps.common.engine.task import PartitionTrip, PushPullTask
 from byteps.common.partition import PARTITION_INDEX_BITS, Partition
+from byteps.common.row_sparse import is_sparse_key
 from byteps.common.tensor_description import MISMATCH_ADVICE, TensorDescription
 from byteps.transport import (
     Command,
@@ -110,6 +111,8 @@ class LocalGroup:
         self.sums = 0  # slots this rank added into a sum as a root (one per input with bytes, past the first)
         #: GPU-side local aggregation of CUDA tensors: the peers' device slots
         self.device = DeviceSlots(local_rank)
+        #: The machine's row-sparse sums (byteps.common.engine.sparse_local), whose messages come here too
+        self.sparse: Any = None
 
     def runners(self):
         return {Stage.COPY_IN: self.copy_in, Stage.LOCAL_REDUCE: self.local_reduce,
@@ -213,6 +216,8 @@ class LocalGroup:
         message = self.channel.receive()
         if message is None:
             return NOTHING
+        if is_sparse_key(message.header.key):  # a row-sparse table's: the machine's sum by id (sparse_local)
+            return self.sparse.receive(message)
         header = message.header
         entry = (header.key, header.round)
         command = header.command

@@ -21,7 +21,8 @@ import enum
 import itertools
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-__all__ = ["Stage", "Role", "Placement", "Landing", "Route", "ROUTES", "SPARSE_ROUTE", "plan_route", "route_table"]
+__all__ = ["Stage", "Role", "Placement", "Landing", "Route", "ROUTES", "SPARSE_ROUTE", "SPARSE_ROUTES", "plan_route",
+           "route_table", "sparse_route"]
 
 
 class Stage(enum.Enum):
@@ -43,6 +44,10 @@ class Stage(enum.Enum):
     # A row-sparse push_pull's share of one server (byteps.common.engine.sparse_exchange; docs/sparse.md)
     SPARSE_EXCHANGE = "sparse_exchange"  # its (id, row) records to the server, the round's union of them back
     SPARSE_MERGE = "sparse_merge"  # the servers' unions merged into the result (after the last), averaged
+    # Several worker processes per machine (byteps.common.engine.sparse_local): the table's local root sums them
+    SPARSE_TO_ROOT = "sparse_to_root"  # another local rank: its rows to the local root, the round's result back
+    SPARSE_LOCAL_SUM = "sparse_local_sum"  # the local root: every local rank's rows summed by id, cut by server
+    SPARSE_LOCAL_ANSWER = "sparse_local_answer"  # the local root: the round's result to the other local ranks
 
 
 class Role(enum.Enum):
@@ -150,6 +155,31 @@ ROUTES: Dict[Tuple, Route] = _build()
 #: caller's tensor and its answer's size is known only when it arrives (docs/sparse.md).
 SPARSE_ROUTE = Route(Role.ALONE, True, False, Placement.HOST, (Stage.SPARSE_EXCHANGE, Stage.SPARSE_MERGE),
                      Landing.OUTPUT)
+
+_SPARSE_PEER_ROUTE = Route(Role.PEER, False, False, Placement.HOST, (Stage.SPARSE_TO_ROOT,), None)
+
+#: Every route of a row-sparse push_pull's trip, by (role, servers): a lone process's share of one server; a
+#: local root's share of one server (after the machine's sum), or its one trip without servers (the machine's
+#: sum is the result); another local rank's one trip, which its root does the rest for.
+SPARSE_ROUTES: Dict[Tuple[Role, bool], Route] = {
+    (Role.ALONE, True): SPARSE_ROUTE,
+    (Role.ROOT, True): Route(Role.ROOT, True, False, Placement.HOST,
+                             (Stage.SPARSE_LOCAL_SUM, Stage.SPARSE_EXCHANGE, Stage.SPARSE_MERGE,
+                              Stage.SPARSE_LOCAL_ANSWER), Landing.OUTPUT),
+    (Role.ROOT, False): Route(Role.ROOT, False, False, Placement.HOST,
+                              (Stage.SPARSE_LOCAL_SUM, Stage.SPARSE_LOCAL_ANSWER), None),
+    (Role.PEER, True): _SPARSE_PEER_ROUTE,  # the same with servers or without: the root does the network part
+    (Role.PEER, False): _SPARSE_PEER_ROUTE,
+}
+
+
+def sparse_route(role: Role, servers: bool) -> Route:
+    """The route of a row-sparse trip; ValueError for a combination that cannot occur (a lone process
+    without servers makes its result at the call)."""
+    route = SPARSE_ROUTES.get((role, servers))
+    if route is None:
+        raise ValueError(f"no row-sparse route for a {role.value} with{'' if servers else 'out'} servers")
+    return route
 
 
 def plan_route(role: Role, servers: bool, compressed: bool = False, placement: Placement = Placement.HOST) -> Route:

@@ -122,8 +122,9 @@ class SparseExchange:
                 return NOTHING
             text = bytes(message.payload).decode(errors="replace") if message.payload is not None else ""
             # Relayed to the servers (tell_servers): a rank that agreed with the table's first declaration
-            # learns from them that this round is off, instead of waiting for it.
-            return [Failure(trip.task, TransportError(f"server {connection.address}: {text}"), tell_peers=False)]
+            # learns from them that this round is off, instead of waiting for it; and to this machine's other
+            # ranks, which wait for this root's result (sparse_local).
+            return [Failure(trip.task, TransportError(f"server {connection.address}: {text}"))]
         if header.command != Command.PULL_RESPONSE or trip is None:
             raise TransportError(f"unexpected {command_name(header.command)} for row-sparse key {header.key} "
                                  f"round {header.round} from server {connection.address}")
@@ -131,7 +132,7 @@ class SparseExchange:
         try:
             trip.data.append(decode(message.payload, table.row_shape, table.dtype))
         except ValueError as exc:
-            return [Failure(trip.task, TransportError(f"server {connection.address}: {exc}"), tell_peers=False)]
+            return [Failure(trip.task, TransportError(f"server {connection.address}: {exc}"))]
         if len(trip.data) < max(header.aux, 1):
             return NOTHING  # more parts of the answer to come
         del self._in_flight[entry]

@@ -1,14 +1,19 @@
-"""A row-sparse push_pull inside the engine: one task, one trip per server, on the sparse route.
+"""A row-sparse push_pull inside the engine: one task, one trip per server, on a sparse route.
 
 The caller's (ids, rows) of a table become a :class:`SparseTask`
-(:class:`SparseTasks` checks them on the calling rank, sums the rows of
-duplicate ids and cuts them by server, :func:`~byteps.common.row_sparse.server_of`).
-Each server's share is a :class:`SparseShard` and travels as a
-:class:`SparseTrip` along :data:`~byteps.common.engine.route.SPARSE_ROUTE`
-(SPARSE_EXCHANGE, SPARSE_MERGE) through the same dispatcher, task table
-and failure fan-out as a dense partition. Why not the dense route: a dense
-partition is a fixed window of the caller's tensor, received in place,
-where a sparse answer's size is known only when it arrives (docs/sparse.md).
+(:class:`SparseTasks` checks them on the calling rank and sums the rows of
+duplicate ids). With one worker process per machine the rows are cut by
+server at once (:func:`~byteps.common.row_sparse.server_of`): each server's
+share is a :class:`SparseShard` and travels as a :class:`SparseTrip` along
+the sparse route (SPARSE_EXCHANGE, SPARSE_MERGE) through the same
+dispatcher, task table and failure fan-out as a dense partition. With
+several processes per machine the table's *local root* sums the machine's
+rows first (:mod:`byteps.common.engine.sparse_local`): its trips cut the
+machine's sum by server at SPARSE_LOCAL_SUM, and another local rank's one
+trip only hands its rows to the root and takes the result back. Why not
+the dense routes: a dense partition is a fixed window of the caller's
+tensor, received in place, where a sparse answer's size is known only when
+it arrives (docs/sparse.md).
 
 Every call, good or bad, takes the table's next round on this rank, so
 that every rank numbers the table's rounds alike: a call refused here
@@ -39,7 +44,16 @@ from byteps.common.row_sparse import (
     widen,
 )
 
-__all__ = ["SparseHandle", "SparseShard", "SparsePlan", "SparseTask", "SparseTasks", "SparseTrip", "average_rows"]
+__all__ = ["ALONE", "PEER", "ROOT", "SparseHandle", "SparseShard", "SparsePlan", "SparseTask", "SparseTasks",
+           "SparseTrip", "average_rows", "cut_by_server", "local_root"]
+
+#: A sparse task's role on its machine: the only worker process, the table's local root, another local rank.
+ALONE, ROOT, PEER = "alone", "root", "peer"
+
+
+def local_root(table_id: int, local_size: int) -> int:
+    """The local rank that sums a table's rows on each machine: tables spread over the machine's processes."""
+    return table_id % local_size
 
 
 @dataclasses.dataclass(eq=False)
@@ -74,7 +88,11 @@ class SparseTask:
     result: Optional[SparseRows] = None  # what the handle returns: filled in by SPARSE_MERGE
     average: bool = False
     average_over: int = 0  # 0 for a sum, else the number of workers to divide by
-    refusal: Optional[BaseException] = None  # refused on this rank: the engine only fails the round on the servers
+    refusal: Optional[BaseException] = None  # refused on this rank: the engine only fails the round elsewhere
+    role: str = ALONE  # ALONE (one process per machine), ROOT (sums the machine's rows) or PEER
+    mine: Optional[Tuple[np.ndarray, np.ndarray]] = None  # ROOT and PEER: this rank's rows, summed by id
+    summed: bool = False  # ROOT: the machine's rows are summed and cut by server
+    answered: bool = False  # ROOT: the result went to the other local ranks
     # server -> its answer's (ids, rows) parts
     answers: Dict[int, List[Tuple[np.ndarray, np.ndarray]]] = dataclasses.field(default_factory=dict)
     # --- what the task table, dispatcher and failures read, as of a PushPullTask ---
@@ -139,16 +157,19 @@ def average_rows(rows: np.ndarray, divisor: int, dtype: DType) -> np.ndarray:
 class SparseTasks:
     """This rank's row-sparse tables and the tasks made of their calls.
 
-    ``num_servers`` 0: no servers (a single worker process), the result is
-    made here. ``submit(task)`` hands a task to the communication thread.
+    ``num_servers`` 0: no servers (one machine: its local ranks sum the
+    rows; a single worker process: the result is made here). ``submit(task)``
+    hands a task to the communication thread (None for a single process).
+    ``local_rank`` and ``local_size``: this process on its machine.
     """
 
     def __init__(self, num_servers: int, size: int, max_payload_bytes: int,
-                 submit: Optional[Callable[[SparseTask], None]]) -> None:
+                 submit: Optional[Callable[[SparseTask], None]], local_rank: int = 0, local_size: int = 1) -> None:
         self.num_servers = num_servers
         self.size = size
         self.max_payload_bytes = max_payload_bytes
         self.submit = submit
+        self.local_rank, self.local_size = local_rank, local_size
         self.tables: Dict[str, SparseTable] = {}
         self._lock = threading.Lock()
 
@@ -166,11 +187,15 @@ class SparseTasks:
                 raise ValueError(f"{table.describe()} has a push_pull in flight: wait for it first")
             round_ = table.rounds
             table.rounds += 1
+            role = self._role(table)
             try:
                 ids, rows = sum_by_id(*self._checked(table, ids, rows, num_rows, row_shape, dtype), table.dtype)
-                shards, pushed = self._shards(table, ids, rows)
+                if role == ALONE:
+                    shards, pushed = cut_by_server(table, ids, rows, self.num_servers, self.max_payload_bytes)
+                else:  # the local root cuts the machine's sum once it has it
+                    shards, pushed = self._local_shards(table, role), ids.nbytes + rows.nbytes
             except ValueError as exc:
-                self._refuse(table, round_, exc)
+                self._refuse(table, round_, role, exc)
                 raise
             result = SparseRows(ids, rows)
             handle = SparseHandle(table, result)
@@ -179,7 +204,8 @@ class SparseTasks:
                 return handle
             table.in_flight = True
         self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, pushed), handle,
-                               result, average=average, average_over=self.size if average else 0))
+                               result, average=average, average_over=self.size if average else 0, role=role,
+                               mine=None if role == ALONE else (ids, rows)))
         return handle
 
     # --- agreement after join -------------------------------------------------------------
@@ -223,24 +249,42 @@ class SparseTasks:
                              "its rows, row shape and dtype")
         return table.check(ids, rows)
 
-    def _refuse(self, table: SparseTable, round_: int, error: BaseException) -> None:
-        """Fail round ``round_`` of ``table`` on the servers (the other ranks' pushes of it fail there)."""
+    def _refuse(self, table: SparseTable, round_: int, role: str, error: BaseException) -> None:
+        """Fail round ``round_`` of ``table`` where the other ranks wait for this one: on the servers (a local
+        root's or a lone process's refusal: the other machines' pushes of it fail there) and this machine's
+        other local ranks (a peer's goes to its root, which fails the round on the servers too)."""
         if self.submit is None:
             return
-        shards = [SparseShard(sparse_key(table.table_id, s), s, s, [None]) for s in range(self.num_servers)]
+        shards = (self._local_shards(table, role) if role != ALONE else
+                  [SparseShard(sparse_key(table.table_id, s), s, s, [None]) for s in range(self.num_servers)])
         handle = Handle(table.name, None)
         self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, 0), handle,
-                               refusal=error))
+                               refusal=error, role=role))
 
-    def _shards(self, table: SparseTable, ids: np.ndarray, rows: np.ndarray) -> Tuple[List[SparseShard], int]:
-        """The rows of each server (by :func:`server_of`), encoded; and the bytes pushed in all."""
-        if not self.num_servers:
-            return [], 0
-        owners = server_of(ids, self.num_servers)
-        shards, pushed = [], 0
-        for server in range(self.num_servers):
-            mine = owners == server
-            payloads = encode_chunks(ids[mine], rows[mine], self.max_payload_bytes, table.describe())
-            pushed += sum(payload.nbytes for payload in payloads if payload is not None)
-            shards.append(SparseShard(sparse_key(table.table_id, server), server, server, payloads))
-        return shards, pushed
+    def _role(self, table: SparseTable) -> str:
+        if self.local_size == 1:
+            return ALONE
+        return ROOT if local_root(table.table_id, self.local_size) == self.local_rank else PEER
+
+    def _local_shards(self, table: SparseTable, role: str) -> List[SparseShard]:
+        """A root's shards, one per server, their payloads cut at SPARSE_LOCAL_SUM (one shard without servers:
+        the machine's sum is the result); a peer's one shard, the key its rows go to the root under."""
+        if role == ROOT and self.num_servers:
+            return [SparseShard(sparse_key(table.table_id, s), s, s, [None]) for s in range(self.num_servers)]
+        return [SparseShard(sparse_key(table.table_id, 0), 0, -1, [None])]
+
+
+def cut_by_server(table: SparseTable, ids: np.ndarray, rows: np.ndarray, num_servers: int,
+                  max_payload_bytes: int) -> Tuple[List[SparseShard], int]:
+    """The rows of each server (by :func:`server_of`), encoded in payloads of at most ``max_payload_bytes``;
+    and the bytes pushed in all."""
+    if not num_servers:
+        return [], 0
+    owners = server_of(ids, num_servers)
+    shards, pushed = [], 0
+    for server in range(num_servers):
+        mine = owners == server
+        payloads = encode_chunks(ids[mine], rows[mine], max_payload_bytes, table.describe())
+        pushed += sum(payload.nbytes for payload in payloads if payload is not None)
+        shards.append(SparseShard(sparse_key(table.table_id, server), server, server, payloads))
+    return shards, pushed

@@ -2,9 +2,13 @@
 goes to (docs/sparse.md).
 
 The job's half of the rule every adapter applies before it looks at the
-gradient itself: the row-sparse push_pull needs servers (it refuses a job
-without), has no round yet for backup workers' quorum or asynchronous
-training, and sums over every rank with ``op`` Average or Sum. Each condition is the same on every rank, so every
+gradient itself: the adapters take the row-sparse push_pull where the job
+has servers (on one machine without them it works too, but ``join()``
+after it is refused with several processes per machine, where Horovod's
+gather keeps working: the adapters keep the gather there), not for backup
+workers' quorum or asynchronous training, which it has no round for, and
+over every rank with ``op`` Average or Sum; ``BYTEPS_ROW_SPARSE=0`` keeps
+Horovod's ways everywhere. Each condition is the same on every rank, so every
 rank takes the same path. Example (an adapter)::
 
     if job_takes_row_sparse(op, process_set) and gradient_fits(gradient):
@@ -28,8 +32,8 @@ def job_takes_row_sparse(op: Any, process_set: Any) -> bool:
     if not api.is_initialized() or op not in (Average, Sum):
         return False
     worker = api.worker()
-    if (not worker.is_distributed or not worker.tasks.has_servers or worker.config.backup_workers
-            or async_enabled()):
+    if (not worker.is_distributed or not worker.tasks.has_servers or not worker.config.row_sparse
+            or worker.config.backup_workers or async_enabled()):
         return False
     return not rank_view(process_set).set_id
 

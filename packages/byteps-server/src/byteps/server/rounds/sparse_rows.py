@@ -2,15 +2,16 @@
 
 A key declared with ``PartitionSpec.sparse`` is one server's share of a
 row-sparse table: the rows whose ids hash to this server
-(:func:`byteps.common.row_sparse.server_of`). Each worker process's PUSH
+(:func:`byteps.common.row_sparse.server_of`). Each worker machine's PUSH
 of a round carries its (id, row) records for those rows, its ids unique
 and ascending (:func:`~byteps.common.row_sparse.encode`; possibly none),
 and is also its PULL (FLAG_PULL); with several worker processes per
-machine each pushes its own (rows are not summed inside a machine first).
-When every worker has pushed the round, :class:`SparseRowSum` sums the
-rows by id (float16 and bfloat16 in float32, rounded once; workers in rank
-order, so the sums are the same whatever order the pushes came in) and
-answers every worker with the same records: the union of the round's ids,
+machine the table's local root pushes the machine's rows, summed by id
+there first (byteps.common.engine.sparse_local). When every machine has
+pushed the round, :class:`SparseRowSum` sums the rows by id (float16 and
+bfloat16 in float32, rounded once; machines in order, so the sums are the
+same whatever order the pushes came in) and answers every machine with
+the same records: the union of the round's ids,
 ascending, and their sums. Nothing is kept once the round is answered: the
 table itself lives on the workers. The engine's dense accumulators are not used, since the size of
 a round is only known when its last push is in.
@@ -19,7 +20,7 @@ The rules a round enforces (each broken one is a ValueError, answered
 with an ERROR; one that spoils the round fails it on every machine that
 pushed it, and its later pushes get the same ERROR):
 
-- one push per worker and round, carrying its pull. A push may come in
+- one push per machine and round, carrying its pull. A push may come in
   several messages (each at most the payload limit, BYTEPS_PARTITION_BYTES,
   whole records in order): each says how many in its header's ``aux``
   (0 counts as 1), and the last carries the pull. A push of a later
@@ -33,12 +34,12 @@ pushed it, and its later pushes get the same ERROR):
   single record larger than the limit fails the round.
 
 A machine that joined (``hvd.join()``, :mod:`byteps.server.rounds.joined`)
-counts as an empty push of each of its workers in every round until every
-machine joined, as a dense round counts it as zeros: a round closes when
-the workers of the machines that have not joined pushed it, and averages
-still divide by every worker. (With several worker processes per machine
-a rank may not join while row-sparse tables are in use: the worker
-refuses it, docs/sparse.md.)
+counts as an empty push in every round until every machine joined, as a
+dense round counts it as zeros: a round closes when the machines that
+have not joined pushed it, and averages still divide by every worker (the
+workers divide). (With several worker processes per machine a rank may not
+join while row-sparse tables are in use: the worker refuses it,
+docs/sparse.md.)
 """
 
 from __future__ import annotations
@@ -84,12 +85,12 @@ class SparseRowSum:
         self.dtype = DType(spec.dtype)
         self.num_rows = spec.shape[0]
         self.row_shape = tuple(spec.shape[1:])
-        self.workers = services.num_machines * services.local_size
-        self.local_size = services.local_size
+        self.machines = services.num_machines
+        self.local_size = services.local_size  # a pusher's machine is its rank // local_size
         self.joined = services.joined.machines  # the shared dict itself (cleared in place once all joined)
         self.completed = -1  # the last closed (answered or failed) round
-        self.pushed: Dict[int, Tuple[bytes, np.ndarray, np.ndarray]] = {}  # worker rank -> (identity, ids, rows)
-        # worker rank -> (identity, parts in all, the (ids, rows) of those in so far): pushes still coming in parts
+        self.pushed: Dict[int, Tuple[bytes, np.ndarray, np.ndarray]] = {}  # machine -> (identity, ids, rows)
+        # machine -> (identity, parts in all, the (ids, rows) of those in so far): pushes still coming in parts
         self.parts: Dict[int, Tuple[bytes, int, List[Tuple[np.ndarray, np.ndarray]]]] = {}
         self.round_started = 0.0
         self.round_flags = 0  # FLAG_AVERAGE of the open round's first push
@@ -110,13 +111,13 @@ class SparseRowSum:
         elif round_ <= self.completed:
             raise ValueError(f"push of round {round_} for {self.spec.describe()}: the open round is "
                              f"{self.completed + 1}")
-        worker = header.sender
-        if worker in self.pushed:
+        machine = header.sender // self.local_size
+        if machine in self.pushed:
             raise ValueError(f"second push of round {round_} for {self.spec.describe()}")
-        _, of, parts = self.parts.get(worker, (message.identity, max(header.aux, 1), []))
+        _, of, parts = self.parts.get(machine, (message.identity, max(header.aux, 1), []))
         last = len(parts) + 1 == of
         if max(header.aux, 1) != of or bool(header.flags & FLAG_PULL) != last:
-            self.parts.pop(worker, None)  # its sender hears of the failure from the raise
+            self.parts.pop(machine, None)  # its sender hears of the failure from the raise
             self._fail_open_round(
                 f"worker {header.sender}: push of round {round_} for {self.spec.describe()}, part {len(parts) + 1} "
                 f"of {max(header.aux, 1)} (aux), {'with' if header.flags & FLAG_PULL else 'without'} its pull: a "
@@ -135,24 +136,22 @@ class SparseRowSum:
             self.round_started, self.round_flags, self.round_first = time.monotonic(), flags, header.sender
         parts.append((ids, rows))
         if not last:
-            self.parts[worker] = (message.identity, of, parts)
+            self.parts[machine] = (message.identity, of, parts)
             return
-        self.parts.pop(worker, None)
+        self.parts.pop(machine, None)
         if len(parts) > 1:
             ids, rows = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
             if not np.all(ids[1:] > ids[:-1]):
                 self._fail_open_round(f"worker {header.sender}: row ids pushed for {self.spec.describe()} are not "
                                       "unique and ascending across the push's parts")
-        self.pushed[worker] = (message.identity, ids, rows)
+        self.pushed[machine] = (message.identity, ids, rows)
         if self._complete():
             self._close()
 
     def _complete(self) -> bool:
-        """Every worker pushed the open round, or its machine joined (an empty push)."""
-        empty = sum(1 for machine in self.joined for rank in range(machine * self.local_size,
-                                                                     (machine + 1) * self.local_size)
-                    if rank not in self.pushed)
-        return len(self.pushed) + empty >= self.workers
+        """Every machine pushed the open round, or joined (an empty push)."""
+        empty = sum(1 for machine in self.joined if machine not in self.pushed)
+        return len(self.pushed) + empty >= self.machines
 
     def _records(self, message: Message) -> Tuple[np.ndarray, np.ndarray]:
         """The push's ids and rows (views of its payload), checked."""
@@ -201,7 +200,7 @@ class SparseRowSum:
     def _close(self) -> None:
         """Every machine pushed: sum the rows by id, answer the pulls that wait."""
         round_ = self.completed + 1
-        pushes = [self.pushed[worker] for worker in sorted(self.pushed)]
+        pushes = [self.pushed[machine] for machine in sorted(self.pushed)]
         ids = np.concatenate([p[1] for p in pushes])
         rows = np.concatenate([p[2] for p in pushes])
         union, sums = sum_by_id(ids, rows, self.dtype)
@@ -223,7 +222,7 @@ class SparseRowSum:
         if self.answer is not None and round_ == self.answer[0] and identity in self.answer[2]:
             self._answer(identity, round_)
             return
-        pushed = self.pushed.get(header.sender)
+        pushed = self.pushed.get(header.sender // self.local_size)
         if round_ != self.completed + 1 or pushed is None or pushed[0] != identity:
             raise ValueError(f"pull of round {round_} for {self.spec.describe()} without its push")
         if (identity, round_) in self.pending:
@@ -262,11 +261,6 @@ class SparseRowSum:
     def partial_round(self) -> Optional[PartialRound]:
         if not self.pushed and not self.parts:
             return None
-        if self.local_size == 1:
-            pushed = set(self.pushed) | set(self.parts)
-        else:  # the inspector counts machines: a machine is in once every worker of it pushed
-            size = self.local_size
-            pushed = {machine for machine in {rank // size for rank in self.pushed}
-                      if all(rank in self.pushed for rank in range(machine * size, (machine + 1) * size))}
+        pushed = set(self.pushed) | set(self.parts)  # machines, as the inspector counts them
         return PartialRound(self.key, self.spec.name, self.completed + 1, self.round_started, pushed)
 
