@@ -17,21 +17,29 @@ The paths, each a job of ``--workers`` processes on 127.0.0.1:
 * ``dense``: the same with ``sparse_as_dense=True``: the whole table's
   gradient through the servers, as BytePS does;
 * ``gather``: the same job, the embedding's gradient gathered as Horovod
-  does (every rank's indices and values to every rank; the benchmark turns
-  the row-sparse path off for it, nothing else changes);
+  does (every rank's indices and values to every rank;
+  ``BYTEPS_ROW_SPARSE=0``, nothing else changes);
 * ``ddp-gloo``: ``torch.nn.parallel.DistributedDataParallel`` over gloo,
   the same sparse embedding (gloo's sparse allreduce).
 
+``--local-size L`` runs the byteps paths as ``--workers`` machines of L
+processes each (``bpslaunch -np L``): a machine's ranks sum their rows (or
+their dense gradients) inside it, through the local channel and shared
+memory, which ``lo`` does not see, before anything goes to a server. The
+DDP path has no machines, so it is left out there.
+
 Each job times ``--steps`` steps after ``--warmup`` steps and reports the
 median step time, the loopback bytes of the whole job per timed step per
-worker (read from ``/proc/net/dev``: workers and servers share ``lo``, so
-this counts every byte the job moved, sent and received), and the logloss
+worker machine (read from ``/proc/net/dev``: workers and servers share
+``lo``, so this counts every byte the job moved between machines and
+servers, sent and received), and the logloss
 of the last step on rank 0 (the same in every mode up to summation order:
 the paths compute the same update). Modes run in turns, ``--repeats``
 times, and the report gives each mode's median over the repeats and its
 ratio against ``row-sparse`` (> 1: row-sparse is faster).
 
-    python benchmarks/bench_sparse.py [--workers 2] [--servers 2] [--rows 1000000] [--repeats 3] [--json out.json]
+    python benchmarks/bench_sparse.py [--workers 2] [--local-size 1] [--servers 2] [--rows 1000000] [--repeats 3]
+                                      [--json out.json]
 """
 
 from __future__ import annotations
@@ -123,12 +131,6 @@ def worker(args: argparse.Namespace) -> None:
     else:
         import byteps.torch as bps
 
-        if args.mode == "gather":  # Horovod's way: the benchmark closes the row-sparse path, nothing else
-            import byteps.torch.collectives as collectives
-            import byteps.torch.optimizer as bps_optimizer
-
-            collectives.row_sparse.takes_row_sparse = lambda *_: False
-            bps_optimizer.takes_row_sparse = lambda *_: False
         bps.init()
         rank, barrier = bps.rank(), bps.barrier
         bps.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -196,10 +198,13 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict:
             codes = [proc.returncode for proc in procs]
             output = "\n".join(outputs)
         else:
-            launch = ["bpslaunch", "-q", "--workers", str(args.workers), "--servers", str(args.servers), "--"]
-            # Servers reached over TCP, as on machines of their own (no shared-memory shortcut to them).
+            launch = ["bpslaunch", "-q", "-np", str(args.local_size), "--workers", str(args.workers), "--servers",
+                      str(args.servers), "--"]
+            # Servers reached over TCP, as on machines of their own (no shared-memory shortcut to them); the
+            # gather is Horovod's way, the row-sparse path switched off and nothing else.
+            env = dict(os.environ, BYTEPS_ENABLE_IPC="0", BYTEPS_ROW_SPARSE="0" if mode == "gather" else "1")
             proc = subprocess.run(launch + script, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  timeout=args.timeout, cwd=scratch, env=dict(os.environ, BYTEPS_ENABLE_IPC="0"))
+                                  timeout=args.timeout, cwd=scratch, env=env)
             codes, output = [proc.returncode], proc.stdout
     if any(codes):
         raise SystemExit(f"{mode} job failed ({codes}):\n{output[-4000:]}")
@@ -212,6 +217,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--local-size", type=int, default=1, help="worker processes per machine (byteps paths)")
     parser.add_argument("--servers", type=int, default=2)
     parser.add_argument("--rows", type=int, default=1_000_000, help="embedding rows in all (26 fields)")
     parser.add_argument("--dim", type=int, default=16)
@@ -229,7 +235,7 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    modes = [mode for mode in args.modes.split(",") if mode]
+    modes = [mode for mode in args.modes.split(",") if mode and not (mode == "ddp-gloo" and args.local_size > 1)]
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         parser.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES)}")
@@ -239,12 +245,13 @@ def main() -> None:
             result = run_mode(args, mode)
             runs[mode].append(result)
             print(f"repeat {repeat} {mode:>10}: {result['step_s'] * 1e3:8.1f} ms/step, "
-                  f"{result['bytes_per_worker_step'] / 1e6:8.2f} MB per worker per step, "
+                  f"{result['bytes_per_worker_step'] / 1e6:8.2f} MB per machine per step, "
                   f"logloss {result['logloss']:.5f}", flush=True)
-    print(f"\n{args.workers} workers, {args.servers} servers, {args.rows:,} rows x {args.dim}, "
+    print(f"\n{args.workers} worker machines of {args.local_size} process(es), {args.servers} servers, "
+          f"{args.rows:,} rows x {args.dim}, "
           f"batch {args.batch} per rank, median of {args.repeats}:")
     base = statistics.median(run["step_s"] for run in runs[modes[0]])
-    print(f"| path | step (ms) | MB per worker per step | {modes[0]} speed-up | logloss |")
+    print(f"| path | step (ms) | MB per machine per step | {modes[0]} speed-up | logloss |")
     print("|---|---|---|---|---|")
     for mode in modes:
         step = statistics.median(run["step_s"] for run in runs[mode])
