@@ -80,10 +80,11 @@ class Worker:
                                        if self._comm is not None else None)
         has_servers = self._comm is not None and self._comm.engine.has_servers
         # Row-sparse push_pulls: through the servers, the machine's ranks summing their rows first; on one
-        # machine without servers the local ranks' sum is the result; a single process makes its own.
+        # machine without servers the local ranks' sum is the result; a lone process makes its own.
+        sparse_submit = self._comm.submit if self._comm is not None and (has_servers or config.local_size > 1) \
+            else None
         self.sparse = SparseTasks(len(servers) if has_servers else 0, self.size, config.max_partition_bytes,
-                                  self._comm.submit if self._comm is not None else None, config.local_rank,
-                                  config.local_size)
+                                  sparse_submit, config.local_rank, config.local_size)
         self.tasks = TaskMaker(config, self.registry, self.rank, self.size, has_servers,
                                self._comm.post if self._comm is not None else None)
         if self._comm is not None:

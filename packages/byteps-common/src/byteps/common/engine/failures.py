@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from byteps.common.engine.sparse_task import ALONE, PEER, SparseTask
+from byteps.common.engine.route import Role
+from byteps.common.engine.sparse_task import SparseTask
 from byteps.common.engine.task import PushPullTask
 from byteps.common.engine.task_table import TaskTable
 from byteps.common.handle import JobLost
@@ -62,11 +63,11 @@ class Failures:
         local root), a local root's other ranks from the root, a root from its other rank."""
         if self.sparse is not None:
             self.sparse.abandon(task)
-        if task.role != ALONE and self.sparse_local is not None:
+        if task.role is not Role.ALONE and self.sparse_local is not None:
             self.sparse_local.abandon(task)
             if tell_peers:
                 self.sparse_local.tell(task, error)
-        if tell_servers and self.exchange is not None and task.role != PEER:
+        if tell_servers and self.exchange is not None and task.role is not Role.PEER:
             self.exchange.report_failure(task, task.plan.partitions, error)
         task.handle.set_error(error)
         if self.tasks.idle is not None:

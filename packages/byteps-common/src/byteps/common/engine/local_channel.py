@@ -34,11 +34,12 @@ from byteps.transport import (
     Poller,
 )
 
-__all__ = ["LocalChannel", "local_address"]
+__all__ = ["LocalChannel", "MAX_PAYLOAD_BYTES", "local_address"]
 
 log = logging.getLogger("byteps.common.engine.local_channel")
 _LINGER_MS = 2000  # an ERROR sent just before this process exits must still reach the peers
-_MAX_CONTROL_BYTES = 1 << 20
+#: The largest payload of one message between local ranks (the channel's endpoints are opened with it).
+MAX_PAYLOAD_BYTES = 1 << 20
 
 
 def local_address(job_id: str, machine: int, local_rank: int) -> str:
@@ -51,11 +52,11 @@ class LocalChannel:
     def __init__(self, context: Context, job_id: str, machine: int, local_rank: int, local_size: int,
                  secret: Optional[bytes], timeout_s: float) -> None:
         self.local_rank = local_rank
-        self.inbox: Endpoint = context.listen(local_address(job_id, machine, local_rank), _MAX_CONTROL_BYTES)
+        self.inbox: Endpoint = context.listen(local_address(job_id, machine, local_rank), MAX_PAYLOAD_BYTES)
         self.gate = Gate(secret, local_rank, log)
         self._early: Deque[Message] = collections.deque()
         self.peers: Dict[int, Endpoint] = {
-            rank: context.connect(local_address(job_id, machine, rank), _MAX_CONTROL_BYTES)
+            rank: context.connect(local_address(job_id, machine, rank), MAX_PAYLOAD_BYTES)
             for rank in range(local_size) if rank != local_rank}
         if secret is not None:
             self._authenticate(secret, timeout_s)

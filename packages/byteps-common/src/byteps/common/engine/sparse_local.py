@@ -35,18 +35,16 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
-from byteps.common.engine.route import Stage
-from byteps.common.engine.sparse_task import PEER, ROOT, SparseTask, SparseTrip, average_rows, cut_by_server
+from byteps.common.engine.local_channel import MAX_PAYLOAD_BYTES
+from byteps.common.engine.route import Role, Stage
+from byteps.common.engine.sparse_task import SparseTask, SparseTrip, average_rows, cut_by_server, local_root
 from byteps.common.engine.stage import DONE, NOTHING, WAIT, Failure, Outcome, TaskFailed
 from byteps.common.row_sparse import decode, encode_chunks, sparse_key, sum_by_id
 from byteps.transport import FLAG_PULL, Command, TransportError, command_name, json_payload, parse_json_payload
 
-__all__ = ["SparseLocal", "LOCAL_PAYLOAD_BYTES"]
+__all__ = ["SparseLocal"]
 
 log = logging.getLogger("byteps.common.engine.sparse_local")
-
-#: The largest payload of one message on the local channel (its endpoints' limit): parts are cut under it.
-LOCAL_PAYLOAD_BYTES = 1 << 20
 
 Entry = Tuple[int, int]  # (the table's local key, round)
 
@@ -74,7 +72,8 @@ class SparseLocal:
         self.local_rank, self.local_size = local_rank, local_size
         self.num_servers = num_servers
         self.max_payload_bytes = max_payload_bytes  # for the servers' payloads
-        self.limit = min(max_payload_bytes, LOCAL_PAYLOAD_BYTES) if max_payload_bytes else LOCAL_PAYLOAD_BYTES
+        # parts on the local channel: at most its message limit
+        self.limit = min(max_payload_bytes, MAX_PAYLOAD_BYTES) if max_payload_bytes else MAX_PAYLOAD_BYTES
         self._rows: Dict[Entry, Dict[int, _Rows]] = {}  # root: the other ranks' rows, by local rank
         self._summing: Dict[Entry, List[SparseTrip]] = {}  # root: its trips at SPARSE_LOCAL_SUM
         self._answering: Dict[Entry, SparseTrip] = {}  # peer: its trip, waiting for the result
@@ -83,16 +82,10 @@ class SparseLocal:
         self._layouts: Dict[int, Dict[int, Any]] = {}  # root: the table's layout as each other rank declared it
         self._declared: Set[int] = set()  # peer: the tables whose layout went to their root
         self._abandoned: Set[Entry] = set()  # failed rounds whose messages may still come
-        self.rows_to_root = 0  # bytes of rows this rank sent its roots
-        self.rows_summed = 0  # root: other ranks' rows added into its sums
 
     def runners(self):
         return {Stage.SPARSE_TO_ROOT: self.to_root, Stage.SPARSE_LOCAL_SUM: self.local_sum,
                 Stage.SPARSE_LOCAL_ANSWER: self.answer}
-
-    @staticmethod
-    def root_of(task: SparseTask, local_size: int) -> int:
-        return task.table.table_id % local_size
 
     # --- the stages ---------------------------------------------------------------------
     def to_root(self, trip: SparseTrip) -> Outcome:
@@ -102,7 +95,7 @@ class SparseLocal:
         failed = self._failed.pop(entry, None)
         if failed is not None:
             raise TaskFailed(failed, tell_peers=False)
-        root = self.root_of(task, self.local_size)
+        root = local_root(task.table.table_id, self.local_size)
         table = task.table
         if trip.part.key not in self._declared:
             self._declared.add(trip.part.key)
@@ -113,7 +106,6 @@ class SparseLocal:
         for index, payload in enumerate(payloads):
             self.channel.send(root, Command.PUSH, trip.part.key, task.round, len(payloads), int(table.dtype),
                               FLAG_PULL if index == len(payloads) - 1 else 0, payload)
-            self.rows_to_root += 0 if payload is None else payload.nbytes
         self._answering[entry] = trip
         return self._answer_if_complete(entry)
 
@@ -198,7 +190,7 @@ class SparseLocal:
             self._failed[entry] = error
             return NOTHING
         # A peer's failure at its root: the root fails the round on the servers too (and at its other peers).
-        return [Failure(trip.task, error, tell_peers=trip.task.role == ROOT)]
+        return [Failure(trip.task, error, tell_peers=trip.task.role is Role.ROOT)]
 
     # --- the root's sum, the peer's result ---------------------------------------------------
     def _sum_if_complete(self, entry: Entry) -> bool:
@@ -228,7 +220,6 @@ class SparseLocal:
                                                 f"[0, {table.num_rows})"))
                 ids.append(part_ids)
                 rows.append(part_rows)
-                self.rows_summed += part_rows.nbytes
         summed_ids, summed_rows = sum_by_id(np.concatenate(ids), np.concatenate(rows), table.dtype)
         task.summed = True
         if not self.num_servers:  # one machine: its sum is the round's result
@@ -287,8 +278,9 @@ class SparseLocal:
     def tell(self, task: SparseTask, error: BaseException) -> None:
         """A round failed on this rank: tell its root (a peer) or the other local ranks (the root)."""
         key, text = _key_of(task), str(error).encode()
-        if task.role == PEER:
-            self.channel.send(self.root_of(task, self.local_size), Command.ERROR, key, task.round, payload=text)
+        if task.role is Role.PEER:
+            self.channel.send(local_root(task.table.table_id, self.local_size), Command.ERROR, key, task.round,
+                              payload=text)
             return
         for rank in range(self.local_size):
             if rank != self.local_rank:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from byteps.common.dtypes import DType
+from byteps.common.engine.route import Role
 from byteps.common.handle import Handle
 from byteps.common.row_sparse import (
     SparseRows,
@@ -44,11 +45,8 @@ from byteps.common.row_sparse import (
     widen,
 )
 
-__all__ = ["ALONE", "PEER", "ROOT", "SparseHandle", "SparseShard", "SparsePlan", "SparseTask", "SparseTasks",
-           "SparseTrip", "average_rows", "cut_by_server", "local_root"]
-
-#: A sparse task's role on its machine: the only worker process, the table's local root, another local rank.
-ALONE, ROOT, PEER = "alone", "root", "peer"
+__all__ = ["SparseHandle", "SparseShard", "SparsePlan", "SparseTask", "SparseTasks", "SparseTrip", "average_rows",
+           "cut_by_server", "local_root"]
 
 
 def local_root(table_id: int, local_size: int) -> int:
@@ -89,7 +87,7 @@ class SparseTask:
     average: bool = False
     average_over: int = 0  # 0 for a sum, else the number of workers to divide by
     refusal: Optional[BaseException] = None  # refused on this rank: the engine only fails the round elsewhere
-    role: str = ALONE  # ALONE (one process per machine), ROOT (sums the machine's rows) or PEER
+    role: Role = Role.ALONE  # ALONE (one process per machine), ROOT (sums the machine's rows) or PEER
     mine: Optional[Tuple[np.ndarray, np.ndarray]] = None  # ROOT and PEER: this rank's rows, summed by id
     summed: bool = False  # ROOT: the machine's rows are summed and cut by server
     answered: bool = False  # ROOT: the result went to the other local ranks
@@ -190,10 +188,10 @@ class SparseTasks:
             role = self._role(table)
             try:
                 ids, rows = sum_by_id(*self._checked(table, ids, rows, num_rows, row_shape, dtype), table.dtype)
-                if role == ALONE:
+                if role is Role.ALONE:
                     shards, pushed = cut_by_server(table, ids, rows, self.num_servers, self.max_payload_bytes)
                 else:  # the local root cuts the machine's sum once it has it
-                    shards, pushed = self._local_shards(table, role), ids.nbytes + rows.nbytes
+                    shards, pushed = self._empty_shards(table, role), ids.nbytes + rows.nbytes
             except ValueError as exc:
                 self._refuse(table, round_, role, exc)
                 raise
@@ -205,7 +203,7 @@ class SparseTasks:
             table.in_flight = True
         self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, pushed), handle,
                                result, average=average, average_over=self.size if average else 0, role=role,
-                               mine=None if role == ALONE else (ids, rows)))
+                               mine=None if role is Role.ALONE else (ids, rows)))
         return handle
 
     # --- agreement after join -------------------------------------------------------------
@@ -249,27 +247,27 @@ class SparseTasks:
                              "its rows, row shape and dtype")
         return table.check(ids, rows)
 
-    def _refuse(self, table: SparseTable, round_: int, role: str, error: BaseException) -> None:
+    def _refuse(self, table: SparseTable, round_: int, role: Role, error: BaseException) -> None:
         """Fail round ``round_`` of ``table`` where the other ranks wait for this one: on the servers (a local
         root's or a lone process's refusal: the other machines' pushes of it fail there) and this machine's
         other local ranks (a peer's goes to its root, which fails the round on the servers too)."""
         if self.submit is None:
             return
-        shards = (self._local_shards(table, role) if role != ALONE else
-                  [SparseShard(sparse_key(table.table_id, s), s, s, [None]) for s in range(self.num_servers)])
+        shards = self._empty_shards(table, role)
         handle = Handle(table.name, None)
         self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, 0), handle,
                                refusal=error, role=role))
 
-    def _role(self, table: SparseTable) -> str:
+    def _role(self, table: SparseTable) -> Role:
         if self.local_size == 1:
-            return ALONE
-        return ROOT if local_root(table.table_id, self.local_size) == self.local_rank else PEER
+            return Role.ALONE
+        return Role.ROOT if local_root(table.table_id, self.local_size) == self.local_rank else Role.PEER
 
-    def _local_shards(self, table: SparseTable, role: str) -> List[SparseShard]:
-        """A root's shards, one per server, their payloads cut at SPARSE_LOCAL_SUM (one shard without servers:
-        the machine's sum is the result); a peer's one shard, the key its rows go to the root under."""
-        if role == ROOT and self.num_servers:
+    def _empty_shards(self, table: SparseTable, role: Role) -> List[SparseShard]:
+        """Shards without rows yet: a lone process's or a root's one per server (a root's payloads are cut at
+        SPARSE_LOCAL_SUM; a refused call sends none), a root's one without servers (the machine's sum is the
+        result), a peer's one, the key its rows go to the root under."""
+        if role is not Role.PEER and self.num_servers:
             return [SparseShard(sparse_key(table.table_id, s), s, s, [None]) for s in range(self.num_servers)]
         return [SparseShard(sparse_key(table.table_id, 0), 0, -1, [None])]
 
