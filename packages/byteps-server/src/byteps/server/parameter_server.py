@@ -320,7 +320,7 @@ class ParameterServer:
     def _fail_round(self, message: Message) -> None:
         """A worker failed a round before pushing it (a mismatch among its machine's ranks): fail it everywhere."""
         header = message.header
-        text = bytes(message.payload).decode(errors="replace") if message.payload is not None else "(no reason)"
+        text = message.text("(no reason)")
         state = self.keys.get(header.key)
         if state is None:
             self.failed_rounds[(header.key, header.round)] = text

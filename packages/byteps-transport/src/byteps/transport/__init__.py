@@ -46,7 +46,7 @@ from byteps.transport.zmq_endpoints import Connection, Listener, tcp_address
 # 2.7: FLAG_PULL, wire protocol v3 (a PUSH that is also its PULL); 2.8: zero-copy RDMA sends, no inline writes
 # 2.9: SchedulerOptions.shutdown_leaves, AddressBook.shutdown_leaves
 # 2.10: wire protocol v4, BARRIER_ARRIVED for a BARRIER sent with BARRIER_ASK_ARRIVAL
-# 2.11: wire protocol v5 (a row-sparse round is one push per machine, its ranks' rows summed there)
+# 2.11: wire protocol v5 (a row-sparse round is one push per machine, its ranks' rows summed there), Message.text
 INTERFACE_VERSION = (2, 11)
 
 __all__ = [

@@ -62,6 +62,10 @@ class Message(NamedTuple):
     payload: Optional[memoryview]  # None when absent or received into a caller's buffer
     identity: Optional[bytes]  # the sender, on a listener; None on a connection
 
+    def text(self, absent: str = "(no text)") -> str:
+        """The payload as text (an ERROR's reason), undecodable bytes replaced; ``absent`` without a payload."""
+        return bytes(self.payload).decode(errors="replace") if self.payload is not None else absent
+
 
 def payload_nbytes(payload: Any) -> int:
     if payload is None:

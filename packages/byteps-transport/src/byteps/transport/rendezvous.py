@@ -229,9 +229,9 @@ class SchedulerClient:
                 and message.payload is not None and len(message.payload) == CLOCK.size):
             self.clock.add(self._beat_sent_wall, CLOCK.unpack(message.payload)[0], time.time())
         if message.header.command == Command.ERROR:
-            raise RemoteError(f"scheduler {self.address}", _text(message))
+            raise RemoteError(f"scheduler {self.address}", message.text())
         if message.header.command == Command.NODE_FAILED:
-            raise NodeFailure(f"the job lost a node: {_text(message)}")
+            raise NodeFailure(f"the job lost a node: {message.text()}")
         return message
 
     def _expect(self, command: Command, what: str) -> Message:
@@ -255,10 +255,6 @@ class SchedulerClient:
 
     def close(self, linger_ms: Optional[int] = None) -> None:
         self.connection.close(linger_ms)
-
-
-def _text(message: Message) -> str:
-    return bytes(message.payload).decode(errors="replace") if message.payload is not None else "(no text)"
 
 
 class _Rendezvous:

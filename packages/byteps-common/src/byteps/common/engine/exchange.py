@@ -176,7 +176,7 @@ class ServerExchange:
                 self._abandoned.discard(entry)
             return NOTHING  # an answer or complaint about a push_pull that has already failed
         if header.command == Command.ERROR:
-            text = bytes(message.payload).decode(errors="replace") if message.payload is not None else ""
+            text = message.text("")
             return [KeyRefused(header.key, TransportError(f"server {connection.address}: {text}"))]
         trip = self._in_flight.get(entry)
         if header.command == Command.PUSH_ACK and trip is not None and not trip.acked:

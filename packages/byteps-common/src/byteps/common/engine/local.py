@@ -234,7 +234,7 @@ class LocalGroup:
         if command == Command.LOCAL_DONE:
             return self._done(message)
         if command == Command.ERROR:
-            text = bytes(message.payload).decode(errors="replace") if message.payload is not None else "(no text)"
+            text = message.text()
             return self._peer_failed(header.key >> PARTITION_INDEX_BITS, header.round,
                                      TransportError(f"local rank {header.sender}: {text}"))
         if command == Command.LOCAL_JOINED:

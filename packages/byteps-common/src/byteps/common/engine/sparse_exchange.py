@@ -120,7 +120,7 @@ class SparseExchange:
         if header.command == Command.ERROR:
             if trip is None:  # a round this worker has not pushed yet: the server refuses the push when it comes
                 return NOTHING
-            text = bytes(message.payload).decode(errors="replace") if message.payload is not None else ""
+            text = message.text("")
             # Relayed to the servers (tell_servers): a rank that agreed with the table's first declaration
             # learns from them that this round is off, instead of waiting for it; and to this machine's other
             # ranks, which wait for this root's result (sparse_local).

@@ -169,7 +169,7 @@ class SparseLocal:
             except TaskFailed as failed:
                 return [Failure(trip.task, failed.error, failed.tell_peers)]
         if command == Command.ERROR:
-            text = bytes(message.payload).decode(errors="replace") if message.payload is not None else "(no text)"
+            text = message.text()
             return self._failure(entry, TransportError(f"local rank {header.sender}: {text}"))
         log.error("unexpected %s for a row-sparse table from local rank %d", command_name(command), header.sender)
         return NOTHING
