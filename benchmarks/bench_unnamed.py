@@ -10,7 +10,12 @@ and ``bpslaunch --workers 2 --servers 1``. The report is the mean time per
 call over each turn, the median over turns, and named / unnamed (1.0: an
 unnamed call costs what a named one does; issue 50 asks for >= 0.9).
 
-    python benchmarks/bench_unnamed.py [--calls 8] [--repeats 3] [--mb 1 16 64]
+``--with-scalar`` follows every call with an allreduce of a scalar (a
+metric averaged every step), named or not like the call: unnamed, the two
+shapes alternate on one default name, and each switch is announced to the
+other ranks (docs/decisions.md, "Default names").
+
+    python benchmarks/bench_unnamed.py [--calls 8] [--repeats 3] [--mb 1 16 64] [--with-scalar]
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ def worker(args: argparse.Namespace) -> None:
                 start = time.perf_counter()
                 for _ in range(args.calls):
                     out = bps.allreduce(tensor, name=f"fixed.{mb}" if kind == "named" else None)
+                    if args.with_scalar:
+                        metric = bps.allreduce(torch.tensor(1.0), name="fixed.metric" if kind == "named" else None)
+                        if metric.item() != 1.0:
+                            raise SystemExit(f"rank {bps.rank()}: wrong average of the scalar ({kind})")
                 times.setdefault(f"{mb} {kind}", []).append((time.perf_counter() - start) / args.calls)
                 if not torch.equal(out, tensor):
                     raise SystemExit(f"rank {bps.rank()}: wrong average of {mb} MB ({kind})")
@@ -55,6 +64,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--mb", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--with-scalar", action="store_true", help="a scalar allreduce after every call")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -62,7 +72,7 @@ def main() -> None:
         worker(args)
         return
     script = [sys.executable, os.path.abspath(__file__), "--worker", "--calls", str(args.calls),
-              "--repeats", str(args.repeats), "--mb", *map(str, args.mb)]
+              "--repeats", str(args.repeats), "--mb", *map(str, args.mb)] + (["--with-scalar"] * args.with_scalar)
     print("| layout | MB | named (ms/call) | unnamed (ms/call) | named / unnamed |")
     print("|---|---|---|---|---|")
     for layout, options in LAYOUTS.items():

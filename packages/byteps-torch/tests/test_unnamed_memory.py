@@ -1,8 +1,8 @@
 """Per-step unnamed allreduces keep memory flat: 30,000 of them on 2 workers and a server (a real job).
 
-Unnamed ops cycle through a window of default names (docs/decisions.md),
-so the servers' keys and the workers' tensors stop growing after the
-first calls. Without the window every call declared a new tensor, which
+Unnamed ops take one of 16 default names per op (docs/decisions.md), these
+blocking ones always the first, so the servers' keys and the workers'
+tensors stop growing after the first call. Without the window every call declared a new tensor, which
 the server kept for the job's life (a few kB each: 27,000 calls between the
 samples grow it by tens of MB, several times the slack). The 100,000-call
 run (three times the CI minutes) is tests/matrix/test_unnamed_memory_100k.py.

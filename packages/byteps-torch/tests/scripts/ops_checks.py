@@ -162,6 +162,23 @@ def default_names():
         assert_equal(y, torch.full((i + 1,), float(n * (n - 1) // 2)), f"unnamed allreduce #{i}")
     h = bps.push_pull_async(torch.ones(2, dtype=torch.int64), average=False)
     assert_equal(bps.synchronize(h), torch.full((2,), n, dtype=torch.int64), "unnamed push_pull_async")
+    # An unnamed op's name is its slot, held until synchronize(): the same on every rank however the ops'
+    # ends interleave with the program (rank 0 lets its first op end before issuing the next; the others
+    # do not).
+    first = bps.allreduce_async(torch.full((3,), float(r)), op=bps.Sum)
+    if r == 0:
+        while not bps.poll(first):
+            time.sleep(0.001)
+    second = bps.allreduce_async(torch.full((4,), float(r)), op=bps.Sum)
+    assert_equal(bps.synchronize(first), torch.full((3,), float(n * (n - 1) // 2)), "unnamed op in slot 0")
+    third = bps.allreduce_async(torch.full((5,), float(2 * r)), op=bps.Sum)  # slot 0 again, on every rank
+    assert_equal(bps.synchronize(third), torch.full((5,), float(n * (n - 1))), "unnamed op in a freed slot")
+    assert_equal(bps.synchronize(second), torch.full((4,), float(n * (n - 1) // 2)), "unnamed op in slot 1")
+    # A call refused on one rank only (bad input there) leaves the next unnamed call the name of the others'.
+    if r == 0:
+        expect_error(ValueError, "not contiguous", lambda: bps.allreduce(torch.ones(4, 2).t()))
+    y = bps.allreduce(torch.full((2,), float(r)), op=bps.Sum)
+    assert_equal(y, torch.full((2,), float(n * (n - 1) // 2)), "unnamed call after a refused one")
 
 
 def errors():

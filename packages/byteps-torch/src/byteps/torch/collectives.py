@@ -74,11 +74,16 @@ def _start(family: str, name: Optional[str], nbytes: int, steps: Callable[[str],
     """Start ``steps(name)`` (one front :class:`~byteps.common.frontend.collectives.Started`, or a list of
     them); synchronize() returns ``finish(result)`` (a list of results for a list)."""
     resolved = _names.resolve(family, name)
-    token = _names.reserve(resolved, f"{family}({resolved!r})")
+    try:
+        token = _names.reserve(resolved, f"{family}({resolved!r})")
+    except BaseException:
+        _names.free_slot(resolved, refused=True)
+        raise
     try:
         started = steps(resolved)
     except BaseException:
         _names.release(resolved, token)
+        _names.free_slot(resolved, token, refused=True)
         raise
     if isinstance(started, list):
         core = all_done([item.core for item in started])

@@ -114,16 +114,20 @@ def submit(tensor: torch.Tensor, spec: OpSpec, inplace: bool, compression: Any =
     """
     name = _names.resolve(spec.family, spec.name)
     what = f"{spec.family}({name!r})"
-    check_tensor(tensor, what)
-    sent = scaled(tensor.detach(), spec.prescale)
-    sent, ctx = compression.compress(sent)
-    on_device = sent.device.type == "cuda"
-    if on_device:
-        dtype = byteps_dtype(sent.dtype, what)
-    else:
-        host = HostTensor.of(sent, what)
-        sent, dtype = host.host, host.dtype
-    token = _names.reserve(name, what)
+    try:
+        check_tensor(tensor, what)
+        sent = scaled(tensor.detach(), spec.prescale)
+        sent, ctx = compression.compress(sent)
+        on_device = sent.device.type == "cuda"
+        if on_device:
+            dtype = byteps_dtype(sent.dtype, what)
+        else:
+            host = HostTensor.of(sent, what)
+            sent, dtype = host.host, host.dtype
+        token = _names.reserve(name, what)
+    except BaseException:
+        _names.free_slot(name, refused=True)  # a refused unnamed call leaves the next one the same name everywhere
+        raise
     try:
         # with the name reserved: a switch of layout is announced after the name's last use
         key = _key_name(name, sent, spec.set_id)
@@ -152,6 +156,7 @@ def submit(tensor: torch.Tensor, spec: OpSpec, inplace: bool, compression: Any =
                 output=None if result is sent else numpy_view(result, what)))
     except BaseException:
         _names.release(name, token)
+        _names.free_slot(name, token, refused=True)
         raise
 
     def finish() -> torch.Tensor:

@@ -10,6 +10,8 @@ depend on the framework lives here, one idea per module:
   with Horovod's values) and :func:`average_of`;
 * :mod:`~.names`: default names (``<op>.noname.<n>``), one byteps tensor per
   layout a name is used with (``name#k``), names in flight;
+* :mod:`~.default_slots`: which of an op's 16 default names an unnamed call
+  gets, alike on every rank;
 * :mod:`~.handle_table`: integer handles, their finishing steps, the speed meter;
 * :mod:`~.compression`: Horovod's Compressor interface and fp16, through a
   :class:`~.binding.TensorBinding`;

@@ -161,17 +161,20 @@ class OpTracker:
         otherwise let a second op of the name through on one rank and refuse it on another, leaving the ranks
         a round apart. A default name, which a later unnamed op waits for, and a failed op's name are freed
         when the op ends, so that neither a window of unnamed ops nor a caller that gives up on a failed
-        handle waits on a synchronize() that comes later or never."""
+        handle waits on a synchronize() that comes later or never. An unnamed op's slot, which decides the
+        next unnamed op's name, is freed at synchronize() only: a point of the program's order on every rank
+        (:meth:`~byteps.common.frontend.names.TensorNames.free_slot`)."""
         held_until_synchronized = not self.names.is_default(name)
 
-        def release() -> None:
+        def release() -> None:  # at synchronize(): the name, and an unnamed op's slot (names.free_slot)
             self.names.release(name, token)
+            self.names.free_slot(name, token)
 
         def finished(handle: Handle) -> None:
             if handle.error is None:
                 self.speed.record(start, nbytes)
             if handle.error is not None or not held_until_synchronized:
-                release()
+                self.names.release(name, token)
 
         core.add_done_callback(finished)
         return self.handles.add(PendingOp(core, finish, release))

@@ -2,13 +2,12 @@
 
 Three rules every adapter follows, kept here once:
 
-* ``name=None`` becomes ``"<op>.noname.<n>"`` from a per-process counter per
-  op family, counting modulo :data:`DEFAULT_NAME_WINDOW`: the same on every
-  rank only if all ranks issue their unnamed ops in the same order. Unnamed
-  ops reuse a few names (and so a few byteps tensors per shape), so a
-  script that allreduces an unnamed metric every step keeps server and
-  worker memory flat; an unnamed op whose name is still in flight from
-  :data:`DEFAULT_NAME_WINDOW` unnamed ops ago waits for it.
+* ``name=None`` becomes ``"<op>.noname.<slot>"``, one of
+  :data:`DEFAULT_NAME_WINDOW` slots per op family, chosen alike on every
+  rank that issues and synchronizes the same ops in the same order
+  (:mod:`~byteps.common.frontend.default_slots`): blocking calls of one
+  shape reuse one name, a repeating pattern of shapes settles on a name
+  per shape, and unnamed ops never use more than the window's names.
 * byteps fixes a tensor name's size and dtype at first use, while Horovod
   lets a name be reused with another shape (a smaller last batch, two
   models with the same parameter names). The first layout keeps the name,
@@ -43,36 +42,37 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
+from byteps.common.frontend.default_slots import SLOTS
+from byteps.common.frontend.default_slots import WINDOW as DEFAULT_NAME_WINDOW
 from byteps.common.in_flight import NamesInFlight
 
 __all__ = ["TensorNames", "check_name", "DEFAULT_NAME_WINDOW", "join_state", "adopt_join_states", "forget_retired"]
 
-#: How many default names each op family cycles through.
-DEFAULT_NAME_WINDOW = 16
-
-# op family -> unnamed ops issued so far, in this process (one count for every adapter)
-_counter_lock = threading.Lock()
-_default_counters: Dict[str, int] = {}
+_instances_lock = threading.Lock()
 _instances: List[TensorNames] = []  # every TensorNames, in creation order (the same on every rank)
+#: (op family, slot, op number): an unnamed op's default slot (default_slots)
+_Claim = Tuple[str, int, int]
 
 
 def join_state() -> Dict[str, Any]:
     """What ranks agree on again after a join: the unnamed-op counters and every adapter's layouts."""
-    with _counter_lock:
+    with _instances_lock:
         instances = list(_instances)
-        counters = dict(_default_counters)
-    return {"counters": counters, "layouts": [names.layouts() for names in instances]}
+    return {"counters": SLOTS.counters(), "layouts": [names.layouts() for names in instances]}
 
 
 def adopt_join_states(states: List[Dict[str, Any]]) -> None:
     """Take every rank's :func:`join_state` and continue from the furthest: the largest counters, and per
     name the longest layout list (ranks see a name's layouts in one order, so each list extends the others).
     No layout is in use afterwards: a rank that joined early has not pushed the tensors of the others' last
-    uses, so it could not announce a switch on them; each name's next use starts afresh on every rank."""
-    with _counter_lock:
-        for state in states:
-            for family, count in state["counters"].items():
-                _default_counters[family] = max(_default_counters.get(family, 0), count)
+    uses, so it could not announce a switch on them; each name's next use starts afresh on every rank. The
+    default slots start afresh too (:meth:`~byteps.common.frontend.default_slots.DefaultSlots.restart`)."""
+    counters: Dict[str, int] = {}
+    for state in states:
+        for family, count in state["counters"].items():
+            counters[family] = max(counters.get(family, 0), count)
+    SLOTS.restart(counters)
+    with _instances_lock:
         instances = list(_instances)
     for index, names in enumerate(instances):
         longest: Dict[str, List[str]] = {}
@@ -95,7 +95,7 @@ def forget_retired(tensor_name: str) -> None:
     name = name.removesuffix(" (every machine)")  # backup workers' tensor of the name's other ops
     base, mark, variant = name.rpartition("#")
     index = int(variant) if mark and variant.isdigit() else 0
-    with _counter_lock:
+    with _instances_lock:
         instances = list(_instances)
     for names in instances:
         names.forget_layout(base if index else name, index, scope)
@@ -121,21 +121,40 @@ class TensorNames:
         self._lock = threading.Lock()
         self._settle = settle
         self._defaults: set = set()  # the default names handed out (at most DEFAULT_NAME_WINDOW per family)
+        self._claims: Dict[str, _Claim] = {}  # default name -> its op's slot, until reserve()
+        self._unrecorded: Dict[str, _Claim] = {}  # default name -> its op, until key() records its layout
+        self._slots: Dict[object, _Claim] = {}  # reserve() token -> the slot its op holds
+        self._slot_tokens: Dict[Tuple[str, int], object] = {}  # (family, slot) -> the token of its latest op
         self._layouts: Dict[str, List[str]] = {}  # name -> repr() of each layout, in order of first use
         self._current: Dict[Tuple[str, int], int] = {}  # (name, process set id) -> index of the layout in use there
         self._busy = NamesInFlight()  # names of the ops in flight
-        with _counter_lock:
+        with _instances_lock:
             _instances.append(self)
 
     def default(self, family: str) -> str:
-        """The next ``"<family>.noname.<n>"``, n counting modulo :data:`DEFAULT_NAME_WINDOW`."""
-        with _counter_lock:
-            count = _default_counters.get(family, 0)
-            _default_counters[family] = count + 1
-        name = f"{family}.noname.{count % DEFAULT_NAME_WINDOW}"
+        """``"<family>.noname.<slot>"``, the slot :mod:`~byteps.common.frontend.default_slots` gives the op; the
+        op holds it until :meth:`free_slot`."""
+        slot, op = SLOTS.take(family)
+        name = f"{family}.noname.{slot}"
         with self._lock:
             self._defaults.add(name)
+            self._claims[name] = self._unrecorded[name] = (family, slot, op)
         return name
+
+    def free_slot(self, name: str, token: object = None, refused: bool = False) -> None:
+        """The caller is done with the unnamed op of ``name`` reserved with ``token`` (``token`` None: not
+        reserved): its handle synchronized, or the call ``refused`` (taken back as if never made). Only at
+        points of the program's order, the same on every rank. Nothing for a user's name."""
+        with self._lock:
+            claim = self._slots.pop(token, None) if token is not None else self._claims.pop(name, None)
+            if claim is None:
+                return
+            family, slot, _ = claim
+            if token is not None and self._slot_tokens.get((family, slot)) is token:
+                del self._slot_tokens[(family, slot)]
+            if self._unrecorded.get(name) == claim:
+                del self._unrecorded[name]
+        SLOTS.free(*claim, taken_back=refused)
 
     def resolve(self, family: str, name: Optional[str]) -> str:
         """The user's name (checked), or the next default name of ``family``."""
@@ -147,6 +166,7 @@ class TensorNames:
         announced first (see the module doc); raises if the set's other ranks do not make the same switch."""
         layout = repr(layout)
         with self._lock:
+            unrecorded = self._unrecorded.pop(name, None)
             seen = self._layouts.setdefault(name, [])
             added = layout not in seen
             if added:
@@ -169,6 +189,9 @@ class TensorNames:
                 raise
             with self._lock:
                 self._current[(name, scope)] = index
+        if unrecorded is not None:
+            family, _, op = unrecorded
+            SLOTS.record(family, op, layout)
         return _layout_key(name, index)
 
     def layouts(self) -> Dict[str, List[str]]:
@@ -205,8 +228,15 @@ class TensorNames:
         """
         with self._lock:
             waits = name in self._defaults
-        return self._busy.reserve([name], lambda _: f"{what}: an op of this name is still in flight; synchronize() "
-                                  "its handle before submitting the name again", (name,) if waits else ())
+        token = self._busy.reserve([name], lambda _: f"{what}: an op of this name is still in flight; synchronize() "
+                                   "its handle before submitting the name again", (name,) if waits else ())
+        with self._lock:
+            claim = self._claims.pop(name, None)
+            if claim is not None:
+                family, slot, _ = claim
+                self._slots.pop(self._slot_tokens.get((family, slot)), None)  # an op whose slot this one took
+                self._slots[token] = self._slot_tokens[(family, slot)] = claim
+        return token
 
     def is_default(self, name: str) -> bool:
         """Whether ``name`` is a default name handed out by :meth:`default`."""
@@ -220,8 +250,16 @@ class TensorNames:
     def forget(self) -> None:
         """Forget names in flight (at shutdown). Layouts stay, and the layout in use of each name: a later
         init() resumes the same worker, whose tensors keep their sizes and last uses (see
-        :func:`byteps.common.api.suspend`)."""
+        :func:`byteps.common.api.suspend`). The slots this adapter's ops held are free."""
         self._busy.clear()
+        with self._lock:
+            claims = list(self._claims.values()) + list(self._slots.values())
+            self._claims.clear()
+            self._unrecorded.clear()
+            self._slots.clear()
+            self._slot_tokens.clear()
+        for claim in claims:
+            SLOTS.free(*claim)
 
 
 def _layout_key(name: str, index: int) -> str:
