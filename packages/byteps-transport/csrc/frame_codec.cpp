@@ -34,9 +34,10 @@ namespace py = pybind11;
 namespace {
 
 constexpr uint32_t kMagic = 0x31535042u;  // bytes "BPS1" read little-endian
-constexpr uint16_t kProtocolVersion = 5;  // 2: PUSH_ACK after every accepted PUSH; 3: a PUSH may carry its PULL;
+constexpr uint16_t kProtocolVersion = 6;  // 2: PUSH_ACK after every accepted PUSH; 3: a PUSH may carry its PULL;
                                           // 4: BARRIER_ARRIVED (a join's arrival counted before its zeros);
-                                          // 5: a row-sparse round is one push per machine (its ranks' sum)
+                                          // 5: a row-sparse round is one push per machine (its ranks' sum);
+                                          // 6: tables held by the servers (FLAG_LOOKUP, held INIT_KEYs)
 constexpr size_t kHeaderBytes = 40;
 
 template <typename T>

@@ -27,7 +27,7 @@ from byteps.common.interface import require_interface
 # (byteps.common.engine.sparse_local), row-sparse on one machine without servers, wire protocol v5
 INTERFACE_VERSION = (3, 5)
 
-require_interface("byteps-transport", "byteps.transport", (2, 11), requirer="byteps-common")
+require_interface("byteps-transport", "byteps.transport", (2, 12), requirer="byteps-common")
 
 from byteps.common.api import (  # noqa: E402
     barrier,

@@ -189,10 +189,13 @@ class SparseTable:
     dtype: DType
     rounds: int = 0
     in_flight: bool = False
+    held: Any = None  # a server-held table's HeldTable (byteps.common.held_table); None: rows on the workers
+    lookups: int = 0  # server-held: lookup messages sent so far (their rounds, apart from the table's rounds)
 
     def describe(self) -> str:
         shape = "x".join(map(str, self.row_shape)) or "scalar"
-        return f"row-sparse table {self.name!r} ({self.num_rows} rows of shape {shape}, {self.dtype.name.lower()})"
+        kind = "server-held table" if self.held is not None else "row-sparse table"
+        return f"{kind} {self.name!r} ({self.num_rows} rows of shape {shape}, {self.dtype.name.lower()})"
 
     def same_layout(self, num_rows: int, row_shape: Tuple[int, ...], dtype: DType) -> bool:
         return (self.num_rows, self.row_shape, self.dtype) == (num_rows, row_shape, dtype)

@@ -91,6 +91,9 @@ class PartitionSpec:
     # A row-sparse table's rows held by one server (docs/sparse.md): shape is the table's (rows, *row shape),
     # tensor_nbytes its dense size, nbytes one row's, partition the server; pushes carry (id, row) records
     sparse: bool = False
+    # A server-held table's rows (sparse too; HeldTable.wire()): the server keeps them and steps them with this
+    # optimizer each round, and answers lookups by id (docs/sparse.md, "Tables held by the servers")
+    held: Optional[dict] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
@@ -98,7 +101,8 @@ class PartitionSpec:
     def describe(self) -> str:
         if self.sparse:
             rows = "x".join(map(str, self.shape[1:])) or "scalar"
-            return (f"row-sparse table {self.name!r} ({self.shape[0] if self.shape else '?'} rows of shape {rows}, "
+            kind = "server-held table" if self.held is not None else "row-sparse table"
+            return (f"{kind} {self.name!r} ({self.shape[0] if self.shape else '?'} rows of shape {rows}, "
                     f"{dtype_name(self.dtype)}), the rows of server {self.partition}")
         among = f", summed over {self.contributors} machine(s)" if self.contributors else ""
         compressed = f", compressed with {_compression_text(self.compression)}" if self.compression else ""
@@ -114,7 +118,8 @@ class PartitionSpec:
                 **({"compression": self.compression} if self.compression else {}),
                 **({"asynchronous": True} if self.asynchronous else {}),
                 **({"quorum": self.quorum} if self.quorum else {}),
-                **({"sparse": True} if self.sparse else {})}
+                **({"sparse": True} if self.sparse else {}),
+                **({"held": self.held} if self.held is not None else {})}
 
     def check(self, max_partition_bytes: int) -> None:
         """Refuse a description that is inconsistent or asks for too much memory (before allocating)."""
@@ -141,6 +146,9 @@ class PartitionSpec:
             raise ValueError(f"inconsistent description: {self.describe()} (row bytes {self.nbytes}; a row-sparse "
                              "table is synchronous, uncompressed, of every worker, float32, float64, float16 or "
                              "bfloat16)")
+        if self.held is not None and (not self.sparse or dtype is not DType.FLOAT32):
+            raise ValueError(f"inconsistent description: {self.describe()} (a server-held table is a row-sparse "
+                             "float32 table)")
 
 
 def quorum_aux(machines: int, closed_after: int) -> int:

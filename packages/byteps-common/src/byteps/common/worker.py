@@ -34,6 +34,7 @@ from byteps.common.config import Config
 from byteps.common.engine import CommLoop, EngineOptions, TaskMaker
 from byteps.common.engine.sparse_task import SparseTasks
 from byteps.common.handle import Handle
+from byteps.common.held_table import HeldTable
 from byteps.common.job_report import ProcessReport, write_report
 from byteps.common.join_agreement import agree_after_join
 from byteps.common.options import DEFAULT_OPTIONS, PushPullOptions
@@ -189,6 +190,40 @@ class Worker:
                          average: bool = False, dtype: Any = None) -> SparseRows:
         """Synchronous :meth:`sparse_push_pull_async`; returns ``SparseRows`` (unpacks as ``ids, rows``)."""
         return self.sparse_push_pull_async(ids, rows, table, num_rows, row_shape, average, dtype).wait()
+
+    def table_lookup_async(self, ids: Any, table: str, num_rows: int, row_shape: Sequence[int],
+                           held: HeldTable) -> Handle:
+        """Start looking up rows ``ids`` (any order, repeats allowed) of the table ``table`` held by the
+        servers (docs/sparse.md, "Tables held by the servers"); the handle's ``wait()`` returns them, float32
+        of shape ``(len(ids), *row_shape)``. Rows never touched start as
+        :func:`~byteps.common.held_table.initial_rows` makes them. Every rank declares the table alike
+        (``num_rows``, ``row_shape``, ``held``); ValueError on this rank for bad input. (``wait()`` gives a
+        :class:`~byteps.common.row_sparse.SparseRows` of ``ids`` and their rows; :meth:`table_lookup` the
+        rows.)::
+
+            held = HeldTable(optimizer="adagrad", lr=0.05, seed=1)
+            rows = worker.table_lookup(np.array([7, 3, 7]), "emb", 10_000_000, (16,), held)
+        """
+        return self.sparse.lookup(ids, table, num_rows, row_shape, held)
+
+    def table_lookup(self, ids: Any, table: str, num_rows: int, row_shape: Sequence[int],
+                     held: HeldTable) -> np.ndarray:
+        """Synchronous :meth:`table_lookup_async`."""
+        return self.table_lookup_async(ids, table, num_rows, row_shape, held).wait().rows
+
+    def table_update_async(self, ids: Any, grads: Any, table: str, num_rows: int, row_shape: Sequence[int],
+                           held: HeldTable, average: bool = True) -> Handle:
+        """Start this round's update of the server-held table ``table``: this rank's gradient is ``grads[i]``
+        (float32) for row ``ids[i]`` (rows of one id are summed). Once every worker pushed the round, each
+        server sums the rows it holds by id (divided by the number of workers if ``average``) and applies
+        the table's optimizer to them once; the handle is done when every server has. Every rank updates each
+        round (possibly with no rows), as with :meth:`sparse_push_pull_async`."""
+        return self.sparse.make(ids, grads, table, num_rows, row_shape, average, None, held)
+
+    def table_update(self, ids: Any, grads: Any, table: str, num_rows: int, row_shape: Sequence[int],
+                     held: HeldTable, average: bool = True) -> None:
+        """Synchronous :meth:`table_update_async`."""
+        self.table_update_async(ids, grads, table, num_rows, row_shape, held, average).wait()
 
     def announce_layout(self, name: str, layout: str, set_id: int = 0) -> bool:
         """Tell the other ranks (of process set ``set_id``; 0: every rank), in a round of ``name`` that

@@ -60,7 +60,7 @@ from byteps.transport import (
     tcp_address,
 )
 from byteps.transport.addressing import resolve_host
-from byteps.transport.frames import FLAG_BARE, FLAG_PULL, command_name, parse_json_payload
+from byteps.transport.frames import FLAG_BARE, FLAG_LOOKUP, FLAG_PULL, command_name, parse_json_payload
 
 __all__ = ["BACKUP_MAX_LAG", "ParameterServer", "StallShutdown"]
 
@@ -252,9 +252,11 @@ class ParameterServer:
         contributors = spec.contributors or self.num_workers
         if contributors > self.num_workers:
             raise ValueError(f"{spec.describe()}: more contributors than the job's {self.num_workers} worker machines")
+        # a held table's rows are looked up by every worker process, its rounds pushed by one per machine
+        declarers = contributors * (self.rounds.local_size if spec.held is not None else 1)
         if state is not None and message.identity not in state.declared_by \
-                and len(state.declared_by) >= contributors:
-            raise ValueError(f"key {key} already has its {contributors} workers")
+                and len(state.declared_by) >= declarers:
+            raise ValueError(f"key {key} already has its {declarers} workers")
         if state is None:
             state = self.keys[key] = declare_key(key, spec, self.rounds)
         elif spec != state.spec:
@@ -315,6 +317,16 @@ class ParameterServer:
                 self.listener.send(Command.PUSH_ACK, self.rank, header.key, header.round, identity=message.identity)
 
     def _pull(self, message: Message) -> None:
+        header = message.header
+        if header.flags & FLAG_LOOKUP:  # a held table's rows by id, outside its rounds (its round is no round's)
+            state = self.keys.get(header.key)
+            if state is None or message.identity not in state.declared_by or state.spec.held is None:
+                self.listener.send(Command.ERROR, self.rank, header.key, header.round, flags=FLAG_LOOKUP,
+                                   payload=f"key {header.key} is no server-held table this worker declared "
+                                           "(INIT_KEY first)".encode(), identity=message.identity)
+                return
+            state.policy.pull(message)
+            return
         self._declared_state(message).policy.pull(message)
 
     def _fail_round(self, message: Message) -> None:

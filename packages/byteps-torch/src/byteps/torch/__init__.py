@@ -92,6 +92,7 @@ from byteps.torch.ops import (  # noqa: E402
     synchronize,
 )
 from byteps.torch.optimizer import DistributedOptimizer  # noqa: E402
+from byteps.torch.server_embedding import ServerEmbedding  # noqa: E402
 from byteps.torch.sync_batch_norm import SyncBatchNorm  # noqa: E402
 
 #: This package's interface, for packages built on it (byteps.common.interface).
@@ -117,5 +118,5 @@ __all__ = [
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
     "save_checkpoint", "load_checkpoint", "SyncBatchNorm",
     "DistributedOptimizer", "parallel", "elastic",
-    "PushPullError",
+    "PushPullError", "ServerEmbedding",
 ]

@@ -17,6 +17,7 @@ from byteps.transport.errors import NodeFailure, RemoteError, RendezvousTimeout,
 from byteps.transport.frames import (
     FLAG_AVERAGE,
     FLAG_BARE,
+    FLAG_LOOKUP,
     FLAG_PULL,
     FLAG_SKIPPED,
     FLAG_ZEROS,
@@ -47,7 +48,8 @@ from byteps.transport.zmq_endpoints import Connection, Listener, tcp_address
 # 2.9: SchedulerOptions.shutdown_leaves, AddressBook.shutdown_leaves
 # 2.10: wire protocol v4, BARRIER_ARRIVED for a BARRIER sent with BARRIER_ASK_ARRIVAL
 # 2.11: wire protocol v5 (a row-sparse round is one push per machine, its ranks' rows summed there), Message.text
-INTERFACE_VERSION = (2, 11)
+# 2.12: wire protocol v6, FLAG_LOOKUP (rows of a server-held table looked up by id)
+INTERFACE_VERSION = (2, 12)
 
 __all__ = [
     "INTERFACE_VERSION",
@@ -57,6 +59,7 @@ __all__ = [
     "FLAG_SKIPPED",
     "FLAG_ZEROS",
     "FLAG_BARE",
+    "FLAG_LOOKUP",
     "FLAG_PULL",
     "AddressBook",
     "AuthenticationError",

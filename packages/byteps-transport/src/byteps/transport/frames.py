@@ -25,6 +25,7 @@ __all__ = [
     "FLAG_SKIPPED",
     "FLAG_ZEROS",
     "FLAG_BARE",
+    "FLAG_LOOKUP",
     "FLAG_PULL",
     "MAX_CONTROL_PAYLOAD",
     "command_name",
@@ -90,6 +91,10 @@ FLAG_BARE = 8
 #: one). A pipelined worker pulls every partition right after pushing it, so one message does both; the server
 #: leaves out the PUSH_ACK when it answers the pull at once (the answer frees the same credit). Protocol v3.
 FLAG_PULL = 16
+#: Header flag of a PULL of a server-held table's key: the payload is row ids (int64, unique, ascending) and
+#: the answer their current rows, now, outside the table's rounds (a forward pass's lookup; docs/sparse.md).
+#: The answer's PULL_RESPONSEs carry it too. Protocol v6.
+FLAG_LOOKUP = 32
 
 
 class Header(NamedTuple):

@@ -12,6 +12,13 @@ on that server with their sums. SPARSE_MERGE puts the servers' answers
 together once the last is in: ids ascending (each id lives on one server,
 so the union is a sort of disjoint parts), rows averaged when asked.
 
+A server-held table (``task.table.held``) takes the same two stages for
+its rounds (the servers apply the rows and answer none) and for its
+lookups (``task.lookup``): each shard is then one PULL flagged
+FLAG_LOOKUP whose payload is row ids, answered with their rows at once,
+outside the table's rounds; the merge puts the rows of every shard in id
+order.
+
 A shard's records go in one PUSH per payload (each at most
 BYTEPS_PARTITION_BYTES, whole records in order), every one carrying the
 number of them in its header's ``aux`` and the last one the pull
@@ -31,11 +38,12 @@ import numpy as np
 
 from byteps.common.engine.route import Stage
 from byteps.common.engine.sparse_task import SparseTask, SparseTrip, average_rows
-from byteps.common.engine.stage import DONE, NOTHING, WAIT, Failure, Outcome
+from byteps.common.engine.stage import DONE, NOTHING, WAIT, Failure, Outcome, TaskFailed
 from byteps.common.row_sparse import decode
 from byteps.common.tensor_description import PartitionSpec
 from byteps.transport import (
     FLAG_AVERAGE,
+    FLAG_LOOKUP,
     FLAG_PULL,
     Command,
     Endpoint,
@@ -56,7 +64,7 @@ def table_spec(task: SparseTask, server: int) -> PartitionSpec:
     row_nbytes = int(np.prod(table.row_shape, dtype=np.int64)) * table.dtype.itemsize
     return PartitionSpec(name=table.name, partition=server, shape=(table.num_rows, *table.row_shape),
                          tensor_nbytes=table.num_rows * row_nbytes, nbytes=row_nbytes, dtype=int(table.dtype),
-                         sparse=True)
+                         sparse=True, held=table.held.wire() if table.held is not None else None)
 
 
 class SparseExchange:
@@ -67,6 +75,7 @@ class SparseExchange:
         self.rank = rank
         self._initialized: Set[int] = set()
         self._in_flight: Dict[Tuple[int, int], SparseTrip] = {}  # (key, round) pushed, answer not back
+        self._lookups: Dict[Tuple[int, int], SparseTrip] = {}  # (key, lookup round) asked, answer not back
         self._abandoned: Set[Tuple[int, int]] = set()  # failed trips whose answers or complaints may still come
 
     def runners(self):
@@ -80,8 +89,14 @@ class SparseExchange:
             spec = table_spec(task, shard.server)
             connection.send(Command.INIT_KEY, self.rank, shard.key, payload=json_payload(spec.to_json()))
             self._initialized.add(shard.key)
-        self._in_flight[(shard.key, task.round)] = trip
         trip.data = []  # the answer's parts, as they come
+        if task.lookup:
+            round_ = task.round + shard.index
+            self._lookups[(shard.key, round_)] = trip
+            connection.send(Command.PULL, self.rank, shard.key, round_, payload=shard.payloads[0],
+                            dtype=int(task.table.dtype), flags=FLAG_LOOKUP)
+            return WAIT
+        self._in_flight[(shard.key, task.round)] = trip
         average = FLAG_AVERAGE if task.average else 0
         count = len(shard.payloads)
         for index, payload in enumerate(shard.payloads):
@@ -93,8 +108,19 @@ class SparseExchange:
     def merge(self, trip: SparseTrip) -> Outcome:
         """The trip's answer joins its task's; the last one makes the result."""
         task = trip.task
-        task.answers[trip.part.server] = trip.data
+        task.answers[trip.part.index if task.lookup else trip.part.server] = trip.data
         if len(task.answers) < len(task.plan.partitions):
+            return DONE
+        if task.lookup:
+            parts = [part for index in sorted(task.answers) for part in task.answers[index]]
+            task.answers.clear()
+            ids = np.concatenate([part[0] for part in parts])
+            asked = np.concatenate([shard.payloads[0] for shard in task.plan.partitions])
+            order = np.argsort(ids, kind="stable")  # each server's rows ascending: in id order, then as asked
+            if not np.array_equal(ids[order], np.sort(asked)):
+                raise TaskFailed(TransportError(f"lookup of {task.table.describe()}: the servers answered "
+                                                f"{len(ids)} rows for {len(asked)} ids asked, or other ids"))
+            task.result.rows = np.concatenate([part[1] for part in parts])[order][task.inverse]
             return DONE
         # each server's answer: its parts, ascending; the servers' ids are disjoint
         parts = [part for server in sorted(task.answers) for part in task.answers[server]]
@@ -112,6 +138,8 @@ class SparseExchange:
         """One message about a sparse key (the dense exchange received it): the events it makes."""
         header = message.header
         entry = (header.key, header.round)
+        if header.flags & FLAG_LOOKUP:
+            return self._lookup_answer(message, connection, entry)
         if entry in self._abandoned:
             return NOTHING  # about a push_pull that has failed already
         trip = self._in_flight.get(entry)
@@ -138,10 +166,32 @@ class SparseExchange:
         del self._in_flight[entry]
         return [trip]
 
+    def _lookup_answer(self, message: Message, connection: Endpoint, entry: Tuple[int, int]) -> Any:
+        """A part of a lookup's answer (FLAG_LOOKUP), or the server's refusal of it."""
+        trip = self._lookups.get(entry)
+        if trip is None:
+            return NOTHING  # a failed lookup's
+        header = message.header
+        if header.command == Command.ERROR:
+            return [Failure(trip.task, TransportError(f"server {connection.address}: {message.text('')}"))]
+        table = trip.task.table
+        try:
+            trip.data.append(decode(message.payload, table.row_shape, table.dtype))
+        except ValueError as exc:
+            return [Failure(trip.task, TransportError(f"server {connection.address}: {exc}"))]
+        if len(trip.data) < max(header.aux, 1):
+            return NOTHING
+        del self._lookups[entry]
+        return [trip]
+
     # --- failures -----------------------------------------------------------------------
     def abandon(self, task: Any) -> None:
         """Forget a failed task's trips; what still comes about them is dropped."""
         if task.__class__ is not SparseTask:
+            return
+        if task.lookup:
+            for shard in task.plan.partitions:
+                self._lookups.pop((shard.key, task.round + shard.index), None)
             return
         for shard in task.plan.partitions:
             entry = (shard.key, task.round)

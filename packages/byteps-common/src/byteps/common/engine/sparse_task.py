@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import zlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -45,8 +46,18 @@ from byteps.common.row_sparse import (
     widen,
 )
 
-__all__ = ["SparseHandle", "SparseShard", "SparsePlan", "SparseTask", "SparseTasks", "SparseTrip", "average_rows",
-           "cut_by_server", "local_root"]
+__all__ = ["HELD_TABLE_IDS", "held_table_id", "SparseHandle", "SparseShard", "SparsePlan", "SparseTask",
+           "SparseTasks", "SparseTrip", "average_rows", "cut_by_server", "local_root"]
+
+
+#: Table ids from here up are server-held tables' (:func:`held_table_id`); the others count up from 0.
+HELD_TABLE_IDS = 1 << 31
+
+
+def held_table_id(name: str) -> int:
+    """A server-held table's id, from its name alone (two names that hash alike are told apart by the servers,
+    which refuse the second one's declaration naming both)."""
+    return HELD_TABLE_IDS | zlib.crc32(name.encode()) & (HELD_TABLE_IDS - 1)
 
 
 def local_root(table_id: int, local_size: int) -> int:
@@ -87,6 +98,8 @@ class SparseTask:
     average: bool = False
     average_over: int = 0  # 0 for a sum, else the number of workers to divide by
     refusal: Optional[BaseException] = None  # refused on this rank: the engine only fails the round elsewhere
+    lookup: bool = False  # a server-held table's rows looked up by id (each shard one PULL), outside its rounds
+    inverse: Optional[np.ndarray] = None  # a lookup: where each id the caller gave is among the unique ones
     role: Role = Role.ALONE  # ALONE (one process per machine), ROOT (sums the machine's rows) or PEER
     mine: Optional[Tuple[np.ndarray, np.ndarray]] = None  # ROOT and PEER: this rank's rows, summed by id
     summed: bool = False  # ROOT: the machine's rows are summed and cut by server
@@ -172,22 +185,23 @@ class SparseTasks:
         self._lock = threading.Lock()
 
     def make(self, ids: Any, rows: Any, name: str, num_rows: Any, row_shape: Any, average: bool,
-             dtype: Any = None) -> Handle:
+             dtype: Any = None, held: Any = None) -> Handle:
         """Start a row-sparse push_pull; ValueError for bad input (its round fails on the other ranks too).
-        ``dtype``: the rows' dtype where their array does not say it (``"bfloat16"`` over 16-bit storage)."""
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"a row-sparse table needs a non-empty name, not {name!r}")
+        ``dtype``: the rows' dtype where their array does not say it (``"bfloat16"`` over 16-bit storage).
+        ``held``: the table lives on the servers (a :class:`~byteps.common.held_table.HeldTable`): the rows are
+        its gradients, which the servers apply; the result has no rows."""
         with self._lock:
-            table = self.tables.get(name)
-            if table is None:  # the id goes by first use, refused or not, so that it is the same on every rank
-                table = self.tables[name] = SparseTable(name, len(self.tables), 0, (), DType.FLOAT32)
+            table = self._table(name, held)
             if table.in_flight:
                 raise ValueError(f"{table.describe()} has a push_pull in flight: wait for it first")
             round_ = table.rounds
             table.rounds += 1
             role = self._role(table)
             try:
+                self._check_held(table, held)
                 ids, rows = sum_by_id(*self._checked(table, ids, rows, num_rows, row_shape, dtype), table.dtype)
+                if held is not None and table.dtype is not DType.FLOAT32:
+                    raise ValueError(f"{table.describe()}: a server-held table's gradients are float32")
                 if role is Role.ALONE:
                     shards, pushed = cut_by_server(table, ids, rows, self.num_servers, self.max_payload_bytes)
                 else:  # the local root cuts the machine's sum once it has it
@@ -201,10 +215,76 @@ class SparseTasks:
                 handle.set_done()
                 return handle
             table.in_flight = True
+        divide = average and held is None  # a held table's servers divide before they apply
         self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, pushed), handle,
-                               result, average=average, average_over=self.size if average else 0, role=role,
+                               result, average=average, average_over=self.size if divide else 0, role=role,
                                mine=None if role is Role.ALONE else (ids, rows)))
         return handle
+
+    def lookup(self, ids: Any, name: str, num_rows: Any, row_shape: Any, held: Any) -> Handle:
+        """Start a lookup of rows ``ids`` (any order, repeats allowed) of the server-held table ``name``; the
+        handle's ``wait()`` returns a :class:`~byteps.common.row_sparse.SparseRows` of ``ids`` and their rows.
+        Each process asks the servers itself, for each row once, outside the table's rounds; ValueError on this
+        rank alone for bad input."""
+        with self._lock:
+            table = self._table(name, held)
+            self._check_held(table, held)
+            if table.num_rows == 0:
+                table.num_rows, table.row_shape, table.dtype = table_layout(num_rows, row_shape, DType.FLOAT32)
+            elif not table.same_layout(*table_layout(num_rows, row_shape, DType.FLOAT32)):
+                raise ValueError(f"lookup of {table.describe()} with {num_rows} rows of shape {row_shape}: a table "
+                                 "keeps its rows and row shape")
+            ids = np.asarray(ids)
+            if ids.ndim != 1 or ids.dtype.kind not in "iu":
+                raise ValueError(f"{table.describe()}: row ids must be a 1-D integer array, not {ids.dtype} of "
+                                 f"shape {ids.shape}")
+            asked = ids.astype(np.int64, copy=False)
+            ids, inverse = np.unique(asked, return_inverse=True)
+            if len(ids) and (ids[0] < 0 or ids[-1] >= table.num_rows):
+                bad = ids[(ids < 0) | (ids >= table.num_rows)]
+                raise ValueError(f"{table.describe()}: row ids must lie in [0, {table.num_rows}); got "
+                                 f"{bad[:5].tolist()}{' ...' if len(bad) > 5 else ''}")
+            owners = server_of(ids, self.num_servers)
+            per_message = max(self.max_payload_bytes // 8, 1) if self.max_payload_bytes else max(len(ids), 1)
+            shards = []
+            for server in range(self.num_servers):
+                mine = ids[owners == server]
+                for start in range(0, max(len(mine), 1), per_message):
+                    shards.append(SparseShard(sparse_key(table.table_id, server), len(shards), server,
+                                              [mine[start:start + per_message]]))
+            round_ = table.lookups
+            table.lookups += len(shards)  # one round number per message: a server may get several
+            result = SparseRows(asked, np.empty((0, *table.row_shape), np.float32))
+            handle = Handle(table.name, result)
+        self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, ids.nbytes), handle,
+                               result, lookup=True, inverse=inverse.reshape(-1)))
+        return handle
+
+    def _table(self, name: Any, held: Any) -> SparseTable:
+        """The table ``name``, made at its first use (refused or not). A table on the workers is numbered by
+        first use, the same on every rank since every rank pushes every round; a server-held one is looked up
+        by one rank alone at times (an evaluation), so its id comes from its name (:func:`held_table_id`)."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a row-sparse table needs a non-empty name, not {name!r}")
+        table = self.tables.get(name)
+        if table is None:
+            table_id = held_table_id(name) if held is not None else \
+                sum(1 for known in self.tables.values() if known.table_id < HELD_TABLE_IDS)
+            table = self.tables[name] = SparseTable(name, table_id, 0, (), DType.FLOAT32)
+        return table
+
+    def _check_held(self, table: SparseTable, held: Any) -> None:
+        """A table is held by the servers or not, with one optimizer, from its first use on."""
+        if held is not None and not self.num_servers:
+            raise ValueError(f"{table.describe()}: a table held by the servers needs servers (bpslaunch --servers N "
+                             "or DMLC_NUM_SERVER); without them keep the table in the model")
+        if table.num_rows == 0:  # not declared yet
+            table.held = held
+        elif held != table.held:
+            was = table.held.describe() if table.held is not None else "rows on the workers"
+            now = held.describe() if held is not None else "rows on the workers"
+            raise ValueError(f"{table.describe()}: first used with {was}, now with {now}; a table keeps how it is "
+                             "held")
 
     # --- agreement after join -------------------------------------------------------------
     def export(self) -> Dict[str, Any]:

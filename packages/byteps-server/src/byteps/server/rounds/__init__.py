@@ -14,6 +14,8 @@ key's round policy, which :func:`declare_key` picks from the key's
                              later pushes are deltas added to it, pulls get a copy of it
 ``sparse_rows.SparseRowSum`` a row-sparse table's rows on this server (``spec.sparse``): each
                              round's (id, row) pushes summed by id, the union answered to all
+``held_rows.HeldRows``       a server-held table's rows (``spec.held``): kept here, looked up by
+                             id at once, each round's summed rows stepped by its optimizer
 ===========================  ====================================================================
 
 Two strategies combine with the sums rather than multiplying the classes:
@@ -38,13 +40,14 @@ from __future__ import annotations
 from byteps.common.tensor_description import PartitionSpec
 from byteps.server.rounds.async_store import AsyncStore
 from byteps.server.rounds.compressed import CompressedSums
+from byteps.server.rounds.held_rows import HeldRows
 from byteps.server.rounds.joined import JoinedMachines
 from byteps.server.rounds.key_state import KeyState, RoundPolicy, RoundServices, wire_log
 from byteps.server.rounds.quorum import BACKUP_MAX_LAG, QuorumSum
 from byteps.server.rounds.sparse_rows import SparseRowSum
 from byteps.server.rounds.sync_sum import SyncSum
 
-__all__ = ["AsyncStore", "BACKUP_MAX_LAG", "CompressedSums", "JoinedMachines", "KeyState", "QuorumSum",
+__all__ = ["AsyncStore", "BACKUP_MAX_LAG", "CompressedSums", "HeldRows", "JoinedMachines", "KeyState", "QuorumSum",
            "RoundPolicy", "RoundServices", "SparseRowSum", "SyncSum", "declare_key", "wire_log"]
 
 
@@ -60,7 +63,7 @@ def declare_key(key: int, spec: PartitionSpec, services: RoundServices) -> KeySt
         raise ValueError(f"{spec.describe()}: a quorum must be below the {contributors} machines")
     state = KeyState(key, spec)
     if spec.sparse:  # summed by id in the policy: the engine's dense accumulators do not serve it
-        state.policy = SparseRowSum(state, services)
+        state.policy = (HeldRows if spec.held is not None else SparseRowSum)(state, services)
         return state
     kind = AsyncStore if spec.asynchronous else QuorumSum if spec.quorum else SyncSum
     state.policy = kind(state, services)

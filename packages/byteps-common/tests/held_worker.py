@@ -1,0 +1,149 @@
+"""Worker of test_held_tables.py: a table held by the servers, looked up and updated, checked against numpy.
+
+Usage: python held_worker.py train ROUNDS OPTIMIZER | python held_worker.py bad CASE
+
+``train``: every round each rank looks up random ids of the table (repeats
+included, some ranks none), checks the rows against a reference table kept
+here (rows start from ``initial_rows``; each round's gradients of every
+rank summed by id, averaged over the ranks, and the optimizer applied in
+float64 with per-row state), then pushes its gradients for those ids.
+Every rank derives every other rank's input from the same seeds, so each
+keeps the whole reference. Prints ``HELD OK rank R``.
+
+``bad``: one bad call (CASE), then a good round, which must work. Prints
+``BAD OK rank R``.
+"""
+
+from __future__ import annotations
+
+import sys
+import zlib
+from typing import Dict, Tuple
+
+import numpy as np
+
+import byteps.common as bps
+from byteps.common import PushPullError
+from byteps.common.api import worker
+from byteps.common.held_table import HeldTable, initial_rows
+
+NUM_ROWS, ROW = 5000, (2, 3)
+WAIT_S = 20.0
+HELD = {"sgd": HeldTable("sgd", lr=0.5, seed=11, init_std=0.1),
+        "adagrad": HeldTable("adagrad", lr=0.3, seed=12, init_std=0.1, initial_accumulator=0.1),
+        "adam": HeldTable("adam", lr=0.05, seed=13, init_std=0.1, betas=(0.8, 0.95))}
+
+
+def batch(rank: int, round_: int) -> Tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(zlib.crc32(f"held:{rank}:{round_}".encode()))
+    count = 0 if (rank + round_) % 5 == 4 else int(rng.integers(1, 60))
+    ids = np.concatenate([rng.integers(0, NUM_ROWS, size=count), rng.integers(0, 20, size=count // 3)])
+    grads = rng.uniform(-1, 1, size=(len(ids), *ROW)).astype(np.float32)
+    return ids, grads
+
+
+class Reference:
+    """The table as it should be: a row per id touched, its optimizer state, float64."""
+
+    def __init__(self, held: HeldTable) -> None:
+        self.held = held
+        self.rows: Dict[int, np.ndarray] = {}
+        self.state: Dict[int, list] = {}
+
+    def row(self, i: int) -> np.ndarray:
+        if i not in self.rows:
+            self.rows[i] = initial_rows(self.held, np.array([i]), 6)[0].astype(np.float64)
+            self.state[i] = [np.full(6, self.held.initial_accumulator), np.zeros(6), np.zeros(6), 0]
+        return self.rows[i]
+
+    def step(self, grads: Dict[int, np.ndarray]) -> None:
+        h = self.held
+        for i, g in grads.items():
+            w, state = self.row(i), self.state[i]
+            if h.optimizer == "sgd":
+                w -= h.lr * g
+            elif h.optimizer == "adagrad":
+                state[0] += g * g
+                w -= h.lr * g / (np.sqrt(state[0]) + h.eps)
+            else:
+                b1, b2 = h.betas
+                state[3] += 1
+                state[1] = b1 * state[1] + (1 - b1) * g
+                state[2] = b2 * state[2] + (1 - b2) * g * g
+                m_hat, v_hat = state[1] / (1 - b1 ** state[3]), state[2] / (1 - b2 ** state[3])
+                w -= h.lr * m_hat / (np.sqrt(v_hat) + h.eps)
+
+
+def train(rounds: int, optimizer: str) -> None:
+    me, n = bps.rank(), bps.size()
+    held, reference = HELD[optimizer], Reference(HELD[optimizer])
+    for round_ in range(rounds):
+        ids, grads = batch(me, round_)
+        rows = worker().table_lookup_async(ids, "emb.held", NUM_ROWS, ROW, held).wait(WAIT_S).rows
+        want = np.array([reference.row(i) for i in ids.tolist()]).reshape((len(ids), *ROW))
+        assert rows.dtype == np.float32 and rows.shape == (len(ids), *ROW), (rows.dtype, rows.shape)
+        np.testing.assert_allclose(rows, want, rtol=2e-5, atol=2e-6, err_msg=f"rank {me} round {round_}")
+        worker().table_update_async(ids, grads, "emb.held", NUM_ROWS, ROW, held).wait(WAIT_S)
+        summed: Dict[int, np.ndarray] = {}
+        for rank in range(n):
+            their_ids, their_grads = batch(rank, round_)
+            for i, g in zip(their_ids.tolist(), their_grads.reshape(len(their_ids), 6).astype(np.float64)):
+                summed[i] = summed.get(i, 0.0) + g
+        reference.step({i: g / n for i, g in summed.items()})
+    print(f"HELD OK rank {me}", flush=True)
+
+
+def bad(case: str) -> None:
+    me = bps.rank()
+    held = HELD["sgd"]
+    if case == "out_of_range":  # a lookup fails on its rank alone, at the call
+        if me == 0:
+            try:
+                worker().table_lookup(np.array([3, NUM_ROWS]), "emb.held", NUM_ROWS, ROW, held)
+            except ValueError as exc:
+                assert f"[0, {NUM_ROWS})" in str(exc), exc
+            else:
+                raise AssertionError("an id out of range was looked up")
+    elif case == "disagree":  # ranks declare the table with different optimizers: every rank fails
+        mine = held if me == 0 else HELD["adagrad"]
+        try:
+            worker().table_update_async(np.array([1]), np.ones((1, *ROW), np.float32), "emb.held", NUM_ROWS, ROW,
+                                        mine).wait(WAIT_S)
+        except PushPullError as exc:
+            assert "mismatch" in str(exc) or "failed" in str(exc), exc
+        else:
+            raise AssertionError(f"rank {me}: ranks disagreeing on the table's optimizer went unnoticed")
+        held = None
+    elif case == "held_then_not":  # a table keeps how it is held, refused at the call
+        worker().table_lookup(np.array([1]), "emb.held", NUM_ROWS, ROW, held)
+        try:
+            worker().sparse_push_pull(np.array([1]), np.ones((1, *ROW), np.float32), "emb.held", NUM_ROWS, ROW)
+        except (ValueError, PushPullError) as exc:
+            assert "held" in str(exc), exc
+        else:
+            raise AssertionError("a held table was pushed as a plain row-sparse one")
+    name = "emb.next"
+    held = held or HELD["sgd"]
+    rows = worker().table_lookup(np.array([4, 4, 2]), name, NUM_ROWS, ROW, held)
+    np.testing.assert_allclose(rows[0], rows[1])
+    np.testing.assert_allclose(rows[2], initial_rows(held, np.array([2]), 6)[0].reshape(ROW))
+    worker().table_update_async(np.array([2]), np.ones((1, *ROW), np.float32), name, NUM_ROWS, ROW,
+                                held).wait(WAIT_S)
+    after = worker().table_lookup(np.array([2]), name, NUM_ROWS, ROW, held)
+    np.testing.assert_allclose(after[0], rows[2] - held.lr, rtol=1e-5)
+    print(f"BAD OK rank {me}", flush=True)
+
+
+def main() -> None:
+    bps.init()
+    try:
+        if sys.argv[1] == "train":
+            train(int(sys.argv[2]), sys.argv[3])
+        else:
+            bad(sys.argv[2])
+    finally:
+        bps.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""An embedding table held by the servers: ``ServerEmbedding``, looked up by id, stepped by the servers.
+
+The table lives on byteps' servers, sharded by row id, and never whole on
+a worker: a forward pass pulls only the rows its batch uses, a backward
+pass pushes their gradients, and each server applies the table's
+optimizer to the rows it holds once per round, after every worker's
+gradients of the round are summed by id (docs/sparse.md, "Tables held by
+the servers"). Rows start from the table's seed and their id, on the
+servers, the first time anyone touches them. Example::
+
+    emb = bps.ServerEmbedding(50_000_000, 16, name="user", optimizer="adagrad", lr=0.05)
+    out = dense(emb(ids).sum(1))          # ids: a LongTensor of any shape
+    loss.backward()                       # the rows' gradients go to the servers
+    optimizer.step()                      # the dense parameters (DistributedOptimizer)
+
+Every rank's training step must run the table's forward and backward (a
+round waits for every worker); the next forward waits for the servers to
+have applied the last round. ``eval()`` or ``torch.no_grad()`` lookups
+push nothing and may run on one rank alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from byteps.common.api import worker
+from byteps.common.held_table import HeldTable
+
+__all__ = ["ServerEmbedding"]
+
+
+class ServerEmbedding(torch.nn.Module):
+    """``num_embeddings`` rows of ``embedding_dim`` float32 held by the servers as table ``name``.
+
+    ``optimizer`` ("sgd", "adagrad" or "adam", lazy: moments per row) with
+    ``lr``, ``eps``, ``betas`` and ``initial_accumulator`` as torch's
+    optimizers take them; rows start as normal draws of standard deviation
+    ``init_std`` from ``seed`` and the row id. ``average``: the servers
+    average the workers' gradients (else sum them), as DistributedOptimizer
+    does. Every rank must create the table alike.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, name: str, optimizer: str = "sgd",
+                 lr: float = 0.01, seed: int = 0, init_std: float = 0.01, eps: Optional[float] = None,
+                 betas: Tuple[float, float] = (0.9, 0.999), initial_accumulator: float = 0.0,
+                 average: bool = True) -> None:
+        super().__init__()
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"ServerEmbedding: a table needs a non-empty name, not {name!r}")
+        for what, value in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"ServerEmbedding({name!r}): {what} must be a positive int, not {value!r}")
+        self.num_embeddings, self.embedding_dim, self.name, self.average = num_embeddings, embedding_dim, name, average
+        self.held = HeldTable(optimizer=optimizer, lr=lr, seed=seed, init_std=init_std, eps=eps, betas=betas,
+                              initial_accumulator=initial_accumulator)
+        self._grads: List[Tuple[np.ndarray, torch.Tensor]] = []  # this step's rows' gradients, as they come
+        self._waiting = 0  # lookups of this step whose gradients have not come yet
+        self._update: Any = None  # the last round's update in flight
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, name={self.name!r}, {self.held.describe()}"
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows ``ids`` as the servers hold them now (after the last round), without a gradient."""
+        self.flush()
+        flat = self._ids(ids)
+        rows = worker().table_lookup(flat, self.name, self.num_embeddings, (self.embedding_dim,), self.held)
+        return torch.from_numpy(rows).to(ids.device).view(*ids.shape, self.embedding_dim)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if not (torch.is_grad_enabled() and self.training):
+            return self.lookup(ids)
+        self.flush()
+        unique, inverse = np.unique(self._ids(ids), return_inverse=True)
+        rows = worker().table_lookup(unique, self.name, self.num_embeddings, (self.embedding_dim,), self.held)
+        leaf = torch.from_numpy(rows).to(ids.device).requires_grad_(True)
+        self._waiting += 1
+        leaf.register_hook(lambda grad, unique=unique: self._gradient(unique, grad))
+        picked = leaf[torch.from_numpy(inverse.reshape(-1)).to(ids.device)]
+        return picked.view(*ids.shape, self.embedding_dim)
+
+    def flush(self) -> None:
+        """Wait until the servers have applied the last round's gradients (the next lookup sees them)."""
+        update, self._update = self._update, None
+        if update is not None:
+            update.wait()
+
+    def _ids(self, ids: torch.Tensor) -> np.ndarray:
+        if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"ServerEmbedding({self.name!r}): ids must be an int64 or int32 tensor, not "
+                             f"{getattr(ids, 'dtype', type(ids).__name__)}")
+        return ids.detach().reshape(-1).to("cpu", torch.int64).numpy()
+
+    def _gradient(self, unique: np.ndarray, grad: torch.Tensor) -> None:
+        """One lookup's rows' gradient (autograd's hook); the last of the step's sends the round."""
+        self._grads.append((unique, grad.detach().to("cpu", torch.float32)))
+        self._waiting -= 1
+        if self._waiting:
+            return
+        grads, self._grads = self._grads, []
+        ids = np.concatenate([g[0] for g in grads])
+        rows = torch.cat([g[1] for g in grads]).contiguous().numpy()
+        self._update = worker().table_update_async(ids, rows, self.name, self.num_embeddings,
+                                                   (self.embedding_dim,), self.held, self.average)

@@ -1,0 +1,34 @@
+"""ServerEmbedding under the real launcher: a table held by the servers, trained against torch's own
+nn.Embedding and optimizers (scripts/server_embedding_checks.py; docs/sparse.md)."""
+
+import os
+
+import pytest
+
+from byteps.testkit import launch_job, rank_lines, tail
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "server_embedding_checks.py")
+CHECKS = ["sgd", "adagrad", "eval_on_one_rank", "bad_ids"]
+LAYOUTS = {
+    "two-workers-two-servers": ["--workers", "2", "--servers", "2"],
+    "two-machines-of-two": ["-np", "2", "--workers", "2", "--servers", "1"],  # the machine's rows summed first
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_server_embedding_trains_as_torchs_own_embedding(layout):
+    args = LAYOUTS[layout]
+    result = launch_job(args, SCRIPT, [], timeout=180)
+    for rank in range(4 if "-np" in args else 2):
+        printed = rank_lines(result.stdout, rank)
+        for check in CHECKS:
+            assert f"OK {check}" in printed, (
+                f"rank {rank} did not pass {check!r} (exit {result.returncode}):\n"
+                f"{tail(result.stdout)}\n--- stderr ---\n{tail(result.stderr)}")
+    assert result.returncode == 0, tail(result.stdout) + tail(result.stderr)
+
+
+def test_a_server_embedding_without_servers_says_what_to_add():
+    result = launch_job(["-np", "2"], SCRIPT, [], timeout=120)
+    assert result.returncode != 0
+    assert "needs servers (bpslaunch --servers N" in result.stdout + result.stderr, tail(result.stdout)
