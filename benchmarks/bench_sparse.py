@@ -1,4 +1,4 @@
-"""A CTR model's training step through four gradient paths, in one run: row-sparse, dense, gather, DDP-gloo.
+"""A CTR model's training step through five paths, in one run: row-sparse, dense, gather, DDP-gloo, server-held.
 
 The workload (issue 44's, scaled to this machine): 26 categorical fields,
 each field's ids drawn from a power law over its own range of one
@@ -20,7 +20,15 @@ The paths, each a job of ``--workers`` processes on 127.0.0.1:
   does (every rank's indices and values to every rank;
   ``BYTEPS_ROW_SPARSE=0``, nothing else changes);
 * ``ddp-gloo``: ``torch.nn.parallel.DistributedDataParallel`` over gloo,
-  the same sparse embedding (gloo's sparse allreduce).
+  the same sparse embedding (gloo's sparse allreduce);
+* ``held``: the table lives on the servers (``byteps.torch.ServerEmbedding``,
+  SGD there): each step looks up the batch's rows and pushes their
+  gradients; the workers hold the MLP only.
+
+Every path's table starts from the same rows (``held_table.initial_rows``,
+standard normal as ``nn.Embedding``'s), so all of them compute the same
+update. The report adds each job's worker resident memory at its end
+(rank 0's peak RSS): the held path's workers never hold the table.
 
 ``--local-size L`` runs the byteps paths as ``--workers`` machines of L
 processes each (``bpslaunch -np L``): a machine's ranks sum their rows (or
@@ -54,7 +62,7 @@ import sys
 import tempfile
 import time
 
-MODES = ("row-sparse", "dense", "gather", "ddp-gloo")
+MODES = ("row-sparse", "dense", "gather", "ddp-gloo", "held")
 FIELDS = 26
 
 
@@ -68,15 +76,28 @@ def loopback_bytes() -> int:
     raise RuntimeError("no loopback interface in /proc/net/dev")
 
 
+#: The table's start in every path: what a server-held table's rows start as (seed 0, standard normal).
+HELD = dict(optimizer="sgd", seed=0, init_std=1.0)
+
+
 def make_model(args: argparse.Namespace):
+    import numpy as np
     import torch
 
+    from byteps.common.held_table import HeldTable, initial_rows
+
     torch.manual_seed(0)
-    return torch.nn.ModuleDict({
-        "embedding": torch.nn.Embedding(args.rows, args.dim, sparse=True),
-        "mlp": torch.nn.Sequential(torch.nn.Linear(FIELDS * args.dim, 256), torch.nn.ReLU(),
-                                   torch.nn.Linear(256, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1)),
-    })
+    mlp = torch.nn.Sequential(torch.nn.Linear(FIELDS * args.dim, 256), torch.nn.ReLU(),
+                              torch.nn.Linear(256, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
+    if args.mode == "held":
+        import byteps.torch as bps
+
+        embedding = bps.ServerEmbedding(args.rows, args.dim, name="ctr", lr=args.lr, **HELD)
+    else:
+        embedding = torch.nn.Embedding(args.rows, args.dim, sparse=True)
+        start = initial_rows(HeldTable(lr=args.lr, **HELD), np.arange(args.rows), args.dim)
+        embedding.weight.data = torch.from_numpy(start)
+    return torch.nn.ModuleDict({"embedding": embedding, "mlp": mlp})
 
 
 def batches(args: argparse.Namespace, rank: int, count: int):
@@ -107,9 +128,15 @@ def step_loss(model, ids, labels):
 
 
 def worker(args: argparse.Namespace) -> None:
+    import resource
+
     import torch
 
     torch.set_num_threads(1)
+    if args.mode != "ddp-gloo":
+        import byteps.torch as bps
+
+        bps.init()
     model = make_model(args)
     if args.mode == "ddp-gloo":
         import torch.distributed as dist
@@ -129,9 +156,6 @@ def worker(args: argparse.Namespace) -> None:
         optimizer = torch.optim.SGD(trained.parameters(), lr=args.lr)
         forward = trained
     else:
-        import byteps.torch as bps
-
-        bps.init()
         rank, barrier = bps.rank(), bps.barrier
         bps.broadcast_parameters(model.state_dict(), root_rank=0)
         optimizer = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr),
@@ -157,8 +181,9 @@ def worker(args: argparse.Namespace) -> None:
     barrier()
     moved = loopback_bytes() - sent_before
     if rank == 0:
+        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print("RESULT " + json.dumps({"step_s": statistics.median(times), "loopback_bytes": moved,
-                                      "logloss": float(loss)}), flush=True)
+                                      "logloss": float(loss), "rss_mb": rss_mb}), flush=True)
     if args.mode == "ddp-gloo":
         import torch.distributed as dist
 
@@ -246,18 +271,19 @@ def main() -> None:
             runs[mode].append(result)
             print(f"repeat {repeat} {mode:>10}: {result['step_s'] * 1e3:8.1f} ms/step, "
                   f"{result['bytes_per_worker_step'] / 1e6:8.2f} MB per machine per step, "
-                  f"logloss {result['logloss']:.5f}", flush=True)
+                  f"logloss {result['logloss']:.5f}, worker RSS {result['rss_mb']:.0f} MB", flush=True)
     print(f"\n{args.workers} worker machines of {args.local_size} process(es), {args.servers} servers, "
           f"{args.rows:,} rows x {args.dim}, "
           f"batch {args.batch} per rank, median of {args.repeats}:")
     base = statistics.median(run["step_s"] for run in runs[modes[0]])
-    print(f"| path | step (ms) | MB per machine per step | {modes[0]} speed-up | logloss |")
-    print("|---|---|---|---|---|")
+    print(f"| path | step (ms) | MB per machine per step | {modes[0]} speed-up | logloss | worker RSS (MB) |")
+    print("|---|---|---|---|---|---|")
     for mode in modes:
         step = statistics.median(run["step_s"] for run in runs[mode])
         moved = statistics.median(run["bytes_per_worker_step"] for run in runs[mode])
         loss = runs[mode][-1]["logloss"]
-        print(f"| {mode} | {step * 1e3:.1f} | {moved / 1e6:.2f} | {step / base:.2f}x | {loss:.5f} |")
+        rss = statistics.median(run["rss_mb"] for run in runs[mode])
+        print(f"| {mode} | {step * 1e3:.1f} | {moved / 1e6:.2f} | {step / base:.2f}x | {loss:.5f} | {rss:.0f} |")
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"args": {k: v for k, v in vars(args).items() if k not in ("worker", "mode")}, "runs": runs},

@@ -18,17 +18,10 @@ from byteps.testkit import run_job
 WORKER = [sys.executable, os.path.join(os.path.dirname(__file__), "held_worker.py")]
 
 
-def _check(result, workers: int, line: str) -> None:
-    assert not result.timed_out, result.failures()
-    assert all(code == 0 for code in result.codes.values()), result.failures()
-    for rank in range(workers):
-        assert f"{line} rank {rank}" in result.outputs[f"worker{rank}"], result.outputs[f"worker{rank}"]
-
-
 @pytest.mark.parametrize("optimizer,workers,servers", [("sgd", 2, 1), ("adagrad", 2, 2), ("adam", 3, 2)])
 def test_a_held_table_is_stepped_by_the_servers_optimizer(optimizer, workers, servers):
     result = run_job([*WORKER, "train", "5", optimizer], workers, servers, timeout=90)
-    _check(result, workers, "HELD OK")
+    result.assert_workers_printed("HELD OK", workers)
 
 
 def test_several_processes_per_machine_update_a_held_table_once_per_machine():
@@ -36,13 +29,13 @@ def test_several_processes_per_machine_update_a_held_table_once_per_machine():
     its own rows; over TCP and through shared memory alike."""
     for env in ({"BYTEPS_ENABLE_IPC": "0"}, {}):
         result = run_job([*WORKER, "train", "4", "adam"], 2, 2, local_size=2, timeout=90, env=env)
-        _check(result, 4, "HELD OK")
+        result.assert_workers_printed("HELD OK", 4)
 
 
 @pytest.mark.parametrize("case", ["out_of_range", "disagree", "held_then_not"])
 def test_bad_calls_on_a_held_table_fail_and_the_servers_go_on(case):
     result = run_job([*WORKER, "bad", case], 2, 2, timeout=60)
-    _check(result, 2, "BAD OK")
+    result.assert_workers_printed("BAD OK", 2)
 
 
 def test_rows_start_from_the_seed_and_the_id_alone():

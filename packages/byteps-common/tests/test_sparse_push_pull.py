@@ -19,17 +19,10 @@ from byteps.testkit import run_job
 WORKER = [sys.executable, os.path.join(os.path.dirname(__file__), "sparse_worker.py")]
 
 
-def _check(result, workers: int, line: str) -> None:
-    assert not result.timed_out, result.failures()
-    assert all(code == 0 for code in result.codes.values()), result.failures()
-    for rank in range(workers):
-        assert f"{line} rank {rank}" in result.outputs[f"worker{rank}"], result.outputs[f"worker{rank}"]
-
-
 @pytest.mark.parametrize("workers,servers", [(2, 1), (2, 2), (3, 1), (3, 2)])
 def test_sparse_rows_are_summed_by_id_over_every_worker(workers, servers):
     result = run_job([*WORKER, "sums", "5"], workers, servers, timeout=90)
-    _check(result, workers, "SPARSE OK")
+    result.assert_workers_printed("SPARSE OK", workers)
 
 
 def test_sparse_rows_over_tcp_alone_with_server_scheduling_and_a_trace(tmp_path):
@@ -38,7 +31,7 @@ def test_sparse_rows_over_tcp_alone_with_server_scheduling_and_a_trace(tmp_path)
     env = {"BYTEPS_ENABLE_IPC": "0", "BYTEPS_SERVER_ENABLE_SCHEDULE": "1", "BYTEPS_TRACE_ON": "1",
            "BYTEPS_TRACE_DIR": str(tmp_path), "BYTEPS_TRACE_START_STEP": "1", "BYTEPS_TRACE_END_STEP": "3"}
     result = run_job([*WORKER, "sums", "3"], 2, 2, timeout=90, env=env)
-    _check(result, 2, "SPARSE OK")
+    result.assert_workers_printed("SPARSE OK", 2)
     traces = "".join(path.read_text() for path in tmp_path.rglob("comm.json"))
     assert '"cat": "sparse_exchange"' in traces and '"cat": "sparse_merge"' in traces, traces[:2000]
 
@@ -49,7 +42,7 @@ def test_several_worker_processes_per_machine_sum_their_rows_before_they_leave_i
     co-located server alike; a join() after them is refused on the rank that calls it."""
     for env in ({"BYTEPS_ENABLE_IPC": "0"}, {}):
         result = run_job([*WORKER, "sums", "3"], 2, 2, local_size=2, timeout=90, env=env)
-        _check(result, 4, "SPARSE OK")
+        result.assert_workers_printed("SPARSE OK", 4)
 
 
 @pytest.mark.parametrize("local_size", [2, 3])
@@ -57,7 +50,7 @@ def test_one_machine_without_servers_sums_its_ranks_rows(local_size):
     """No servers: the table's local root sums every rank's rows, and that sum (averaged where asked) is the
     round's result on every rank."""
     result = run_job([*WORKER, "sums", "3"], 1, 0, local_size=local_size, timeout=90)
-    _check(result, local_size, "SPARSE OK")
+    result.assert_workers_printed("SPARSE OK", local_size)
 
 
 @pytest.mark.parametrize("case", ["out_of_range", "row_shape", "disagree"])
@@ -65,26 +58,26 @@ def test_bad_sparse_input_of_a_local_rank_fails_its_round_on_every_rank(case):
     """2 machines of 2: a rank's bad input (a peer's or a root's, whichever the culprit is of the table) or a
     disagreement inside a machine fails the round on every rank, and the next round is whole."""
     result = run_job([*WORKER, "bad", case], 2, 2, local_size=2, timeout=60)
-    _check(result, 4, "BAD OK")
+    result.assert_workers_printed("BAD OK", 4)
 
 
 def test_rounds_larger_than_a_message_go_in_parts():
     result = run_job([*WORKER, "large", "2"], 2, 2, timeout=120, env={"BYTEPS_ENABLE_IPC": "0"})
-    _check(result, 2, "LARGE OK")
+    result.assert_workers_printed("LARGE OK", 2)
 
 
 @pytest.mark.parametrize("case", ["out_of_range", "negative", "dtype", "row_shape", "first_use", "reused",
                                   "disagree"])
 def test_bad_sparse_input_fails_its_round_everywhere_and_the_servers_go_on(case):
     result = run_job([*WORKER, "bad", case], 2, 2, timeout=60)
-    _check(result, 2, "BAD OK")
+    result.assert_workers_printed("BAD OK", 2)
 
 
 def test_one_rank_of_three_that_declares_a_table_otherwise_fails_the_round_on_every_rank():
     """Whichever rank declares first, the ranks that agreed with it learn of the mismatch too (relayed)."""
     for _ in range(2):  # the order of declarations varies between runs
         result = run_job([*WORKER, "bad", "one_disagrees"], 3, 2, timeout=60)
-        _check(result, 3, "BAD OK")
+        result.assert_workers_printed("BAD OK", 3)
 
 
 def test_a_single_worker_process_sums_its_own_rows(monkeypatch):

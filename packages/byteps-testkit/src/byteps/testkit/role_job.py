@@ -57,6 +57,13 @@ class JobResult:
         return "\n".join(f"--- {name} exited {self.codes[name]}:\n{self.outputs[name][-3000:]}"
                          for name in self.codes if self.codes[name] != 0)
 
+    def assert_workers_printed(self, line: str, workers: int) -> None:
+        """Every process exited 0 in time and worker r printed ``<line> rank <r>``, for each of ``workers``."""
+        assert not self.timed_out, self.failures()
+        assert all(code == 0 for code in self.codes.values()), self.failures()
+        for rank in range(workers):
+            assert f"{line} rank {rank}" in self.outputs[f"worker{rank}"], self.outputs[f"worker{rank}"]
+
 
 #: Where a job's processes share memory: byteps-common's segment names are ``byteps-<job id>-...`` there.
 SHM_DIR = "/dev/shm"

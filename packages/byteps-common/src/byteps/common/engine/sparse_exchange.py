@@ -156,14 +156,21 @@ class SparseExchange:
         if header.command != Command.PULL_RESPONSE or trip is None:
             raise TransportError(f"unexpected {command_name(header.command)} for row-sparse key {header.key} "
                                  f"round {header.round} from server {connection.address}")
+        return self._take_part(trip, message, connection, self._in_flight, entry)
+
+    @staticmethod
+    def _take_part(trip: SparseTrip, message: Message, connection: Endpoint,
+                   waiting: Dict[Tuple[int, int], SparseTrip], entry: Tuple[int, int]) -> Any:
+        """One PULL_RESPONSE of the answer ``trip`` waits for (in ``waiting`` under ``entry``): the trip once
+        its last part is in."""
         table = trip.task.table
         try:
             trip.data.append(decode(message.payload, table.row_shape, table.dtype))
         except ValueError as exc:
             return [Failure(trip.task, TransportError(f"server {connection.address}: {exc}"))]
-        if len(trip.data) < max(header.aux, 1):
+        if len(trip.data) < max(message.header.aux, 1):
             return NOTHING  # more parts of the answer to come
-        del self._in_flight[entry]
+        del waiting[entry]
         return [trip]
 
     def _lookup_answer(self, message: Message, connection: Endpoint, entry: Tuple[int, int]) -> Any:
@@ -174,15 +181,7 @@ class SparseExchange:
         header = message.header
         if header.command == Command.ERROR:
             return [Failure(trip.task, TransportError(f"server {connection.address}: {message.text('')}"))]
-        table = trip.task.table
-        try:
-            trip.data.append(decode(message.payload, table.row_shape, table.dtype))
-        except ValueError as exc:
-            return [Failure(trip.task, TransportError(f"server {connection.address}: {exc}"))]
-        if len(trip.data) < max(header.aux, 1):
-            return NOTHING
-        del self._lookups[entry]
-        return [trip]
+        return self._take_part(trip, message, connection, self._lookups, entry)
 
     # --- failures -----------------------------------------------------------------------
     def abandon(self, task: Any) -> None:

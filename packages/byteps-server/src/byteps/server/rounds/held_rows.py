@@ -28,13 +28,13 @@ applied. Rows are kept in growing arrays indexed through a sorted id list
 from __future__ import annotations
 
 import logging
-from typing import Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 from byteps.common.dtypes import DType
 from byteps.common.held_table import HeldTable, initial_rows
-from byteps.common.row_sparse import encode_chunks, sum_by_id
+from byteps.common.row_sparse import encode_chunks
 from byteps.server.rounds.key_state import KeyState, RoundServices
 from byteps.server.rounds.sparse_rows import SparseRowSum
 from byteps.transport import FLAG_AVERAGE, FLAG_LOOKUP, Command, Message
@@ -149,20 +149,14 @@ class HeldRows(SparseRowSum):
         self.workers = services.num_machines * services.local_size
 
     # --- a round: summed by id, then applied ------------------------------------------
-    def _close(self) -> None:
-        round_ = self.completed + 1
-        pushes = [self.pushed[machine] for machine in sorted(self.pushed)]
-        union, sums = sum_by_id(np.concatenate([p[1] for p in pushes]),
-                                np.concatenate([p[2] for p in pushes]), self.dtype)
+    def _answer_of(self, round_: int, union: np.ndarray, sums: np.ndarray) -> List[Optional[np.ndarray]]:
+        """Step the round's summed rows (averaged over the workers where the pushes average); nothing to send
+        back but the news that the round is applied."""
         grads = sums.reshape(len(union), self.store.row_size)
         if self.round_flags & FLAG_AVERAGE:
             grads = grads / np.float32(self.workers)
         self.store.apply(union, grads)
-        self.answer = (round_, [None], {p[0] for p in pushes})  # applied: nothing to send back
-        pending = [(identity, pulled) for identity, pulled in self.pending if pulled == round_]
-        self._forget_open_round()
-        for identity, pulled in pending:
-            self._answer(identity, pulled)
+        return [None]
 
     # --- lookups --------------------------------------------------------------------------
     def pull(self, message: Message) -> None:

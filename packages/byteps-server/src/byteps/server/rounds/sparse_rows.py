@@ -45,7 +45,7 @@ docs/sparse.md.)
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, NoReturn, Optional, Set, Tuple
 
 import numpy as np
 
@@ -163,7 +163,7 @@ class SparseRowSum:
                 raise ValueError(f"row ids pushed for {self.spec.describe()} are not unique and ascending")
         return ids, rows
 
-    def _fail_open_round(self, text: str) -> None:
+    def _fail_open_round(self, text: str) -> NoReturn:
         """The open round cannot be summed: every machine that pushed it gets ``text``, and so will those that
         push it later (raised here, for the message being handled)."""
         round_ = self.completed + 1
@@ -204,16 +204,20 @@ class SparseRowSum:
         ids = np.concatenate([p[1] for p in pushes])
         rows = np.concatenate([p[2] for p in pushes])
         union, sums = sum_by_id(ids, rows, self.dtype)
-        try:
-            payloads = encode_chunks(union, sums, self.services.max_payload_bytes,
-                                     f"round {round_} of {self.spec.describe()}")
-        except ValueError as exc:
-            self._fail_open_round(str(exc))
-        self.answer = (round_, payloads, {p[0] for p in pushes})
+        self.answer = (round_, self._answer_of(round_, union, sums), {p[0] for p in pushes})
         pending = [(identity, pulled) for identity, pulled in self.pending if pulled == round_]
         self._forget_open_round()
         for identity, pulled in pending:
             self._answer(identity, pulled)
+
+    def _answer_of(self, round_: int, union: np.ndarray, sums: np.ndarray) -> List[Optional[np.ndarray]]:
+        """The payloads that answer a closed round: its union of ids and their sums (a held table's policy
+        applies them instead)."""
+        try:
+            return encode_chunks(union, sums, self.services.max_payload_bytes,
+                                 f"round {round_} of {self.spec.describe()}")
+        except ValueError as exc:
+            self._fail_open_round(str(exc))
 
     # --- pulls -----------------------------------------------------------------------------
     def pull(self, message: Message) -> None:
