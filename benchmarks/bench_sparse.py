@@ -28,7 +28,7 @@ The paths, each a job of ``--workers`` processes on 127.0.0.1:
 Every path's table starts from the same rows (``held_table.initial_rows``,
 standard normal as ``nn.Embedding``'s), so all of them compute the same
 update. The report adds each job's worker resident memory at its end
-(rank 0's peak RSS): the held path's workers never hold the table.
+(rank 0's RSS): the held path's workers never hold the table.
 
 ``--local-size L`` runs the byteps paths as ``--workers`` machines of L
 processes each (``bpslaunch -np L``): a machine's ranks sum their rows (or
@@ -102,18 +102,21 @@ def make_model(args: argparse.Namespace):
 
 def batches(args: argparse.Namespace, rank: int, count: int):
     """``count`` (ids, labels) batches of this rank: field f's ids in its own range of rows, drawn from a
-    power law (small ids hot), labels from a hidden per-id weight."""
+    power law (small ids hot), labels from a hidden per-id weight (hashed from the id: no array of the
+    table's size on the workers)."""
     import numpy as np
     import torch
 
+    from byteps.common.held_table import HeldTable, initial_rows
+
     per_field = args.rows // FIELDS
-    hidden = np.random.default_rng(1).standard_normal(args.rows).astype(np.float32)
+    hidden = HeldTable(seed=1, init_std=1.0)  # each id's hidden weight, from its id alone (no table of them)
     rng = np.random.default_rng(100 + rank)
     out = []
     for _ in range(count):
         local = np.minimum((per_field * rng.random((args.batch, FIELDS)) ** 3).astype(np.int64), per_field - 1)
         ids = local + np.arange(FIELDS, dtype=np.int64) * per_field
-        logits = hidden[ids].sum(axis=1) / np.sqrt(FIELDS)
+        logits = initial_rows(hidden, ids.reshape(-1), 1).reshape(ids.shape).sum(axis=1) / np.sqrt(FIELDS)
         labels = (rng.random(args.batch) < 1 / (1 + np.exp(-logits))).astype(np.float32)
         out.append((torch.from_numpy(ids), torch.from_numpy(labels)))
     return out
@@ -128,8 +131,6 @@ def step_loss(model, ids, labels):
 
 
 def worker(args: argparse.Namespace) -> None:
-    import resource
-
     import torch
 
     torch.set_num_threads(1)
@@ -181,7 +182,8 @@ def worker(args: argparse.Namespace) -> None:
     barrier()
     moved = loopback_bytes() - sent_before
     if rank == 0:
-        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        with open("/proc/self/status") as status:  # resident now: what the worker holds, not a passing peak
+            rss_mb = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
         print("RESULT " + json.dumps({"step_s": statistics.median(times), "loopback_bytes": moved,
                                       "logloss": float(loss), "rss_mb": rss_mb}), flush=True)
     if args.mode == "ddp-gloo":
