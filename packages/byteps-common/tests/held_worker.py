@@ -1,6 +1,7 @@
 """Worker of test_held_tables.py: a table held by the servers, looked up and updated, checked against numpy.
 
-Usage: python held_worker.py train ROUNDS OPTIMIZER | python held_worker.py bad CASE
+Usage: python held_worker.py train ROUNDS OPTIMIZER | python held_worker.py bad CASE |
+       python held_worker.py save DIR ROUNDS AT | python held_worker.py resume DIR ROUNDS AT
 
 ``train``: every round each rank looks up random ids of the table (repeats
 included, some ranks none), checks the rows against a reference table kept
@@ -12,10 +13,17 @@ keeps the whole reference. Prints ``HELD OK rank R``.
 
 ``bad``: one bad call (CASE), then a good round, which must work. Prints
 ``BAD OK rank R``.
+
+``save``: ROUNDS Adam rounds of the same batches, the table saved to DIR
+(by rank 0) before round AT; ``resume``: the table loaded from DIR (by
+rank 0, with any number of servers), then rounds AT to ROUNDS. Both print
+``FINAL <rows>`` on rank 0: the rows of every id the batches touched,
+which must be the same (rows and Adam's per-row state both restored).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import zlib
 from typing import Dict, Tuple
@@ -93,6 +101,30 @@ def train(rounds: int, optimizer: str) -> None:
     print(f"HELD OK rank {me}", flush=True)
 
 
+def save_or_resume(mode: str, directory: str, rounds: int, at: int) -> None:
+    me = bps.rank()
+    held = HELD["adam"]
+    if mode == "resume":
+        if me == 0:
+            worker().table_load(directory, "emb.held", NUM_ROWS, ROW, held)
+        bps.barrier()
+    for round_ in range(at if mode == "resume" else 0, rounds):
+        if mode == "save" and round_ == at:
+            bps.barrier()  # every rank's earlier rounds answered, hence applied
+            if me == 0:
+                worker().table_save(directory, "emb.held", NUM_ROWS, ROW, held)
+            bps.barrier()
+        ids, grads = batch(me, round_)
+        worker().table_lookup(ids, "emb.held", NUM_ROWS, ROW, held)
+        worker().table_update_async(ids, grads, "emb.held", NUM_ROWS, ROW, held).wait(WAIT_S)
+    bps.barrier()
+    if me == 0:
+        touched = np.unique(np.concatenate([batch(rank, r)[0] for rank in range(bps.size()) for r in range(rounds)]))
+        rows = worker().table_lookup(touched, "emb.held", NUM_ROWS, ROW, held)
+        print("FINAL " + json.dumps(rows.reshape(-1).tolist()), flush=True)
+    print(f"HELD OK rank {me}", flush=True)
+
+
 def bad(case: str) -> None:
     me = bps.rank()
     held = HELD["sgd"]
@@ -139,6 +171,8 @@ def main() -> None:
     try:
         if sys.argv[1] == "train":
             train(int(sys.argv[2]), sys.argv[3])
+        elif sys.argv[1] in ("save", "resume"):
+            save_or_resume(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
         else:
             bad(sys.argv[2])
     finally:

@@ -6,6 +6,7 @@ table kept in the worker; bad calls fail where they should and the
 servers go on serving.
 """
 
+import json
 import os
 import sys
 
@@ -30,6 +31,25 @@ def test_several_processes_per_machine_update_a_held_table_once_per_machine():
     for env in ({"BYTEPS_ENABLE_IPC": "0"}, {}):
         result = run_job([*WORKER, "train", "4", "adam"], 2, 2, local_size=2, timeout=90, env=env)
         result.assert_workers_printed("HELD OK", 4)
+
+
+def test_a_saved_table_resumes_on_another_number_of_servers(tmp_path):
+    """A job saves its table (rows and Adam's per-row state) before round 2 of 5 on 2 servers; another job loads
+    it onto 3 servers and runs rounds 2 to 5: both end with the same rows. A load that finds no whole save
+    fails at the call."""
+    def final(result) -> np.ndarray:
+        line = next(line for line in result.outputs["worker0"].splitlines() if line.startswith("FINAL "))
+        return np.array(json.loads(line[len("FINAL "):]))
+
+    saved = run_job([*WORKER, "save", str(tmp_path), "5", "2"], 2, 2, timeout=90)
+    saved.assert_workers_printed("HELD OK", 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["emb.held.server0-of-2.npz", "emb.held.server1-of-2.npz"]
+    resumed = run_job([*WORKER, "resume", str(tmp_path), "5", "2"], 2, 3, timeout=90)
+    resumed.assert_workers_printed("HELD OK", 2)
+    np.testing.assert_allclose(final(resumed), final(saved), rtol=1e-6, atol=1e-7)
+    (tmp_path / "emb.held.server1-of-2.npz").unlink()
+    broken = run_job([*WORKER, "resume", str(tmp_path), "5", "2"], 2, 2, timeout=60)
+    assert broken.codes["worker0"] != 0 and "one whole save expected" in broken.outputs["worker0"], broken.failures()
 
 
 @pytest.mark.parametrize("case", ["out_of_range", "disagree", "held_then_not"])

@@ -8,7 +8,7 @@ import pytest
 from byteps.testkit import assert_all_ok, launch_job, tail
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "server_embedding_checks.py")
-CHECKS = ["sgd", "adagrad", "eval_on_one_rank", "bad_ids"]
+CHECKS = ["sgd", "adagrad", "eval_on_one_rank", "save_and_load", "bad_ids"]
 LAYOUTS = {
     "two-workers-two-servers": ["--workers", "2", "--servers", "2"],
     "two-machines-of-two": ["-np", "2", "--workers", "2", "--servers", "1"],  # the machine's rows summed first
@@ -16,12 +16,12 @@ LAYOUTS = {
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_a_server_embedding_trains_as_torchs_own_embedding(layout):
+def test_a_server_embedding_trains_as_torchs_own_embedding(layout, tmp_path):
     args = LAYOUTS[layout]
-    assert_all_ok(launch_job(args, SCRIPT, [], timeout=180), len(CHECKS), 4 if "-np" in args else 2)
+    assert_all_ok(launch_job(args, SCRIPT, [str(tmp_path)], timeout=180), len(CHECKS), 4 if "-np" in args else 2)
 
 
-def test_a_server_embedding_without_servers_says_what_to_add():
-    result = launch_job(["-np", "2"], SCRIPT, [], timeout=120)
+def test_a_server_embedding_without_servers_says_what_to_add(tmp_path):
+    result = launch_job(["-np", "2"], SCRIPT, [str(tmp_path)], timeout=120)
     assert result.returncode != 0
     assert "needs servers (bpslaunch --servers N" in result.stdout + result.stderr, tail(result.stdout)

@@ -6,10 +6,12 @@ over the ranks as the servers do, and it steps with torch.optim.SGD or Adagrad (
 rows without a gradient alone, as the servers' per-row step does). Checks, each printing ``OK <name>``:
 ``sgd``, ``adagrad`` (training, then every rank's lookup of the final rows and the dense layer against the
 reference), ``eval_on_one_rank`` (rank 0 alone looks rows up in eval mode; nothing waits for the others),
-``bad_ids``.
+``save_and_load`` (into the directory given as the first argument), ``bad_ids``.
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import torch
@@ -84,6 +86,19 @@ def eval_on_one_rank() -> None:
     bps.barrier()
 
 
+def save_and_load(directory: str) -> None:
+    """The table saved, changed by a step, loaded: the saved rows again (on every rank)."""
+    emb = bps.ServerEmbedding(ROWS, DIM, name="emb.sgd", optimizer="sgd", lr=0.2, seed=7, init_std=0.1)
+    ids = torch.arange(10)
+    saved = emb.lookup(ids)
+    emb.save(directory)
+    emb(ids).sum().backward()
+    emb.flush()
+    assert not torch.equal(emb.lookup(ids), saved), "the step changed nothing"
+    emb.load(directory)
+    assert_close(emb.lookup(ids), saved, "the rows loaded")
+
+
 def bad_ids() -> None:
     emb = bps.ServerEmbedding(ROWS, DIM, name="emb.sgd", optimizer="sgd", lr=0.2, seed=7, init_std=0.1)
     expect_error(ValueError, f"[0, {ROWS})", lambda: emb(torch.tensor([0, ROWS])))
@@ -98,6 +113,7 @@ def main() -> None:
     checks.run("sgd", lambda: train("sgd", {"lr": 0.2}))
     checks.run("adagrad", lambda: train("adagrad", {"lr": 0.1, "initial_accumulator": 0.1}))
     checks.run("eval_on_one_rank", eval_on_one_rank)
+    checks.run("save_and_load", lambda: save_and_load(sys.argv[1]))
     checks.run("bad_ids", bad_ids)
     bps.shutdown()
     checks.done()

@@ -34,7 +34,7 @@ from byteps.common.config import Config
 from byteps.common.engine import CommLoop, EngineOptions, TaskMaker
 from byteps.common.engine.sparse_task import SparseTasks
 from byteps.common.handle import Handle
-from byteps.common.held_table import HeldTable
+from byteps.common.held_table import LOAD, SAVE, HeldTable
 from byteps.common.job_report import ProcessReport, write_report
 from byteps.common.join_agreement import agree_after_join
 from byteps.common.options import DEFAULT_OPTIONS, PushPullOptions
@@ -224,6 +224,20 @@ class Worker:
                      held: HeldTable, average: bool = True) -> None:
         """Synchronous :meth:`table_update_async`."""
         self.table_update_async(ids, grads, table, num_rows, row_shape, held, average).wait()
+
+    def table_save(self, directory: str, table: str, num_rows: int, row_shape: Sequence[int],
+                   held: HeldTable) -> None:
+        """Every server writes its shard of the held table ``table`` (rows, optimizer state, settings) to
+        ``directory`` on its own file system, as ``held_table.shard_file`` names it. Call it on one rank, between
+        rounds (the rounds applied so far are saved)."""
+        self.sparse.control(SAVE, directory, table, num_rows, row_shape, held).wait()
+
+    def table_load(self, directory: str, table: str, num_rows: int, row_shape: Sequence[int],
+                   held: HeldTable) -> None:
+        """Every server replaces its shard of the held table ``table`` with the rows it owns among the shards
+        saved in ``directory`` by any number of servers (each reads them all). Call it on one rank, before the
+        others look the table up again (a barrier)."""
+        self.sparse.control(LOAD, directory, table, num_rows, row_shape, held).wait()
 
     def announce_layout(self, name: str, layout: str, set_id: int = 0) -> bool:
         """Tell the other ranks (of process set ``set_id``; 0: every rank), in a round of ``name`` that

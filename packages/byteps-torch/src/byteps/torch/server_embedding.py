@@ -26,6 +26,7 @@ from typing import Any, List, Optional, Tuple
 import numpy as np
 import torch
 
+from byteps.common import api
 from byteps.common.api import worker
 from byteps.common.held_table import HeldTable
 
@@ -81,6 +82,26 @@ class ServerEmbedding(torch.nn.Module):
         leaf.register_hook(lambda grad, unique=unique: self._gradient(unique, grad))
         picked = leaf[torch.from_numpy(inverse.reshape(-1)).to(ids.device)]
         return picked.view(*ids.shape, self.embedding_dim)
+
+    def save(self, directory: str) -> None:
+        """Every server writes its shard of the table (rows and optimizer state) to ``directory`` on its own
+        file system. Call it on every rank, between steps: rank 0 asks, after every rank's last round."""
+        self._on_rank_0(lambda: worker().table_save(directory, self.name, self.num_embeddings,
+                                                    (self.embedding_dim,), self.held))
+
+    def load(self, directory: str) -> None:
+        """The table as saved in ``directory``, by any number of servers. Call it on every rank."""
+        self._on_rank_0(lambda: worker().table_load(directory, self.name, self.num_embeddings,
+                                                    (self.embedding_dim,), self.held))
+
+    def _on_rank_0(self, call: Any) -> None:
+        self.flush()
+        api.barrier()
+        try:
+            if api.rank() == 0:
+                call()
+        finally:
+            api.barrier()
 
     def flush(self) -> None:
         """Wait until the servers have applied the last round's gradients (the next lookup sees them)."""

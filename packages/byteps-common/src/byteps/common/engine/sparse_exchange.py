@@ -94,7 +94,7 @@ class SparseExchange:
             round_ = task.round + shard.index
             self._lookups[(shard.key, round_)] = trip
             connection.send(Command.PULL, self.rank, shard.key, round_, payload=shard.payloads[0],
-                            dtype=int(task.table.dtype), flags=FLAG_LOOKUP)
+                            dtype=int(task.table.dtype), flags=FLAG_LOOKUP, aux=task.control)
             return WAIT
         self._in_flight[(shard.key, task.round)] = trip
         average = FLAG_AVERAGE if task.average else 0
@@ -114,6 +114,8 @@ class SparseExchange:
         if task.lookup:
             parts = [part for index in sorted(task.answers) for part in task.answers[index]]
             task.answers.clear()
+            if task.control:  # every server saved or loaded its shard: nothing to put together
+                return DONE
             ids = np.concatenate([part[0] for part in parts])
             asked = np.concatenate([shard.payloads[0] for shard in task.plan.partitions])
             order = np.argsort(ids, kind="stable")  # each server's rows ascending: in id order, then as asked

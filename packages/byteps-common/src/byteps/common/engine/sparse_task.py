@@ -100,6 +100,7 @@ class SparseTask:
     refusal: Optional[BaseException] = None  # refused on this rank: the engine only fails the round elsewhere
     lookup: bool = False  # a server-held table's rows looked up by id (each shard one PULL), outside its rounds
     inverse: Optional[np.ndarray] = None  # a lookup: where each id the caller gave is among the unique ones
+    control: int = 0  # a lookup that asks each server to save or load its shard (held_table.SAVE, LOAD)
     role: Role = Role.ALONE  # ALONE (one process per machine), ROOT (sums the machine's rows) or PEER
     mine: Optional[Tuple[np.ndarray, np.ndarray]] = None  # ROOT and PEER: this rank's rows, summed by id
     summed: bool = False  # ROOT: the machine's rows are summed and cut by server
@@ -258,6 +259,30 @@ class SparseTasks:
             handle = Handle(table.name, result)
         self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, ids.nbytes), handle,
                                result, lookup=True, inverse=inverse.reshape(-1)))
+        return handle
+
+    def control(self, op: int, directory: str, name: str, num_rows: Any, row_shape: Any, held: Any) -> Handle:
+        """Ask every server to save its shard of the held table ``name`` into ``directory`` (``op`` SAVE), or
+        to take its rows from the shards saved there by any number of servers (LOAD); the handle is done when
+        every server has. The directory is the servers' (a file system they share, or each its own)."""
+        import json  # noqa: PLC0415 -- only here
+
+        with self._lock:
+            table = self._table(name, held)
+            self._check_held(table, held)
+            if held is None:
+                raise ValueError(f"{table.describe()}: only a table held by the servers is saved or loaded there")
+            if table.num_rows == 0:
+                table.num_rows, table.row_shape, table.dtype = table_layout(num_rows, row_shape, DType.FLOAT32)
+            payload = np.frombuffer(json.dumps({"directory": str(directory), "servers": self.num_servers}).encode(),
+                                    np.uint8)
+            shards = [SparseShard(sparse_key(table.table_id, server), server, server, [payload])
+                      for server in range(self.num_servers)]
+            round_ = table.lookups
+            table.lookups += len(shards)
+            handle = Handle(table.name, None)
+        self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, 0), handle,
+                               lookup=True, control=op))
         return handle
 
     def _table(self, name: Any, held: Any) -> SparseTable:

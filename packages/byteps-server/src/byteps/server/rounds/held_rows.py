@@ -27,17 +27,21 @@ applied. Rows are kept in growing arrays indexed through a sorted id list
 
 from __future__ import annotations
 
+import glob
+import json
 import logging
-from typing import List, Optional, Tuple
+import os
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from byteps.common.dtypes import DType
-from byteps.common.held_table import HeldTable, initial_rows
-from byteps.common.row_sparse import encode_chunks
+from byteps.common.held_table import LOAD, LOOKUP, SAVE, HeldTable, initial_rows, shard_file
+from byteps.common.row_sparse import encode_chunks, server_of
 from byteps.server.rounds.key_state import KeyState, RoundServices
 from byteps.server.rounds.sparse_rows import SparseRowSum
 from byteps.transport import FLAG_AVERAGE, FLAG_LOOKUP, Command, Message
+from byteps.transport.frames import parse_json_payload
 
 __all__ = ["HeldRowStore", "HeldRows"]
 
@@ -108,6 +112,28 @@ class HeldRowStore:
         self.state = {name: grown(array) for name, array in self.state.items()}
         self.steps = grown(self.steps)
 
+    def export(self) -> Dict[str, np.ndarray]:
+        """Every row held, ascending by id, with its optimizer state: what a saved shard holds."""
+        slots = self.slots
+        return {"ids": self.ids.copy(), "rows": self.rows[slots], "steps": self.steps[slots],
+                **{f"state_{name}": array[slots] for name, array in self.state.items()}}
+
+    def replace(self, saved: Dict[str, np.ndarray]) -> None:
+        """Hold exactly the rows of ``saved`` (an :meth:`export`'s arrays, ids ascending), nothing else."""
+        count = len(saved["ids"])
+        self.count = 0
+        self.rows = np.empty((0, self.row_size), np.float32)
+        self.state = {name: np.empty((0, self.row_size), np.float32) for name in self._state_names()}
+        self.steps = np.empty(0, np.int64)
+        self._grow(count)
+        self.rows[:count] = saved["rows"]
+        self.steps[:count] = saved["steps"]
+        for name in self.state:
+            self.state[name][:count] = saved[f"state_{name}"]
+        self.count = count
+        self.ids = np.ascontiguousarray(saved["ids"], dtype=np.int64)
+        self.slots = np.arange(count, dtype=np.int64)
+
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """A copy of the rows ``ids`` (unique, ascending) as they are now."""
         slots = self.slots_of(ids)  # first: it may grow the arrays
@@ -158,18 +184,26 @@ class HeldRows(SparseRowSum):
         self.store.apply(union, grads)
         return [None]
 
-    # --- lookups --------------------------------------------------------------------------
+    # --- lookups, saving and loading -------------------------------------------------------
     def pull(self, message: Message) -> None:
         header = message.header
         if not header.flags & FLAG_LOOKUP:
             super().pull(message)
             return
         try:
-            ids = self._lookup_ids(message)
-            rows = self.store.lookup(ids).reshape((len(ids), *self.row_shape))
-            payloads = encode_chunks(ids, rows, self.services.max_payload_bytes,
-                                     f"lookup of {self.spec.describe()}")
-        except ValueError as exc:  # the asker alone fails (its ERROR flagged, so that no round takes it)
+            if header.aux == LOOKUP:
+                ids = self._lookup_ids(message)
+                rows = self.store.lookup(ids).reshape((len(ids), *self.row_shape))
+                payloads = encode_chunks(ids, rows, self.services.max_payload_bytes,
+                                         f"lookup of {self.spec.describe()}")
+            elif header.aux in (SAVE, LOAD):
+                request = parse_json_payload(message.payload if message.payload is not None else b"")
+                (self._save if header.aux == SAVE else self._load)(str(request["directory"]),
+                                                                   int(request["servers"]))
+                payloads = [None]
+            else:
+                raise ValueError(f"worker {header.sender}: unknown request {header.aux} (aux) of a lookup")
+        except (ValueError, OSError, KeyError, TypeError) as exc:  # the asker alone fails (ERROR flagged)
             log.error("refused a lookup of key %d from worker %d: %s", self.key, header.sender, exc)
             self.send(Command.ERROR, self.rank, self.key, header.round, payload=str(exc).encode(),
                       flags=FLAG_LOOKUP, identity=message.identity)
@@ -177,6 +211,43 @@ class HeldRows(SparseRowSum):
         for payload in payloads:
             self.send(Command.PULL_RESPONSE, self.rank, self.key, header.round, payload=payload,
                       dtype=self.spec.dtype, flags=FLAG_LOOKUP, aux=len(payloads), identity=message.identity)
+
+    def _save(self, directory: str, servers: int) -> None:
+        """This server's shard to ``directory`` (written aside, then renamed: a reader never sees half)."""
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, shard_file(self.spec.name, self.rank, servers))
+        partial = path + ".partial.npz"
+        np.savez(partial, held=np.array(json.dumps(self.held.wire())), num_rows=np.array(self.num_rows),
+                 row_shape=np.array(self.row_shape, np.int64), **self.store.export())
+        os.replace(partial, path)
+        log.info("saved %d rows of %s to %s", self.store.count, self.spec.describe(), path)
+
+    def _load(self, directory: str, servers: int) -> None:
+        """The rows this server owns (of ``servers``) among every shard saved in ``directory``, whatever the
+        number of servers that saved them, in place of the rows it holds."""
+        pattern = os.path.join(directory, shard_file(self.spec.name, 0, 0).replace(".server0-of-0.npz", ""))
+        found = sorted(path for path in glob.glob(glob.escape(pattern) + ".server*-of-*.npz")
+                       if not path.endswith(".partial.npz"))
+        counts = {int(path.rsplit("-of-", 1)[1][:-4]) for path in found}
+        if len(counts) != 1 or len(found) != next(iter(counts)):
+            saved_by = f" saved by {sorted(counts)} servers" if counts else ""
+            raise ValueError(f"load of {self.spec.describe()}: {directory} holds {len(found)} shard file(s) of "
+                             f"it{saved_by}; one whole save expected")
+        parts: Dict[str, List[np.ndarray]] = {}
+        for path in found:
+            with np.load(path) as saved:
+                if json.loads(str(saved["held"])) != self.held.wire() or int(saved["num_rows"]) != self.num_rows \
+                        or tuple(saved["row_shape"]) != tuple(self.row_shape):
+                    raise ValueError(f"load of {self.spec.describe()}: {path} was saved from a table with other "
+                                     "rows, row shape or optimizer")
+                mine = server_of(saved["ids"], servers) == self.rank
+                for field in saved.files:
+                    if field not in ("held", "num_rows", "row_shape"):
+                        parts.setdefault(field, []).append(saved[field][mine])
+        merged = {field: np.concatenate(arrays) for field, arrays in parts.items()}
+        order = np.argsort(merged["ids"], kind="stable")
+        self.store.replace({field: array[order] for field, array in merged.items()})
+        log.info("loaded %d rows of %s from %s", self.store.count, self.spec.describe(), directory)
 
     def _lookup_ids(self, message: Message) -> np.ndarray:
         data = message.payload
