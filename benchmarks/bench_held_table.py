@@ -32,20 +32,11 @@ def rss_mb(pid: str = "self") -> float:
 
 
 def servers_rss_mb() -> list:
-    """Resident memory of this job's servers (DMLC_ROLE=server with the scheduler port of this job)."""
-    port = os.environ["DMLC_PS_ROOT_PORT"].encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as environ:
-                variables = environ.read().split(b"\0")
-        except OSError:
-            continue
-        if b"DMLC_ROLE=server" in variables and b"DMLC_PS_ROOT_PORT=" + port in variables:
-            found.append(rss_mb(entry))
-    return found
+    """Resident memory of this job's servers (DMLC_ROLE=server with this job's scheduler port)."""
+    from byteps.testkit import processes_with_variable, variable_of
+
+    pids = processes_with_variable("DMLC_PS_ROOT_PORT", os.environ["DMLC_PS_ROOT_PORT"])
+    return [rss_mb(str(pid)) for pid in pids if variable_of(pid, "DMLC_ROLE") == "server"]
 
 
 def worker(args: argparse.Namespace) -> None:
