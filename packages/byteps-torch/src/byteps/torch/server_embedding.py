@@ -13,15 +13,17 @@ servers, the first time anyone touches them. Example::
     loss.backward()                       # the rows' gradients go to the servers
     optimizer.step()                      # the dense parameters (DistributedOptimizer)
 
-Every rank's training step must run the table's forward and backward (a
-round waits for every worker); the next forward waits for the servers to
-have applied the last round. ``eval()`` or ``torch.no_grad()`` lookups
-push nothing and may run on one rank alone.
+Each backward that reaches a lookup's rows is one round of the table, so
+every rank must do as many per step (one forward and one backward
+through the table, typically; a round waits for every worker). A forward
+whose result no backward reaches pushes nothing. The next forward waits
+for the servers to have applied the last round. ``eval()`` or
+``torch.no_grad()`` lookups push nothing and may run on one rank alone.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 import torch
@@ -57,8 +59,6 @@ class ServerEmbedding(torch.nn.Module):
         self.num_embeddings, self.embedding_dim, self.name, self.average = num_embeddings, embedding_dim, name, average
         self.held = HeldTable(optimizer=optimizer, lr=lr, seed=seed, init_std=init_std, eps=eps, betas=betas,
                               initial_accumulator=initial_accumulator)
-        self._grads: List[Tuple[np.ndarray, torch.Tensor]] = []  # this step's rows' gradients, as they come
-        self._waiting = 0  # lookups of this step whose gradients have not come yet
         self._update: Any = None  # the last round's update in flight
 
     def extra_repr(self) -> str:
@@ -78,7 +78,6 @@ class ServerEmbedding(torch.nn.Module):
         unique, inverse = np.unique(self._ids(ids), return_inverse=True)
         rows = worker().table_lookup(unique, self.name, self.num_embeddings, (self.embedding_dim,), self.held)
         leaf = torch.from_numpy(rows).to(ids.device).requires_grad_(True)
-        self._waiting += 1
         leaf.register_hook(lambda grad, unique=unique: self._gradient(unique, grad))
         picked = leaf[torch.from_numpy(inverse.reshape(-1)).to(ids.device)]
         return picked.view(*ids.shape, self.embedding_dim)
@@ -116,13 +115,8 @@ class ServerEmbedding(torch.nn.Module):
         return ids.detach().reshape(-1).to("cpu", torch.int64).numpy()
 
     def _gradient(self, unique: np.ndarray, grad: torch.Tensor) -> None:
-        """One lookup's rows' gradient (autograd's hook); the last of the step's sends the round."""
-        self._grads.append((unique, grad.detach().to("cpu", torch.float32)))
-        self._waiting -= 1
-        if self._waiting:
-            return
-        grads, self._grads = self._grads, []
-        ids = np.concatenate([g[0] for g in grads])
-        rows = torch.cat([g[1] for g in grads]).contiguous().numpy()
-        self._update = worker().table_update_async(ids, rows, self.name, self.num_embeddings,
+        """A lookup's rows' gradient (autograd's hook): one round of the table, after the one before it."""
+        rows = grad.detach().to("cpu", torch.float32).contiguous().numpy()
+        self.flush()
+        self._update = worker().table_update_async(unique, rows, self.name, self.num_embeddings,
                                                    (self.embedding_dim,), self.held, self.average)
