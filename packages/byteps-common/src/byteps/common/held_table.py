@@ -20,12 +20,14 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import glob
 import math
 from typing import Any, Dict, Tuple
 
 import numpy as np
 
-__all__ = ["HeldTable", "OPTIMIZERS", "initial_rows", "LOOKUP", "SAVE", "LOAD", "shard_file", "SHARD_PATTERN"]
+__all__ = ["HeldTable", "OPTIMIZERS", "initial_rows", "LOOKUP", "SAVE", "LOAD", "shard_file", "shard_glob",
+           "SHARD_PATTERN"]
 
 #: What a PULL flagged FLAG_LOOKUP asks, in its header's ``aux``: the rows of the ids in its payload; or to
 #: save the server's shard, or load the table's saved shards, in the directory its JSON payload names.
@@ -36,8 +38,16 @@ SHARD_PATTERN = "{table}.server{server}-of-{servers}.npz"
 
 def shard_file(table: str, server: int, servers: int) -> str:
     """The file server ``server`` of ``servers`` saves its shard of ``table`` to (a name without ``/``)."""
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in table)
-    return SHARD_PATTERN.format(table=safe, server=server, servers=servers)
+    return SHARD_PATTERN.format(table=_file_safe(table), server=server, servers=servers)
+
+
+def shard_glob(table: str) -> str:
+    """A glob of every shard file of ``table``, saved by any number of servers."""
+    return SHARD_PATTERN.format(table=glob.escape(_file_safe(table)), server="*", servers="*")
+
+
+def _file_safe(table: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in table)
 
 #: The optimizers a server applies per row: plain SGD, Adagrad, and Adam in its lazy (sparse) form, where
 #: a row's moments and step count move only in the rounds that touch the row.

@@ -200,6 +200,18 @@ class SparseTable:
     def same_layout(self, num_rows: int, row_shape: Tuple[int, ...], dtype: DType) -> bool:
         return (self.num_rows, self.row_shape, self.dtype) == (num_rows, row_shape, dtype)
 
+    def check_ids(self, ids: Any) -> np.ndarray:
+        """``ids`` as int64, or ValueError saying what is wrong (not 1-D integers, or outside the table)."""
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise ValueError(f"{self.describe()}: row ids must be a 1-D integer array, not {ids.dtype} of "
+                             f"shape {ids.shape}")
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.num_rows):
+            bad = ids[(ids < 0) | (ids >= self.num_rows)]
+            raise ValueError(f"{self.describe()}: row ids must lie in [0, {self.num_rows}); got "
+                             f"{_sample(bad)}")
+        return ids.astype(np.int64, copy=False)
+
     def check(self, ids: Any, rows: Any) -> Tuple[np.ndarray, np.ndarray]:
         """``ids`` as int64 and ``rows`` as a C-contiguous array, or ValueError saying what is wrong."""
         ids, rows = np.asarray(ids), np.asarray(rows)
@@ -212,11 +224,7 @@ class SparseTable:
         if rows.shape != (len(ids), *self.row_shape):
             raise ValueError(f"{self.describe()}: rows of shape {rows.shape} for {len(ids)} ids; expected "
                              f"{(len(ids), *self.row_shape)}")
-        if len(ids) and (ids.min() < 0 or ids.max() >= self.num_rows):
-            bad = ids[(ids < 0) | (ids >= self.num_rows)]
-            raise ValueError(f"{self.describe()}: row ids must lie in [0, {self.num_rows}); got "
-                             f"{_sample(bad)}")
-        return ids.astype(np.int64, copy=False), np.ascontiguousarray(rows)
+        return self.check_ids(ids), np.ascontiguousarray(rows)
 
 
 def table_layout(num_rows: Any, row_shape: Any, dtype: Any) -> Tuple[int, Tuple[int, ...], DType]:

@@ -194,12 +194,11 @@ class Worker:
     def table_lookup_async(self, ids: Any, table: str, num_rows: int, row_shape: Sequence[int],
                            held: HeldTable) -> Handle:
         """Start looking up rows ``ids`` (any order, repeats allowed) of the table ``table`` held by the
-        servers (docs/sparse.md, "Tables held by the servers"); the handle's ``wait()`` returns them, float32
-        of shape ``(len(ids), *row_shape)``. Rows never touched start as
+        servers (docs/sparse.md, "Tables held by the servers"); the handle's ``wait()`` returns a
+        :class:`~byteps.common.row_sparse.SparseRows` of ``ids`` and their rows, float32 of shape
+        ``(len(ids), *row_shape)`` (:meth:`table_lookup`: the rows). Rows never touched start as
         :func:`~byteps.common.held_table.initial_rows` makes them. Every rank declares the table alike
-        (``num_rows``, ``row_shape``, ``held``); ValueError on this rank for bad input. (``wait()`` gives a
-        :class:`~byteps.common.row_sparse.SparseRows` of ``ids`` and their rows; :meth:`table_lookup` the
-        rows.)::
+        (``num_rows``, ``row_shape``, ``held``); ValueError on this rank for bad input::
 
             held = HeldTable(optimizer="adagrad", lr=0.05, seed=1)
             rows = worker.table_lookup(np.array([7, 3, 7]), "emb", 10_000_000, (16,), held)

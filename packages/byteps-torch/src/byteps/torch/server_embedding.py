@@ -66,21 +66,24 @@ class ServerEmbedding(torch.nn.Module):
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows ``ids`` as the servers hold them now (after the last round), without a gradient."""
-        self.flush()
-        flat = self._ids(ids)
-        rows = worker().table_lookup(flat, self.name, self.num_embeddings, (self.embedding_dim,), self.held)
-        return torch.from_numpy(rows).to(ids.device).view(*ids.shape, self.embedding_dim)
+        _, rows = self._fetch(ids)
+        return rows.view(*ids.shape, self.embedding_dim)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if not (torch.is_grad_enabled() and self.training):
             return self.lookup(ids)
+        flat, rows = self._fetch(ids)
+        leaf = rows.requires_grad_(True)  # a row per id given: the update sums the rows of one id
+        leaf.register_hook(lambda grad, flat=flat: self._gradient(flat, grad))
+        return leaf.view(*ids.shape, self.embedding_dim)
+
+    def _fetch(self, ids: torch.Tensor) -> Tuple[np.ndarray, torch.Tensor]:
+        """The ids given, flat, and their rows (a row per id, repeats included) on the ids' device, once the
+        last round is applied."""
         self.flush()
-        unique, inverse = np.unique(self._ids(ids), return_inverse=True)
-        rows = worker().table_lookup(unique, self.name, self.num_embeddings, (self.embedding_dim,), self.held)
-        leaf = torch.from_numpy(rows).to(ids.device).requires_grad_(True)
-        leaf.register_hook(lambda grad, unique=unique: self._gradient(unique, grad))
-        picked = leaf[torch.from_numpy(inverse.reshape(-1)).to(ids.device)]
-        return picked.view(*ids.shape, self.embedding_dim)
+        flat = self._ids(ids)
+        rows = worker().table_lookup(flat, self.name, self.num_embeddings, (self.embedding_dim,), self.held)
+        return flat, torch.from_numpy(rows).to(ids.device)
 
     def save(self, directory: str) -> None:
         """Every server writes its shard of the table (rows and optimizer state) to ``directory`` on its own
@@ -114,9 +117,9 @@ class ServerEmbedding(torch.nn.Module):
                              f"{getattr(ids, 'dtype', type(ids).__name__)}")
         return ids.detach().reshape(-1).to("cpu", torch.int64).numpy()
 
-    def _gradient(self, unique: np.ndarray, grad: torch.Tensor) -> None:
+    def _gradient(self, ids: np.ndarray, grad: torch.Tensor) -> None:
         """A lookup's rows' gradient (autograd's hook): one round of the table, after the one before it."""
         rows = grad.detach().to("cpu", torch.float32).contiguous().numpy()
         self.flush()
-        self._update = worker().table_update_async(unique, rows, self.name, self.num_embeddings,
+        self._update = worker().table_update_async(ids, rows, self.name, self.num_embeddings,
                                                    (self.embedding_dim,), self.held, self.average)

@@ -25,6 +25,7 @@ it instead of waiting for this rank's push.
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import zlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -228,23 +229,9 @@ class SparseTasks:
         Each process asks the servers itself, for each row once, outside the table's rounds; ValueError on this
         rank alone for bad input."""
         with self._lock:
-            table = self._table(name, held)
-            self._check_held(table, held)
-            if table.num_rows == 0:
-                table.num_rows, table.row_shape, table.dtype = table_layout(num_rows, row_shape, DType.FLOAT32)
-            elif not table.same_layout(*table_layout(num_rows, row_shape, DType.FLOAT32)):
-                raise ValueError(f"lookup of {table.describe()} with {num_rows} rows of shape {row_shape}: a table "
-                                 "keeps its rows and row shape")
-            ids = np.asarray(ids)
-            if ids.ndim != 1 or ids.dtype.kind not in "iu":
-                raise ValueError(f"{table.describe()}: row ids must be a 1-D integer array, not {ids.dtype} of "
-                                 f"shape {ids.shape}")
-            asked = ids.astype(np.int64, copy=False)
+            table = self._held_table(name, num_rows, row_shape, held)
+            asked = table.check_ids(ids)
             ids, inverse = np.unique(asked, return_inverse=True)
-            if len(ids) and (ids[0] < 0 or ids[-1] >= table.num_rows):
-                bad = ids[(ids < 0) | (ids >= table.num_rows)]
-                raise ValueError(f"{table.describe()}: row ids must lie in [0, {table.num_rows}); got "
-                                 f"{bad[:5].tolist()}{' ...' if len(bad) > 5 else ''}")
             owners = server_of(ids, self.num_servers)
             per_message = max(self.max_payload_bytes // 8, 1) if self.max_payload_bytes else max(len(ids), 1)
             shards = []
@@ -253,36 +240,44 @@ class SparseTasks:
                 for start in range(0, max(len(mine), 1), per_message):
                     shards.append(SparseShard(sparse_key(table.table_id, server), len(shards), server,
                                               [mine[start:start + per_message]]))
-            round_ = table.lookups
-            table.lookups += len(shards)  # one round number per message: a server may get several
-            result = SparseRows(asked, np.empty((0, *table.row_shape), np.float32))
-            handle = Handle(table.name, result)
-        self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, ids.nbytes), handle,
-                               result, lookup=True, inverse=inverse.reshape(-1)))
-        return handle
+        result = SparseRows(asked, np.empty((0, *table.row_shape), np.float32))
+        return self._ask(table, shards, ids.nbytes, result, inverse=inverse.reshape(-1))
 
     def control(self, op: int, directory: str, name: str, num_rows: Any, row_shape: Any, held: Any) -> Handle:
         """Ask every server to save its shard of the held table ``name`` into ``directory`` (``op`` SAVE), or
         to take its rows from the shards saved there by any number of servers (LOAD); the handle is done when
         every server has. The directory is the servers' (a file system they share, or each its own)."""
-        import json  # noqa: PLC0415 -- only here
-
+        if held is None:
+            raise ValueError(f"table {name!r}: only a table held by the servers is saved or loaded there")
         with self._lock:
-            table = self._table(name, held)
-            self._check_held(table, held)
-            if held is None:
-                raise ValueError(f"{table.describe()}: only a table held by the servers is saved or loaded there")
-            if table.num_rows == 0:
-                table.num_rows, table.row_shape, table.dtype = table_layout(num_rows, row_shape, DType.FLOAT32)
+            table = self._held_table(name, num_rows, row_shape, held)
             payload = np.frombuffer(json.dumps({"directory": str(directory), "servers": self.num_servers}).encode(),
                                     np.uint8)
             shards = [SparseShard(sparse_key(table.table_id, server), server, server, [payload])
                       for server in range(self.num_servers)]
+        return self._ask(table, shards, 0, None, control=op)
+
+    def _held_table(self, name: Any, num_rows: Any, row_shape: Any, held: Any) -> SparseTable:
+        """The held table ``name`` declared with this layout (at its first use) or checked against it."""
+        table = self._table(name, held)
+        self._check_held(table, held)
+        layout = table_layout(num_rows, row_shape, DType.FLOAT32)
+        if table.num_rows == 0:
+            table.num_rows, table.row_shape, table.dtype = layout
+        elif not table.same_layout(*layout):
+            raise ValueError(f"{table.describe()} used with {num_rows} rows of shape {row_shape}: a table keeps its "
+                             "rows and row shape")
+        return table
+
+    def _ask(self, table: SparseTable, shards: List[SparseShard], nbytes: int, result: Any, **kind: Any) -> Handle:
+        """Submit a request of ``table``'s servers outside its rounds (a lookup, a save, a load), one message per
+        shard, each with a round number of the table's lookups (a server may get several)."""
+        with self._lock:
             round_ = table.lookups
             table.lookups += len(shards)
-            handle = Handle(table.name, None)
-        self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, 0), handle,
-                               lookup=True, control=op))
+        handle = Handle(table.name, result)
+        self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, nbytes), handle,
+                               result, lookup=True, **kind))
         return handle
 
     def _table(self, name: Any, held: Any) -> SparseTable:

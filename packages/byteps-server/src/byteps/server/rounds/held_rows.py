@@ -36,7 +36,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from byteps.common.dtypes import DType
-from byteps.common.held_table import LOAD, LOOKUP, SAVE, HeldTable, initial_rows, shard_file
+from byteps.common.held_table import LOAD, LOOKUP, SAVE, HeldTable, initial_rows, shard_file, shard_glob
 from byteps.common.row_sparse import encode_chunks, server_of
 from byteps.server.rounds.key_state import KeyState, RoundServices
 from byteps.server.rounds.sparse_rows import SparseRowSum
@@ -225,8 +225,7 @@ class HeldRows(SparseRowSum):
     def _load(self, directory: str, servers: int) -> None:
         """The rows this server owns (of ``servers``) among every shard saved in ``directory``, whatever the
         number of servers that saved them, in place of the rows it holds."""
-        pattern = os.path.join(directory, shard_file(self.spec.name, 0, 0).replace(".server0-of-0.npz", ""))
-        found = sorted(path for path in glob.glob(glob.escape(pattern) + ".server*-of-*.npz")
+        found = sorted(path for path in glob.glob(os.path.join(glob.escape(directory), shard_glob(self.spec.name)))
                        if not path.endswith(".partial.npz"))
         counts = {int(path.rsplit("-of-", 1)[1][:-4]) for path in found}
         if len(counts) != 1 or len(found) != next(iter(counts)):
@@ -256,7 +255,8 @@ class HeldRows(SparseRowSum):
             raise ValueError(f"worker {message.header.sender}: a lookup of {self.spec.describe()} carries "
                              f"{raw.nbytes} bytes, not whole int64 ids")
         ids = raw.view(_ID)
-        if len(ids) and (ids[0] < 0 or ids[-1] >= self.num_rows or not np.all(ids[1:] > ids[:-1])):
-            raise ValueError(f"worker {message.header.sender}: row ids looked up in {self.spec.describe()} must "
-                             f"be unique, ascending and within [0, {self.num_rows})")
+        try:
+            self._check_ids(ids, "looked up in")
+        except ValueError as exc:
+            raise ValueError(f"worker {message.header.sender}: {exc}") from None
         return ids

@@ -156,12 +156,17 @@ class SparseRowSum:
     def _records(self, message: Message) -> Tuple[np.ndarray, np.ndarray]:
         """The push's ids and rows (views of its payload), checked."""
         ids, rows = decode(message.payload, self.row_shape, self.dtype)
+        self._check_ids(ids, "pushed for")
+        return ids, rows
+
+    def _check_ids(self, ids: np.ndarray, how: str) -> None:
+        """ValueError unless ``ids`` (``how`` this table: "pushed for", "looked up in") are ascending, unique
+        and within the table."""
         if len(ids):
             if ids[0] < 0 or ids[-1] >= self.num_rows:
-                raise ValueError(f"row ids outside [0, {self.num_rows}) pushed for {self.spec.describe()}")
+                raise ValueError(f"row ids outside [0, {self.num_rows}) {how} {self.spec.describe()}")
             if len(ids) > 1 and not np.all(ids[1:] > ids[:-1]):
-                raise ValueError(f"row ids pushed for {self.spec.describe()} are not unique and ascending")
-        return ids, rows
+                raise ValueError(f"row ids {how} {self.spec.describe()} are not unique and ascending")
 
     def _fail_open_round(self, text: str) -> NoReturn:
         """The open round cannot be summed: every machine that pushed it gets ``text``, and so will those that
