@@ -82,6 +82,7 @@ from byteps.mxnet.ops import (  # noqa: E402
     grouped_allreduce_,
 )
 from byteps.mxnet.optimizer import DistributedOptimizer  # noqa: E402
+from byteps.mxnet.server_embedding import ServerEmbedding  # noqa: E402
 from byteps.mxnet.trainer import DistributedTrainer  # noqa: E402
 
 #: This package's interface, for packages built on it (byteps.common.interface).
@@ -98,6 +99,8 @@ __all__ = [
     "allgather_object", "broadcast_object",
     # BytePS names
     "byteps_declare_tensor", "byteps_push_pull", "DistributedTrainer",
+    # a table held by the servers (docs/sparse.md)
+    "ServerEmbedding",
     # Horovod names
     "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_", "broadcast", "broadcast_",
     "broadcast_parameters", "DistributedOptimizer",
