@@ -1,7 +1,8 @@
 """Worker of test_held_tables.py: a table held by the servers, looked up and updated, checked against numpy.
 
 Usage: python held_worker.py train ROUNDS OPTIMIZER | python held_worker.py bad CASE |
-       python held_worker.py save DIR ROUNDS AT | python held_worker.py resume DIR ROUNDS AT
+       python held_worker.py save DIR ROUNDS AT | python held_worker.py resume DIR ROUNDS AT |
+       python held_worker.py async ROUNDS [STALENESS]
 
 ``train``: every round each rank looks up random ids of the table (repeats
 included, some ranks none), checks the rows against a reference table kept
@@ -19,12 +20,22 @@ keeps the whole reference. Prints ``HELD OK rank R``.
 rank 0, with any number of servers), then rounds AT to ROUNDS. Both print
 ``FINAL <rows>`` on rank 0: the rows of every id the batches touched,
 which must be the same (rows and Adam's per-row state both restored).
+
+``async`` (BYTEPS_ENABLE_ASYNC=1): ROUNDS SGD rounds, the last rank
+slower than the others; each rank also steps a marker row of its own by
+1 every round, so a marker's row tells how many of its rank's pushes were
+applied. With STALENESS s (BYTEPS_ASYNC_MAX_STALENESS), after each update
+every rank checks that every rank's pushes up to s rounds behind its own
+were applied. At the end every row must hold every rank's every gradient
+once, not averaged. Prints ``ASYNC OK rank R lag L`` (L: the largest lag
+seen).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 import zlib
 from typing import Dict, Tuple
 
@@ -125,6 +136,45 @@ def save_or_resume(mode: str, directory: str, rounds: int, at: int) -> None:
     print(f"HELD OK rank {me}", flush=True)
 
 
+def asynchronous(rounds: int, staleness: int) -> None:
+    me, n = bps.rank(), bps.size()
+    held = HELD["sgd"]
+    markers = np.arange(NUM_ROWS - n, NUM_ROWS)  # rank k steps row NUM_ROWS - n + k by 1 every round
+    start = initial_rows(held, markers, 6).reshape(n, 6)[:, 0].astype(np.float64)
+    lag = 0
+
+    def rows_of(rank: int, round_: int) -> Tuple[np.ndarray, np.ndarray]:  # the batch, without the markers
+        ids, grads = batch(rank, round_)
+        return ids[ids < markers[0]], grads[ids < markers[0]]
+
+    for round_ in range(rounds):
+        if me == n - 1:
+            time.sleep(0.03)  # the straggler
+        ids, grads = rows_of(me, round_)
+        worker().table_lookup(ids, "emb.async", NUM_ROWS, ROW, held)
+        ids = np.concatenate([ids, markers[me:me + 1]])
+        grads = np.concatenate([grads, np.ones((1, *ROW), np.float32)])
+        worker().table_update_async(ids, grads, "emb.async", NUM_ROWS, ROW, held).wait(WAIT_S)
+        seen = worker().table_lookup(markers, "emb.async", NUM_ROWS, ROW, held).reshape(n, 6)[:, 0]
+        applied = np.rint((start - seen) / held.lr).astype(int)  # each rank's pushes applied so far
+        assert applied[me] == round_ + 1, (me, round_, applied)
+        lag = max(lag, round_ + 1 - int(applied.min()))
+        if staleness >= 0:
+            assert round_ + 1 - applied.min() <= staleness, f"rank {me} round {round_}: pushes applied {applied}"
+    bps.barrier()  # every rank's pushes answered, hence applied
+    touched = np.unique(np.concatenate([rows_of(rank, r)[0] for rank in range(n) for r in range(rounds)]))
+    want = {i: initial_rows(held, np.array([i]), 6)[0].astype(np.float64) for i in touched.tolist()}
+    for rank in range(n):
+        for r in range(rounds):
+            their_ids, their_grads = rows_of(rank, r)
+            for i, g in zip(their_ids.tolist(), their_grads.reshape(len(their_ids), 6).astype(np.float64)):
+                want[i] -= held.lr * g  # each push once, every worker's own step: nothing averaged
+    rows = worker().table_lookup(touched, "emb.async", NUM_ROWS, ROW, held).reshape(len(touched), 6)
+    np.testing.assert_allclose(rows, np.array([want[i] for i in touched.tolist()]), rtol=1e-4, atol=1e-4,
+                               err_msg=f"rank {me}")
+    print(f"ASYNC OK rank {me} lag {lag}", flush=True)
+
+
 def bad(case: str) -> None:
     me = bps.rank()
     held = HELD["sgd"]
@@ -171,6 +221,8 @@ def main() -> None:
     try:
         if sys.argv[1] == "train":
             train(int(sys.argv[2]), sys.argv[3])
+        elif sys.argv[1] == "async":
+            asynchronous(int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else -1)
         elif sys.argv[1] in ("save", "resume"):
             save_or_resume(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
         else:

@@ -37,6 +37,8 @@ READ_ELSEWHERE = {
     "BYTEPS_ELASTIC_RENDEZVOUS": "packages/byteps-common/src/byteps/common/elastic/membership.py",
     "BYTEPS_ELASTIC_KEY": "packages/byteps-common/src/byteps/common/elastic/membership.py",
     "BYTEPS_LOST_NODE_FILE": "packages/byteps-server/src/byteps/server/cli.py",
+    # Elastic jobs' server-held tables: where a commit has the servers save them (read at the commit).
+    "BYTEPS_HELD_TABLE_DIR": "packages/byteps-common/src/byteps/common/elastic/held_tables.py",
 }
 
 # A read of one of our variables from an environment mapping: environ.get("X"), env["X"], getenv("X").

@@ -52,6 +52,23 @@ def test_a_saved_table_resumes_on_another_number_of_servers(tmp_path):
     assert broken.codes["worker0"] != 0 and "one whole save expected" in broken.outputs["worker0"], broken.failures()
 
 
+def test_an_asynchronous_held_table_applies_every_push_once_on_arrival():
+    """BYTEPS_ENABLE_ASYNC=1: each process's update is stepped when it arrives (a slow rank holds nobody back)
+    and every push exactly once, not averaged; 2 workers, and 2 machines of 2 processes (each pushing its own)."""
+    for local_size in (1, 2):
+        result = run_job([*WORKER, "async", "12"], 2, 2, local_size=local_size, timeout=90,
+                         env={"BYTEPS_ENABLE_ASYNC": "1"})
+        result.assert_workers_printed("ASYNC OK", 2 * local_size)
+
+
+def test_an_asynchronous_held_table_keeps_its_staleness_bound():
+    """BYTEPS_ASYNC_MAX_STALENESS=1: a fast rank's update is answered only once the slow rank is at most one
+    round behind (checked on every rank after every update through each rank's marker row)."""
+    result = run_job([*WORKER, "async", "10", "1"], 3, 2, timeout=90,
+                     env={"BYTEPS_ENABLE_ASYNC": "1", "BYTEPS_ASYNC_MAX_STALENESS": "1"})
+    result.assert_workers_printed("ASYNC OK", 3)
+
+
 @pytest.mark.parametrize("case", ["out_of_range", "disagree", "held_then_not"])
 def test_bad_calls_on_a_held_table_fail_and_the_servers_go_on(case):
     result = run_job([*WORKER, "bad", case], 2, 2, timeout=60)

@@ -17,12 +17,14 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from byteps.testkit import LAUNCHER, DiscoveryScript, WatchedJob, children_with_variable, clean_env, wait_until_dead
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "elastic_worker.py")
+HELD_WORKER = os.path.join(HERE, "elastic_held_worker.py")
 STEPS = 12
 
 
@@ -153,6 +155,42 @@ def test_a_killed_server_or_scheduler_is_replaced_and_nothing_is_lost_or_counted
     assert_each_step_once(records, resumed_at)
     # The same two workers throughout: exactly the undisturbed job's numbers.
     assert final_x(output, 0) == final_x(output, 1) == replay([2] * STEPS)
+    assert wait_until_dead(pids, timeout=10) == []
+
+
+@pytest.mark.parametrize("role", ["server", "worker"])
+def test_a_held_table_comes_back_from_the_last_commit_after_a_loss(role):
+    """A table held by the servers (docs/sparse.md) is saved at every commit. A server killed mid-training takes
+    its rows with it, a worker killed mid-step leaves its round half pushed; either way the next epoch's fresh
+    servers load the last commit's save, and the job ends with exactly the rows of a numpy replay of the steps it
+    committed (with each step's job size), where fresh servers alone would have started the table over."""
+    sys.path.insert(0, HERE)
+    from elastic_held_worker import HELD, step_rows
+
+    from byteps.common.held_table import initial_rows
+
+    workers = 2 if role == "server" else 3
+    with WatchedJob(["-np", str(workers), "--min-np", "2", "--servers", "2"], HELD_WORKER, [str(STEPS), "0.2"]) as job:
+        job.wait_for(r"^\[worker 1\] step 4 ")
+        pids = job_pids(job)
+        victim = children_with_variable(job.process.pid, "DMLC_ROLE", "server")[1] if role == "server" else \
+            job.child_pid("BYTEPS_ELASTIC_WORKER", f"w{workers - 1}")
+        os.kill(victim, signal.SIGKILL)
+        resumed_at = int(job.wait_for(r"^\[worker 0\] joined 1 rank 0 of 2 at step (\d+)", timeout=60).group(1))
+        result = job.finish(timeout=120)
+    output = result.stdout
+    assert result.returncode == 0, output[-6000:]
+    assert resumed_at >= 4, output[-6000:]  # the table had been trained and committed before the loss
+    sizes = {int(s): int(n) for s, n in re.findall(r"^\[worker 0\] step (\d+) size (\d+)$", output, re.M)}
+    assert sorted(sizes) == list(range(1, STEPS + 1)), output[-6000:]
+    rows = initial_rows(HELD, np.arange(50), 4).astype(np.float64)
+    for step in range(1, STEPS + 1):
+        for rank in range(sizes[step]):
+            ids, grads = step_rows(step, rank)
+            rows[ids] -= HELD.lr * grads / sizes[step]
+    final = re.search(r"^\[worker 0\] final (.*)$", output, re.M)
+    assert final, output[-6000:]
+    np.testing.assert_allclose(np.array(json.loads(final.group(1))).reshape(50, 4), rows, rtol=1e-5, atol=1e-6)
     assert wait_until_dead(pids, timeout=10) == []
 
 

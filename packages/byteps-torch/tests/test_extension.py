@@ -211,7 +211,7 @@ def test_byteps_common_interface_mismatch_is_an_import_error():
     result = run_python("import byteps.common; byteps.common.INTERFACE_VERSION = (4, 0)\nimport byteps.torch")
     assert result.returncode != 0
     assert "InterfaceVersionError" in result.stderr and "byteps-torch" in result.stderr
-    assert "byteps-common" in result.stderr and "(>= 3.5)" in result.stderr, result.stderr
+    assert "byteps-common" in result.stderr and "(>= 3.6)" in result.stderr, result.stderr
 
 
 def test_interface_version_and_namespace():

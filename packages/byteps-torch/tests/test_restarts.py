@@ -19,10 +19,13 @@ def weights(result):
     return json.loads(line[len("WEIGHTS "):])
 
 
-def test_a_restarted_job_ends_with_the_weights_of_an_undisturbed_one(tmp_path):
-    undisturbed = launch_job(LAYOUT, SCRIPT, [str(tmp_path / "a"), "-1"], timeout=120)
+@pytest.mark.parametrize("held", [[], ["held"]], ids=["model", "model-and-server-held-table"])
+def test_a_restarted_job_ends_with_the_weights_of_an_undisturbed_one(tmp_path, held):
+    # "held": a ServerEmbedding's rows live on the servers, which the restart replaces: the checkpoint has the
+    # servers save them and load_checkpoint has the new servers load them (else the table would start over).
+    undisturbed = launch_job(LAYOUT, SCRIPT, [str(tmp_path / "a"), "-1", *held], timeout=120)
     assert undisturbed.returncode == 0, (undisturbed.stdout + undisturbed.stderr)[-4000:]
-    restarted = launch_job([*LAYOUT, "--max-restarts", "1"], SCRIPT, [str(tmp_path / "b"), "7"], timeout=180)
+    restarted = launch_job([*LAYOUT, "--max-restarts", "1"], SCRIPT, [str(tmp_path / "b"), "7", *held], timeout=180)
     output = restarted.stdout + restarted.stderr
     assert restarted.returncode == 0, output[-4000:]
     assert "attempt 1 of 2 failed (worker 1 (local rank 0) exited with code 5" in restarted.stderr, output[-4000:]
@@ -31,6 +34,8 @@ def test_a_restarted_job_ends_with_the_weights_of_an_undisturbed_one(tmp_path):
     resumed_at = int(re.match(r"START (\d+) attempt 1", starts[1]).group(1))
     assert resumed_at in (7, 8), starts  # after the last checkpoint rank 0 wrote before it was stopped
     assert weights(restarted) == pytest.approx(weights(undisturbed), rel=1e-6, abs=1e-7)
+    if held:  # one save of the tables is kept: the one the last checkpoint names
+        assert len(os.listdir(tmp_path / "b" / "held-tables")) == 1
 
 
 def test_no_checkpoint_means_a_fresh_start_and_nothing_written_elsewhere(tmp_path):

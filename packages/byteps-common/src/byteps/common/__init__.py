@@ -25,7 +25,10 @@ from byteps.common.interface import require_interface
 # 3.2: row-sparse push_pull (Worker.sparse_push_pull, byteps.common.row_sparse, PartitionSpec.sparse); 3.3: rows
 # in parts, several processes per machine, bfloat16; 3.4: a machine's rows summed by its table's local root
 # (byteps.common.engine.sparse_local), row-sparse on one machine without servers, wire protocol v5
-INTERFACE_VERSION = (3, 5)
+# 3.5: default names by slot, server-held tables; 3.6: asynchronous server-held tables (PartitionSpec takes
+# asynchronous with held), held tables saved at elastic commits (elastic.held_tables) and in checkpoints
+# (frontend.checkpoint.save_held_tables / load_held_tables)
+INTERFACE_VERSION = (3, 6)
 
 require_interface("byteps-transport", "byteps.transport", (2, 12), requirer="byteps-common")
 

@@ -191,11 +191,14 @@ class SparseTable:
     in_flight: bool = False
     held: Any = None  # a server-held table's HeldTable (byteps.common.held_table); None: rows on the workers
     lookups: int = 0  # server-held: lookup messages sent so far (their rounds, apart from the table's rounds)
+    asynchronous: bool = False  # server-held in BYTEPS_ENABLE_ASYNC: each process's update applied on arrival
+    last_update: Any = None  # server-held: the handle of this rank's last update (a commit waits for it)
 
     def describe(self) -> str:
         shape = "x".join(map(str, self.row_shape)) or "scalar"
         kind = "server-held table" if self.held is not None else "row-sparse table"
-        return f"{kind} {self.name!r} ({self.num_rows} rows of shape {shape}, {self.dtype.name.lower()})"
+        mode = ", asynchronous" if self.asynchronous else ""
+        return f"{kind} {self.name!r} ({self.num_rows} rows of shape {shape}, {self.dtype.name.lower()}{mode})"
 
     def same_layout(self, num_rows: int, row_shape: Tuple[int, ...], dtype: DType) -> bool:
         return (self.num_rows, self.row_shape, self.dtype) == (num_rows, row_shape, dtype)

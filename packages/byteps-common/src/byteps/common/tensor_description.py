@@ -102,8 +102,9 @@ class PartitionSpec:
         if self.sparse:
             rows = "x".join(map(str, self.shape[1:])) or "scalar"
             kind = "server-held table" if self.held is not None else "row-sparse table"
+            mode = ", asynchronous" if self.asynchronous else ""
             return (f"{kind} {self.name!r} ({self.shape[0] if self.shape else '?'} rows of shape {rows}, "
-                    f"{dtype_name(self.dtype)}), the rows of server {self.partition}")
+                    f"{dtype_name(self.dtype)}{mode}), the rows of server {self.partition}")
         among = f", summed over {self.contributors} machine(s)" if self.contributors else ""
         compressed = f", compressed with {_compression_text(self.compression)}" if self.compression else ""
         mode = ", asynchronous" if self.asynchronous else \
@@ -141,11 +142,11 @@ class PartitionSpec:
                 or self.quorum < 0 or (self.quorum and self.asynchronous):
             raise ValueError(f"inconsistent description: {self.describe()}")
         if self.sparse and (not self.shape or self.shape[0] <= 0 or self.nbytes * self.shape[0] !=
-                            self.tensor_nbytes or self.compression or self.asynchronous or self.quorum
-                            or self.contributors or dtype not in SPARSE_DTYPES):
+                            self.tensor_nbytes or self.compression or (self.asynchronous and self.held is None)
+                            or self.quorum or self.contributors or dtype not in SPARSE_DTYPES):
             raise ValueError(f"inconsistent description: {self.describe()} (row bytes {self.nbytes}; a row-sparse "
-                             "table is synchronous, uncompressed, of every worker, float32, float64, float16 or "
-                             "bfloat16)")
+                             "table is uncompressed, of every worker, float32, float64, float16 or bfloat16, and "
+                             "synchronous unless the servers hold it)")
         if self.held is not None and (not self.sparse or dtype is not DType.FLOAT32):
             raise ValueError(f"inconsistent description: {self.describe()} (a server-held table is a row-sparse "
                              "float32 table)")

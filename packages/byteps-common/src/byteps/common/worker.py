@@ -85,7 +85,7 @@ class Worker:
         sparse_submit = self._comm.submit if self._comm is not None and (has_servers or config.local_size > 1) \
             else None
         self.sparse = SparseTasks(len(servers) if has_servers else 0, self.size, config.max_partition_bytes,
-                                  sparse_submit, config.local_rank, config.local_size)
+                                  sparse_submit, config.local_rank, config.local_size, config.enable_async)
         self.tasks = TaskMaker(config, self.registry, self.rank, self.size, has_servers,
                                self._comm.post if self._comm is not None else None)
         if self._comm is not None:

@@ -58,6 +58,7 @@ import time
 from typing import Dict, List, Mapping, Optional, Sequence, Set
 
 from byteps.common.config import Config, ConfigError
+from byteps.common.elastic.held_tables import HELD_TABLE_DIR
 from byteps.common.elastic.membership import (
     ELASTIC_DIR,
     ELASTIC_KEY,
@@ -278,9 +279,13 @@ class ElasticSupervisor(Supervisor):
 
     def _start_worker(self, host: str) -> Optional[str]:
         name = f"w{self._next_worker}"
+        # Server-held tables are saved at each commit where this machine's servers write them (the folder goes
+        # at the end with the rest), unless the job names a folder of its own (byteps.common.elastic.held_tables)
+        held = {} if self.base_env.get(HELD_TABLE_DIR, "").strip() else \
+            {HELD_TABLE_DIR: os.path.join(self.folder, "held-tables")}
         if is_local(host):
             env = child_environment(self.base_env, {"DMLC_ROLE": "worker", ELASTIC_DIR: self.folder,
-                                                    ELASTIC_WORKER: name})
+                                                    ELASTIC_WORKER: name, **held})
             spec = ProcessSpec("worker", self.command, env, rank=self._next_worker)
         else:
             if self.rendezvous is None:
@@ -289,7 +294,7 @@ class ElasticSupervisor(Supervisor):
                 self.console.note(f"rendezvous service for workers on other hosts on {self.rendezvous.address}")
             env = child_environment(self.remote_env, {"DMLC_ROLE": "worker", "DMLC_NODE_HOST": host,
                                                       ELASTIC_RENDEZVOUS: self.rendezvous.address,
-                                                      ELASTIC_KEY: self.key, ELASTIC_WORKER: name})
+                                                      ELASTIC_KEY: self.key, ELASTIC_WORKER: name, **held})
             spec = ProcessSpec("worker", self.command, env, rank=self._next_worker, host=host)
         self._next_worker += 1
         child = self._spawn(spec)

@@ -13,9 +13,9 @@ from byteps.common.interface import require_interface
 
 # 1.3: a row-sparse round is one push per machine; 1.2: row-sparse rounds in parts; 1.1: row-sparse keys
 # (rounds.SparseRowSum)
-INTERFACE_VERSION = (1, 4)
+INTERFACE_VERSION = (1, 5)
 
-require_interface("byteps-common", "byteps.common", (3, 5), requirer="byteps-server")
+require_interface("byteps-common", "byteps.common", (3, 6), requirer="byteps-server")
 require_interface("byteps-transport", "byteps.transport", (2, 12), requirer="byteps-server")
 
 __all__ = ["INTERFACE_VERSION"]

@@ -29,7 +29,7 @@ from byteps.common.interface import require_interface
 #: Oldest torch with everything used here (untyped_storage, post-accumulate-grad hooks).
 MINIMUM_TORCH = (2, 1)
 
-require_interface("byteps-common", "byteps.common", (3, 5), requirer="byteps-torch")
+require_interface("byteps-common", "byteps.common", (3, 6), requirer="byteps-torch")
 
 from byteps.common.frontend.versions import require_framework  # noqa: E402
 

@@ -59,7 +59,7 @@ class ServerEmbedding(torch.nn.Module):
         self.num_embeddings, self.embedding_dim, self.name, self.average = num_embeddings, embedding_dim, name, average
         self.held = HeldTable(optimizer=optimizer, lr=lr, seed=seed, init_std=init_std, eps=eps, betas=betas,
                               initial_accumulator=initial_accumulator)
-        self._update: Any = None  # the last round's update in flight
+        self._update: Any = None  # (the worker, the last round's update in flight)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, name={self.name!r}, {self.held.describe()}"
@@ -108,8 +108,8 @@ class ServerEmbedding(torch.nn.Module):
     def flush(self) -> None:
         """Wait until the servers have applied the last round's gradients (the next lookup sees them)."""
         update, self._update = self._update, None
-        if update is not None:
-            update.wait()
+        if update is not None and update[0] is worker():  # one of a membership epoch left behind is dropped
+            update[1].wait()
 
     def _ids(self, ids: torch.Tensor) -> np.ndarray:
         if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32):
@@ -121,5 +121,5 @@ class ServerEmbedding(torch.nn.Module):
         """A lookup's rows' gradient (autograd's hook): one round of the table, after the one before it."""
         rows = grad.detach().to("cpu", torch.float32).contiguous().numpy()
         self.flush()
-        self._update = worker().table_update_async(ids, rows, self.name, self.num_embeddings,
-                                                   (self.embedding_dim,), self.held, self.average)
+        self._update = (worker(), worker().table_update_async(ids, rows, self.name, self.num_embeddings,
+                                                              (self.embedding_dim,), self.held, self.average))

@@ -66,6 +66,7 @@ def run_fn(func: Callable[..., Any], reset: Callable[[bool], None] = rejoin) -> 
             try:
                 if not skip_sync:
                     state.sync()
+                state.load_held_tables()  # this epoch's servers start empty
                 return func(state, *args, **kwargs)
             except JobLost as exc:
                 log.warning("elastic: the job lost a process (%s); rolling back to the last commit", exc)

@@ -22,6 +22,8 @@ import copy
 import logging
 from typing import Any, Callable, Dict, Iterable, List
 
+from byteps.common.elastic.held_tables import HeldTableCommits
+
 __all__ = ["State", "ObjectState", "HostsUpdatedInterrupt"]
 
 log = logging.getLogger("byteps.common.elastic")
@@ -46,6 +48,7 @@ class State:
         self._bcast_object = bcast_object
         self._rank = get_rank
         self._reset_callbacks: List[Callable[[], None]] = []
+        self._held_tables = HeldTableCommits(bcast_object, get_rank)
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
         """Call each of ``callbacks`` (no arguments) after every change of membership, e.g. to rescale the lr."""
@@ -64,11 +67,15 @@ class State:
         before this commit, so each rank saves the same parameters and a
         rollback to them drops exactly the deltas pushed after it
         (:func:`byteps.common.frontend.async_training.commit_exchanges`).
+        Tables held by the servers are saved on the servers' machine
+        (:mod:`byteps.common.elastic.held_tables`), since each epoch's servers
+        start empty.
         """
         # Imported here: byteps.common.api imports this package, and the front imports api.
         from byteps.common.frontend.async_training import commit_exchanges
 
         commit_exchanges()
+        self._held_tables.commit()
         self.save()
         self.check_host_updates()
 
@@ -91,6 +98,11 @@ class State:
                 log.warning("elastic: cannot ask whether workers wait to join: %s", exc)
         if self._bcast_object(bool(pending)):
             raise HostsUpdatedInterrupt(skip_sync=False)
+
+    def load_held_tables(self) -> None:
+        """Every rank, as an epoch starts (after ``sync``): the last commit's server-held tables into this epoch's
+        fresh servers (nothing before a commit saved one, nor outside elastic jobs)."""
+        self._held_tables.load()
 
     def save(self) -> None:
         raise NotImplementedError

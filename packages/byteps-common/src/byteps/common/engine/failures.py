@@ -67,7 +67,8 @@ class Failures:
             self.sparse_local.abandon(task)
             if tell_peers:
                 self.sparse_local.tell(task, error)
-        if tell_servers and self.exchange is not None and task.role is not Role.PEER and not task.lookup:
+        if tell_servers and self.exchange is not None and task.role is not Role.PEER and not task.lookup \
+                and not task.table.asynchronous:  # an asynchronous table's other workers wait for no round
             self.exchange.report_failure(task, task.plan.partitions, error)
         task.handle.set_error(error)
         if self.tasks.idle is not None:

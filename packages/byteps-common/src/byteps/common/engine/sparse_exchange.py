@@ -64,7 +64,8 @@ def table_spec(task: SparseTask, server: int) -> PartitionSpec:
     row_nbytes = int(np.prod(table.row_shape, dtype=np.int64)) * table.dtype.itemsize
     return PartitionSpec(name=table.name, partition=server, shape=(table.num_rows, *table.row_shape),
                          tensor_nbytes=table.num_rows * row_nbytes, nbytes=row_nbytes, dtype=int(table.dtype),
-                         sparse=True, held=table.held.wire() if table.held is not None else None)
+                         sparse=True, held=table.held.wire() if table.held is not None else None,
+                         asynchronous=table.asynchronous)
 
 
 class SparseExchange:

@@ -20,6 +20,12 @@ that every rank numbers the table's rounds alike: a call refused here
 (ids out of range, another row shape...) raises ValueError on the caller
 and still fails its round on the servers, where the other ranks learn of
 it instead of waiting for this rank's push.
+
+A server-held table in an asynchronous job (BYTEPS_ENABLE_ASYNC) is the
+exception: nobody waits for anybody's round there, so every process
+pushes its own rows (role ALONE, no local sum that would pace a machine's
+processes together), each push is applied on arrival, and a refused call
+tells no one (the process's next round simply comes later).
 """
 
 from __future__ import annotations
@@ -174,11 +180,14 @@ class SparseTasks:
     rows; a single worker process: the result is made here). ``submit(task)``
     hands a task to the communication thread (None for a single process).
     ``local_rank`` and ``local_size``: this process on its machine.
+    ``asynchronous``: the job's BYTEPS_ENABLE_ASYNC (server-held tables only).
     """
 
     def __init__(self, num_servers: int, size: int, max_payload_bytes: int,
-                 submit: Optional[Callable[[SparseTask], None]], local_rank: int = 0, local_size: int = 1) -> None:
+                 submit: Optional[Callable[[SparseTask], None]], local_rank: int = 0, local_size: int = 1,
+                 asynchronous: bool = False) -> None:
         self.num_servers = num_servers
+        self.asynchronous = asynchronous  # BYTEPS_ENABLE_ASYNC: held tables' updates applied on arrival
         self.size = size
         self.max_payload_bytes = max_payload_bytes
         self.submit = submit
@@ -198,7 +207,7 @@ class SparseTasks:
                 raise ValueError(f"{table.describe()} has a push_pull in flight: wait for it first")
             round_ = table.rounds
             table.rounds += 1
-            role = self._role(table)
+            role = self._role(table, held)
             try:
                 self._check_held(table, held)
                 ids, rows = sum_by_id(*self._checked(table, ids, rows, num_rows, row_shape, dtype), table.dtype)
@@ -209,7 +218,8 @@ class SparseTasks:
                 else:  # the local root cuts the machine's sum once it has it
                     shards, pushed = self._empty_shards(table, role), ids.nbytes + rows.nbytes
             except ValueError as exc:
-                self._refuse(table, round_, role, exc)
+                if not self._applied_on_arrival(held):  # else nobody waits for this round
+                    self._refuse(table, round_, role, exc)
                 raise
             result = SparseRows(ids, rows)
             handle = SparseHandle(table, result)
@@ -217,6 +227,8 @@ class SparseTasks:
                 handle.set_done()
                 return handle
             table.in_flight = True
+            if held is not None:
+                table.last_update = handle
         divide = average and held is None  # a held table's servers divide before they apply
         self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, pushed), handle,
                                result, average=average, average_over=self.size if divide else 0, role=role,
@@ -299,12 +311,23 @@ class SparseTasks:
             raise ValueError(f"{table.describe()}: a table held by the servers needs servers (bpslaunch --servers N "
                              "or DMLC_NUM_SERVER); without them keep the table in the model")
         if table.num_rows == 0:  # not declared yet
-            table.held = held
+            table.held, table.asynchronous = held, self._applied_on_arrival(held)
         elif held != table.held:
             was = table.held.describe() if table.held is not None else "rows on the workers"
             now = held.describe() if held is not None else "rows on the workers"
             raise ValueError(f"{table.describe()}: first used with {was}, now with {now}; a table keeps how it is "
                              "held")
+
+    def held_tables(self) -> List[SparseTable]:
+        """The server-held tables this rank declared (an elastic commit saves them)."""
+        with self._lock:
+            return [table for table in self.tables.values() if table.held is not None and table.num_rows]
+
+    def wait_for_updates(self, timeout: Optional[float] = None) -> None:
+        """Wait until this rank's last update of every held table is applied (raises its error, if it failed)."""
+        for table in self.held_tables():
+            if table.last_update is not None:
+                table.last_update.wait(timeout)
 
     # --- agreement after join -------------------------------------------------------------
     def export(self) -> Dict[str, Any]:
@@ -358,8 +381,12 @@ class SparseTasks:
         self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, 0), handle,
                                refusal=error, role=role))
 
-    def _role(self, table: SparseTable) -> Role:
-        if self.local_size == 1:
+    def _applied_on_arrival(self, held: Any) -> bool:
+        """A server-held table in an asynchronous job: each process's update is applied as it arrives."""
+        return held is not None and self.asynchronous
+
+    def _role(self, table: SparseTable, held: Any = None) -> Role:
+        if self.local_size == 1 or self._applied_on_arrival(held):
             return Role.ALONE
         return Role.ROOT if local_root(table.table_id, self.local_size) == self.local_rank else Role.PEER
 

@@ -16,6 +16,8 @@ key's round policy, which :func:`declare_key` picks from the key's
                              round's (id, row) pushes summed by id, the union answered to all
 ``held_rows.HeldRows``       a server-held table's rows (``spec.held``): kept here, looked up by
                              id at once, each round's summed rows stepped by its optimizer
+``async_held_rows``          the same in an asynchronous job (``spec.held`` and ``asynchronous``):
+``.AsyncHeldRows``           each process's push stepped on arrival, answered alone
 ===========================  ====================================================================
 
 Two strategies combine with the sums rather than multiplying the classes:
@@ -38,6 +40,7 @@ Example (what the server does for an INIT_KEY, then for each message)::
 from __future__ import annotations
 
 from byteps.common.tensor_description import PartitionSpec
+from byteps.server.rounds.async_held_rows import AsyncHeldRows
 from byteps.server.rounds.async_store import AsyncStore
 from byteps.server.rounds.compressed import CompressedSums
 from byteps.server.rounds.held_rows import HeldRows
@@ -47,7 +50,7 @@ from byteps.server.rounds.quorum import BACKUP_MAX_LAG, QuorumSum
 from byteps.server.rounds.sparse_rows import SparseRowSum
 from byteps.server.rounds.sync_sum import SyncSum
 
-__all__ = ["AsyncStore", "BACKUP_MAX_LAG", "CompressedSums", "HeldRows", "JoinedMachines", "KeyState", "QuorumSum",
+__all__ = ["AsyncHeldRows", "AsyncStore", "BACKUP_MAX_LAG", "CompressedSums", "HeldRows", "JoinedMachines", "KeyState", "QuorumSum",
            "RoundPolicy", "RoundServices", "SparseRowSum", "SyncSum", "declare_key", "wire_log"]
 
 
@@ -63,7 +66,8 @@ def declare_key(key: int, spec: PartitionSpec, services: RoundServices) -> KeySt
         raise ValueError(f"{spec.describe()}: a quorum must be below the {contributors} machines")
     state = KeyState(key, spec)
     if spec.sparse:  # summed by id in the policy: the engine's dense accumulators do not serve it
-        state.policy = (HeldRows if spec.held is not None else SparseRowSum)(state, services)
+        kind = SparseRowSum if spec.held is None else AsyncHeldRows if spec.asynchronous else HeldRows
+        state.policy = kind(state, services)
         return state
     kind = AsyncStore if spec.asynchronous else QuorumSum if spec.quorum else SyncSum
     state.policy = kind(state, services)
