@@ -10,7 +10,8 @@ trained, and ``training=False`` calls), ``sgd_in_function`` (the same step insid
 ``keras_fit`` (a Keras model of the layer trained by ``fit`` with byteps' Keras DistributedOptimizer, Adagrad
 on the servers), ``eval_on_one_rank`` (rank 0 alone looks rows up with ``training=False``, eagerly and in
 ``tf.function``; nothing waits for the others), ``save_and_load`` (into the directory given as the first
-argument), ``bad_ids``. A forward in training mode that no backward reaches (step 2) must push nothing.
+argument; then a step through a ``tf.function`` forward under a tape outside it), ``bad_ids``. A forward in
+training mode that no backward reaches (step 2) must push nothing.
 """
 
 from __future__ import annotations
@@ -178,6 +179,12 @@ def save_and_load(directory: str) -> None:
     assert_close(emb.lookup(ids), saved - 0.2, "a step of SGD on a gradient of ones")
     emb.load(directory)
     assert_close(emb.lookup(ids), saved, "the rows loaded")
+    forward = tf.function(lambda i: tf.reduce_sum(emb(i)))
+    with tf.GradientTape() as tape:  # the tape outside the tf.function: its backward function pushes
+        loss = forward(ids)
+    tape.gradient(loss, [])
+    emb.flush()
+    assert_close(emb.lookup(ids), saved - 0.2, "a step of SGD through a tf.function's backward function")
 
 
 def bad_ids() -> None:
