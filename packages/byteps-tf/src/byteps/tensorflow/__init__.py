@@ -100,14 +100,19 @@ __all__ = [
     "broadcast_variables", "broadcast_", "broadcast_global_variables", "broadcast_object",
     # training
     "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "SyncBatchNormalization",  # noqa: F405  (lazy, below)
+    "ServerEmbedding",  # noqa: F405  (lazy, below; a table held by the servers: ours, not Horovod's)
     "skip_step",  # backup workers (BYTEPS_BACKUP_WORKERS): ours, not Horovod's
     "PushPullError",
 ]
 
 
 def __getattr__(name: str):
-    """``SyncBatchNormalization`` is a Keras layer: Keras is imported when it is first used, not here."""
+    """``SyncBatchNormalization`` and ``ServerEmbedding`` are Keras layers: Keras is imported when one is first
+    used, not here."""
     if name == "SyncBatchNormalization":
         from byteps.tensorflow.sync_batch_norm import SyncBatchNormalization
         return SyncBatchNormalization
+    if name == "ServerEmbedding":
+        from byteps.tensorflow.server_embedding import ServerEmbedding
+        return ServerEmbedding
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -41,6 +41,7 @@ from byteps.tensorflow.keras import (
 )
 from byteps.tensorflow.keras.model_io import load_model  # noqa: E402
 from byteps.tensorflow.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer  # noqa: E402
+from byteps.tensorflow.server_embedding import ServerEmbedding  # noqa: E402  (a layer: a table held by the servers)
 
 __all__ = [  # noqa: F405  (the process names come from byteps.common.frontend.process)
     "elastic",
@@ -48,6 +49,7 @@ __all__ = [  # noqa: F405  (the process names come from byteps.common.frontend.p
     "DistributedOptimizer", "PartialDistributedOptimizer", "broadcast_global_variables",
     "push_pull", "allreduce", "broadcast", "allgather",
     "load_model", "callbacks", "Compression", "Compressor", "Average", "Sum", "PushPullError",
+    "ServerEmbedding",
 ]
 
 

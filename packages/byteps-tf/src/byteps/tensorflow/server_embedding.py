@@ -1,0 +1,196 @@
+"""An embedding table held by the servers: ``ServerEmbedding``, a Keras layer looked up by id, stepped by the servers.
+
+The TensorFlow counterpart of ``byteps.torch.ServerEmbedding``. The table
+lives on byteps' servers, sharded by row id, and never whole on a worker:
+a forward pass pulls only the rows its batch uses, a backward pass pushes
+their gradients, and each server applies the table's optimizer to the rows
+it holds once per round, after every worker's gradients of the round are
+summed by id (docs/sparse.md, "Tables held by the servers"). Rows start
+from the table's seed and their id, on the servers, the first time anyone
+touches them. Example::
+
+    emb = bps.ServerEmbedding(50_000_000, 16, name="user", optimizer="adagrad", lr=0.05)
+    with tf.GradientTape() as tape:
+        out = dense(tf.reduce_sum(emb(ids), 1))     # ids: int32 or int64 of any shape
+        loss = ...
+    tape = bps.DistributedGradientTape(tape)
+    grads = tape.gradient(loss, dense.trainable_variables)   # the rows' gradients go to the servers
+    optimizer.apply_gradients(zip(grads, dense.trainable_variables))
+
+The layer has no variable for the table: the model's trainable variables
+are the dense ones, which the user's optimizer steps. Each backward pass
+that reaches a lookup's rows (``tape.gradient``) is one round of the table,
+so every rank must do as many per step; a forward whose result no backward
+reaches pushes nothing, and the next lookup waits for the servers to have
+applied the last round. ``training=False`` lookups push nothing and may run
+on one rank alone.
+
+How the backward pass gets here: the rows come out of a
+``tf.custom_gradient`` function of a scalar trainable ``tf.Variable`` kept
+out of Keras's tracking (``layer.trainable_variables`` is empty). Reading
+it makes a tape that watches accessed variables (the default; Keras's
+``fit`` too) record the lookup, so its gradient function, which pushes the
+rows' gradient, runs whenever the tape's backward pass reaches the rows,
+whatever the sources asked for; it gives the variable a zero gradient. A
+tape made with ``watch_accessed_variables=False`` records no lookup, and
+no round happens. Eagerly the rows are pulled and pushed at once (numpy);
+inside ``tf.function`` both are ``tf.py_function`` ops, and the push's
+output feeds the variable's zero gradient so that no pruning drops it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from byteps.common import api
+from byteps.common.api import worker
+from byteps.common.held_table import HeldTable
+from byteps.tensorflow.which_keras import keras
+
+__all__ = ["ServerEmbedding"]
+
+
+class _Untracked:
+    """Holds the layer's anchor variable where neither Keras nor TensorFlow's tracking looks."""
+
+    def __init__(self, variable: tf.Variable) -> None:
+        self.variable = variable
+
+
+class ServerEmbedding(keras.layers.Layer):
+    """``num_embeddings`` rows of ``embedding_dim`` float32 held by the servers as table ``name``.
+
+    ``optimizer`` ("sgd", "adagrad" or "adam", lazy: moments per row) with
+    ``lr``, ``eps``, ``betas`` and ``initial_accumulator`` as torch's
+    optimizers take them; rows start as normal draws of standard deviation
+    ``init_std`` from ``seed`` and the row id. ``average``: the servers
+    average the workers' gradients (else sum them), as DistributedGradientTape
+    does. Every rank must create the table alike. ``name`` is also the
+    Keras layer's name ("/" made "_").
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, name: str, optimizer: str = "sgd",
+                 lr: float = 0.01, seed: int = 0, init_std: float = 0.01, eps: Optional[float] = None,
+                 betas: Tuple[float, float] = (0.9, 0.999), initial_accumulator: float = 0.0,
+                 average: bool = True, **kwargs: Any) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"ServerEmbedding: a table needs a non-empty name, not {name!r}")
+        for what, value in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"ServerEmbedding({name!r}): {what} must be a positive int, not {value!r}")
+        super().__init__(name=name.replace("/", "_"), **kwargs)  # Keras refuses "/" in a layer's name
+        self.num_embeddings, self.embedding_dim, self.table, self.average = (num_embeddings, embedding_dim, name,
+                                                                            average)
+        self.held = HeldTable(optimizer=optimizer, lr=lr, seed=seed, init_std=init_std, eps=eps, betas=betas,
+                              initial_accumulator=initial_accumulator)
+        self._config = {"num_embeddings": num_embeddings, "embedding_dim": embedding_dim, "name": name,
+                        "optimizer": optimizer, "lr": lr, "seed": seed, "init_std": init_std, "eps": eps,
+                        "betas": tuple(betas), "initial_accumulator": initial_accumulator, "average": average}
+        with tf.init_scope():
+            self._anchor = _Untracked(tf.Variable(0.0, trainable=True, name=f"{name}.anchor"))
+        self._update: Any = None  # the last round's update in flight
+
+    def get_config(self) -> dict:
+        config = dict(super().get_config())
+        config.update(self._config)  # the table's name, not the layer's
+        return config
+
+    def compute_output_shape(self, input_shape: Any) -> Tuple[Any, ...]:
+        return (*tuple(input_shape), self.embedding_dim)
+
+    def lookup(self, ids: Any) -> tf.Tensor:
+        """The rows ``ids`` as the servers hold them now (after the last round), without a gradient."""
+        ids = self._ids(ids)
+        if tf.executing_eagerly():
+            rows = tf.constant(self._fetch(ids.numpy().reshape(-1)))
+        else:
+            rows = self._fetch_op(tf.reshape(ids, [-1]))
+        return tf.reshape(rows, tf.concat([tf.shape(ids), [self.embedding_dim]], 0))
+
+    def call(self, ids: Any, training: Any = None) -> tf.Tensor:
+        if training is False:
+            return self.lookup(ids)
+        ids = self._ids(ids)
+        flat = tf.reshape(ids, [-1])
+        eager = tf.executing_eagerly()
+        flat_ids = flat.numpy() if eager else None
+
+        @tf.custom_gradient
+        def rows_of(anchor: tf.Tensor) -> Any:
+            rows = tf.constant(self._fetch(flat_ids)) if eager else self._fetch_op(flat)
+
+            def gradient(upstream: tf.Tensor) -> tf.Tensor:
+                if tf.executing_eagerly():
+                    self._push(flat_ids, upstream.numpy())
+                    return tf.zeros_like(anchor)
+                pushed = tf.py_function(lambda i, g: self._push(i.numpy(), g.numpy()) or np.float32(0),
+                                        [flat, tf.convert_to_tensor(upstream)], tf.float32,
+                                        name="ServerEmbeddingPush")
+                return tf.zeros_like(anchor) * pushed
+
+            return rows, gradient
+
+        rows = rows_of(tf.identity(self._anchor.variable))  # the read a tape records (watched variable)
+        return tf.reshape(rows, tf.concat([tf.shape(ids), [self.embedding_dim]], 0))
+
+    def _ids(self, ids: Any) -> tf.Tensor:
+        if isinstance(ids, np.ndarray) or isinstance(ids, (list, tuple)):
+            ids = np.asarray(ids)
+            if ids.dtype not in (np.int64, np.int32):
+                raise ValueError(f"ServerEmbedding({self.table!r}): ids must be an int64 or int32 tensor, not "
+                                 f"{ids.dtype}")
+            ids = tf.convert_to_tensor(ids)
+        if not isinstance(ids, (tf.Tensor, tf.Variable)) or ids.dtype not in (tf.int64, tf.int32):
+            what = getattr(getattr(ids, "dtype", None), "name", None) or type(ids).__name__
+            raise ValueError(f"ServerEmbedding({self.table!r}): ids must be an int64 or int32 tensor, not {what}")
+        return tf.convert_to_tensor(ids)
+
+    def _fetch(self, ids: np.ndarray) -> np.ndarray:
+        """The rows of ``ids`` (a row per id given, repeats included), once the last round is applied."""
+        self.flush()
+        return worker().table_lookup(np.asarray(ids, np.int64).reshape(-1), self.table, self.num_embeddings,
+                                     (self.embedding_dim,), self.held)
+
+    def _fetch_op(self, flat: tf.Tensor) -> tf.Tensor:
+        rows = tf.py_function(lambda i: self._fetch(i.numpy()), [flat], tf.float32, name="ServerEmbeddingLookup")
+        rows.set_shape([flat.shape[0], self.embedding_dim])
+        return rows
+
+    def _push(self, ids: np.ndarray, grads: np.ndarray) -> None:
+        """A lookup's rows' gradient (the tape's backward pass): one round of the table, after the one before."""
+        rows = np.ascontiguousarray(grads, dtype=np.float32).reshape(len(ids), self.embedding_dim)
+        self.flush()
+        self._update = worker().table_update_async(np.asarray(ids, np.int64), rows, self.table, self.num_embeddings,
+                                                   (self.embedding_dim,), self.held, self.average)
+
+    def save(self, directory: str) -> None:
+        """Every server writes its shard of the table (rows and optimizer state) to ``directory`` on its own
+        file system. Call it on every rank, eagerly, between steps: rank 0 asks, after every rank's last round."""
+        self._on_rank_0(lambda: worker().table_save(directory, self.table, self.num_embeddings,
+                                                    (self.embedding_dim,), self.held))
+
+    def load(self, directory: str) -> None:
+        """The table as saved in ``directory``, by any number of servers. Call it on every rank, eagerly."""
+        self._on_rank_0(lambda: worker().table_load(directory, self.table, self.num_embeddings,
+                                                    (self.embedding_dim,), self.held))
+
+    def _on_rank_0(self, call: Any) -> None:
+        if not tf.executing_eagerly():
+            raise RuntimeError(f"ServerEmbedding({self.table!r}): save and load run eagerly: call them outside "
+                               "tf.function, between steps")
+        self.flush()
+        api.barrier()
+        try:
+            if api.rank() == 0:
+                call()
+        finally:
+            api.barrier()
+
+    def flush(self) -> None:
+        """Wait until the servers have applied the last round's gradients (the next lookup sees them)."""
+        update, self._update = self._update, None
+        if update is not None:
+            update.wait()
