@@ -43,12 +43,12 @@ def test_the_layer_holds_no_variable_and_checks_its_arguments():
 
     assert kbps.ServerEmbedding is bps.ServerEmbedding and "ServerEmbedding" in bps.__all__
     emb = bps.ServerEmbedding(100, 4, name="user/ids", optimizer="adagrad", lr=0.05, seed=3)
-    assert emb.table == "user/ids" and emb.name == "user_ids"
+    assert emb.table_name == "user/ids" and emb.name == "user_ids"
     assert not emb.weights and not emb.trainable_variables
     assert emb.compute_output_shape((None, 5)) == (None, 5, 4)
     again = bps.ServerEmbedding.from_config(emb.get_config())
-    assert (again.table, again.num_embeddings, again.embedding_dim, again.held) == \
-        (emb.table, emb.num_embeddings, emb.embedding_dim, emb.held)
+    assert (again.table_name, again.num_embeddings, again.embedding_dim, again.held) == \
+        (emb.table_name, emb.num_embeddings, emb.embedding_dim, emb.held)
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match="num_embeddings must be a positive int"):
             bps.ServerEmbedding(bad, 4, name="t")

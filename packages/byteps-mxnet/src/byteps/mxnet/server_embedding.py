@@ -54,9 +54,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
-from byteps.common import api
-from byteps.common.api import worker
-from byteps.common.held_table import HeldTable
+from byteps.common.frontend.held_embedding import HeldEmbedding
 
 __all__ = ["ServerEmbedding"]
 
@@ -102,24 +100,18 @@ class ServerEmbedding(gluon.Block):
                  lr: float = 0.01, seed: int = 0, init_std: float = 0.01, eps: Optional[float] = None,
                  betas: Tuple[float, float] = (0.9, 0.999), initial_accumulator: float = 0.0,
                  average: bool = True) -> None:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"ServerEmbedding: a table needs a non-empty name, not {name!r}")
-        for what, value in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"ServerEmbedding({name!r}): {what} must be a positive int, not {value!r}")
+        table = HeldEmbedding(num_embeddings, embedding_dim, name, optimizer, lr, seed, init_std, eps, betas,
+                              initial_accumulator, average)
         super().__init__()
-        self.num_embeddings, self.embedding_dim, self.average = num_embeddings, embedding_dim, average
+        self.table = table  # the framework-neutral half (byteps.common.frontend.held_embedding)
         self.table_name = name  # the table's name at the servers (gluon's Block.name is the block's prefix)
-        self.held = HeldTable(optimizer=optimizer, lr=lr, seed=seed, init_std=init_std, eps=eps, betas=betas,
-                              initial_accumulator=initial_accumulator)
-        self._lock = threading.Lock()  # _update and _error, also set by backward in MXNet's custom-op thread
-        self._update: Any = None  # the last round's update in flight
+        self.num_embeddings, self.embedding_dim, self.held = num_embeddings, embedding_dim, table.held
+        self._lock = threading.Lock()  # the table's update and _error, also set by backward in MXNet's thread
         self._error: Optional[BaseException] = None  # a backward's failure, raised by the next flush
         self._pending: List[Any] = []  # weak references to the training lookups whose backward may come
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}({self.num_embeddings}, {self.embedding_dim}, name={self.table_name!r}, "
-                f"{self.held.describe()})")
+        return f"{type(self).__name__}({self.table.describe()})"
 
     def lookup(self, ids: Any) -> mx.nd.NDArray:
         """The rows ``ids`` as the servers hold them now (after the last round), without a gradient."""
@@ -142,28 +134,18 @@ class ServerEmbedding(gluon.Block):
     def _fetch(self, flat: np.ndarray) -> np.ndarray:
         """The rows of the ids ``flat`` (a row per id, repeats included), once the last round is applied."""
         self.flush()
-        return worker().table_lookup(flat, self.table_name, self.num_embeddings, (self.embedding_dim,),
-                                     self.held)
+        return self.table.rows(flat)
 
     def save(self, directory: str) -> None:
         """Every server writes its shard of the table (rows and optimizer state) to ``directory`` on its own
         file system. Call it on every rank, between steps: rank 0 asks, after every rank's last round."""
-        self._on_rank_0(lambda: worker().table_save(directory, self.table_name, self.num_embeddings,
-                                                    (self.embedding_dim,), self.held))
+        self.flush()
+        self.table.save(directory)
 
     def load(self, directory: str) -> None:
         """The table as saved in ``directory``, by any number of servers. Call it on every rank."""
-        self._on_rank_0(lambda: worker().table_load(directory, self.table_name, self.num_embeddings,
-                                                    (self.embedding_dim,), self.held))
-
-    def _on_rank_0(self, call: Any) -> None:
         self.flush()
-        api.barrier()
-        try:
-            if api.rank() == 0:
-                call()
-        finally:
-            api.barrier()
+        self.table.load(directory)
 
     def flush(self) -> None:
         """Wait until the servers have applied the last round's gradients (the next lookup sees them): first
@@ -177,12 +159,11 @@ class ServerEmbedding(gluon.Block):
                     waiting.append(ref)  # no backward yet: it may come later
         self._pending = waiting
         with self._lock:
-            update, self._update = self._update, None
             error, self._error = self._error, None
+            if error is None:
+                self.table.flush()
         if error is not None:
             raise error
-        if update is not None:
-            update.wait()
 
     def _ids(self, ids: Any) -> Tuple[Tuple[int, ...], np.ndarray, Any]:
         """``ids``' shape, the ids flat as int64, and the context of the rows (the ids', else the CPU)."""
@@ -202,12 +183,7 @@ class ServerEmbedding(gluon.Block):
         table, after the one before it. A failure is kept for the next flush to raise on the calling thread."""
         with self._lock:
             try:
-                rows = np.ascontiguousarray(grad.asnumpy(), dtype=np.float32)
-                previous, self._update = self._update, None
-                if previous is not None:
-                    previous.wait()
-                self._update = worker().table_update_async(ids, rows, self.table_name, self.num_embeddings,
-                                                           (self.embedding_dim,), self.held, self.average)
+                self.table.push(ids, grad.asnumpy())
             except BaseException as exc:  # raised by the next flush, not lost in MXNet's thread
                 if self._error is None:
                     self._error = exc

@@ -45,9 +45,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from byteps.common import api
-from byteps.common.api import worker
-from byteps.common.held_table import HeldTable
+from byteps.common.frontend.held_embedding import HeldEmbedding
 from byteps.tensorflow.which_keras import keras
 
 __all__ = ["ServerEmbedding"]
@@ -69,29 +67,25 @@ class ServerEmbedding(keras.layers.Layer):
     ``init_std`` from ``seed`` and the row id. ``average``: the servers
     average the workers' gradients (else sum them), as DistributedGradientTape
     does. Every rank must create the table alike. ``name`` is also the
-    Keras layer's name ("/" made "_").
+    Keras layer's name ("/" made "_"); ``table_name`` is the table's.
+    ``table`` is the framework-neutral half
+    (:class:`~byteps.common.frontend.held_embedding.HeldEmbedding`).
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, name: str, optimizer: str = "sgd",
                  lr: float = 0.01, seed: int = 0, init_std: float = 0.01, eps: Optional[float] = None,
                  betas: Tuple[float, float] = (0.9, 0.999), initial_accumulator: float = 0.0,
                  average: bool = True, **kwargs: Any) -> None:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"ServerEmbedding: a table needs a non-empty name, not {name!r}")
-        for what, value in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"ServerEmbedding({name!r}): {what} must be a positive int, not {value!r}")
+        table = HeldEmbedding(num_embeddings, embedding_dim, name, optimizer, lr, seed, init_std, eps, betas,
+                              initial_accumulator, average)
         super().__init__(name=name.replace("/", "_"), **kwargs)  # Keras refuses "/" in a layer's name
-        self.num_embeddings, self.embedding_dim, self.table, self.average = (num_embeddings, embedding_dim, name,
-                                                                            average)
-        self.held = HeldTable(optimizer=optimizer, lr=lr, seed=seed, init_std=init_std, eps=eps, betas=betas,
-                              initial_accumulator=initial_accumulator)
+        self.table, self.table_name = table, name
+        self.num_embeddings, self.embedding_dim, self.held = num_embeddings, embedding_dim, table.held
         self._config = {"num_embeddings": num_embeddings, "embedding_dim": embedding_dim, "name": name,
                         "optimizer": optimizer, "lr": lr, "seed": seed, "init_std": init_std, "eps": eps,
                         "betas": tuple(betas), "initial_accumulator": initial_accumulator, "average": average}
         with tf.init_scope():
             self._anchor = _Untracked(tf.Variable(0.0, trainable=True, name=f"{name}.anchor"))
-        self._update: Any = None  # the last round's update in flight
 
     def get_config(self) -> dict:
         config = dict(super().get_config())
@@ -105,7 +99,7 @@ class ServerEmbedding(keras.layers.Layer):
         """The rows ``ids`` as the servers hold them now (after the last round), without a gradient."""
         ids = self._ids(ids)
         if tf.executing_eagerly():
-            rows = tf.constant(self._fetch(ids.numpy().reshape(-1)))
+            rows = tf.constant(self.table.rows(ids.numpy().reshape(-1).astype(np.int64)))
         else:
             rows = self._fetch_op(tf.reshape(ids, [-1]))
         return tf.reshape(rows, tf.concat([tf.shape(ids), [self.embedding_dim]], 0))
@@ -116,17 +110,18 @@ class ServerEmbedding(keras.layers.Layer):
         ids = self._ids(ids)
         flat = tf.reshape(ids, [-1])
         eager = tf.executing_eagerly()
-        flat_ids = flat.numpy() if eager else None
+        flat_ids = flat.numpy().astype(np.int64) if eager else None
 
         @tf.custom_gradient
         def rows_of(anchor: tf.Tensor) -> Any:
-            rows = tf.constant(self._fetch(flat_ids)) if eager else self._fetch_op(flat)
+            rows = tf.constant(self.table.rows(flat_ids)) if eager else self._fetch_op(flat)
 
             def gradient(upstream: tf.Tensor) -> tf.Tensor:
                 if tf.executing_eagerly():
-                    self._push(flat_ids, upstream.numpy())
+                    self.table.push(flat_ids, upstream.numpy())
                     return tf.zeros_like(anchor)
-                pushed = tf.py_function(lambda i, g: self._push(i.numpy(), g.numpy()) or np.float32(0),
+                pushed = tf.py_function(lambda i, g: self.table.push(i.numpy().astype(np.int64), g.numpy())
+                                        or np.float32(0),
                                         [flat, tf.convert_to_tensor(upstream)], tf.float32,
                                         name="ServerEmbeddingPush")
                 return tf.zeros_like(anchor) * pushed
@@ -140,57 +135,36 @@ class ServerEmbedding(keras.layers.Layer):
         if isinstance(ids, np.ndarray) or isinstance(ids, (list, tuple)):
             ids = np.asarray(ids)
             if ids.dtype not in (np.int64, np.int32):
-                raise ValueError(f"ServerEmbedding({self.table!r}): ids must be an int64 or int32 tensor, not "
+                raise ValueError(f"ServerEmbedding({self.table_name!r}): ids must be an int64 or int32 tensor, not "
                                  f"{ids.dtype}")
             ids = tf.convert_to_tensor(ids)
         if not isinstance(ids, (tf.Tensor, tf.Variable)) or ids.dtype not in (tf.int64, tf.int32):
             what = getattr(getattr(ids, "dtype", None), "name", None) or type(ids).__name__
-            raise ValueError(f"ServerEmbedding({self.table!r}): ids must be an int64 or int32 tensor, not {what}")
+            raise ValueError(f"ServerEmbedding({self.table_name!r}): ids must be an int64 or int32 tensor, not {what}")
         return tf.convert_to_tensor(ids)
 
-    def _fetch(self, ids: np.ndarray) -> np.ndarray:
-        """The rows of ``ids`` (a row per id given, repeats included), once the last round is applied."""
-        self.flush()
-        return worker().table_lookup(np.asarray(ids, np.int64).reshape(-1), self.table, self.num_embeddings,
-                                     (self.embedding_dim,), self.held)
-
     def _fetch_op(self, flat: tf.Tensor) -> tf.Tensor:
-        rows = tf.py_function(lambda i: self._fetch(i.numpy()), [flat], tf.float32, name="ServerEmbeddingLookup")
+        rows = tf.py_function(lambda i: self.table.rows(i.numpy().astype(np.int64)), [flat], tf.float32,
+                              name="ServerEmbeddingLookup")
         rows.set_shape([flat.shape[0], self.embedding_dim])
         return rows
-
-    def _push(self, ids: np.ndarray, grads: np.ndarray) -> None:
-        """A lookup's rows' gradient (the tape's backward pass): one round of the table, after the one before."""
-        rows = np.ascontiguousarray(grads, dtype=np.float32).reshape(len(ids), self.embedding_dim)
-        self.flush()
-        self._update = worker().table_update_async(np.asarray(ids, np.int64), rows, self.table, self.num_embeddings,
-                                                   (self.embedding_dim,), self.held, self.average)
 
     def save(self, directory: str) -> None:
         """Every server writes its shard of the table (rows and optimizer state) to ``directory`` on its own
         file system. Call it on every rank, eagerly, between steps: rank 0 asks, after every rank's last round."""
-        self._on_rank_0(lambda: worker().table_save(directory, self.table, self.num_embeddings,
-                                                    (self.embedding_dim,), self.held))
+        self._eagerly("save")
+        self.table.save(directory)
 
     def load(self, directory: str) -> None:
         """The table as saved in ``directory``, by any number of servers. Call it on every rank, eagerly."""
-        self._on_rank_0(lambda: worker().table_load(directory, self.table, self.num_embeddings,
-                                                    (self.embedding_dim,), self.held))
-
-    def _on_rank_0(self, call: Any) -> None:
-        if not tf.executing_eagerly():
-            raise RuntimeError(f"ServerEmbedding({self.table!r}): save and load run eagerly: call them outside "
-                               "tf.function, between steps")
-        self.flush()
-        api.barrier()
-        try:
-            if api.rank() == 0:
-                call()
-        finally:
-            api.barrier()
+        self._eagerly("load")
+        self.table.load(directory)
 
     def flush(self) -> None:
         """Wait until the servers have applied the last round's gradients (the next lookup sees them)."""
-        update, self._update = self._update, None
-        if update is not None:
-            update.wait()
+        self.table.flush()
+
+    def _eagerly(self, what: str) -> None:
+        if not tf.executing_eagerly():
+            raise RuntimeError(f"ServerEmbedding({self.table_name!r}): {what} runs eagerly: call it outside "
+                               "tf.function, between steps")

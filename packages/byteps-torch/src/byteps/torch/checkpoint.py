@@ -87,5 +87,5 @@ def _held_tables(model: torch.nn.Module) -> List[HeldTableSpec]:
     for module in model.modules():
         if isinstance(module, ServerEmbedding):
             module.flush()
-            tables.append((module.name, module.num_embeddings, (module.embedding_dim,), module.held))
+            tables.append(module.table.spec)
     return tables

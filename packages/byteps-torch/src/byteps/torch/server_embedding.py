@@ -23,14 +23,12 @@ for the servers to have applied the last round. ``eval()`` or
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
 
-from byteps.common import api
-from byteps.common.api import worker
-from byteps.common.held_table import HeldTable
+from byteps.common.frontend.held_embedding import HeldEmbedding
 
 __all__ = ["ServerEmbedding"]
 
@@ -43,7 +41,8 @@ class ServerEmbedding(torch.nn.Module):
     optimizers take them; rows start as normal draws of standard deviation
     ``init_std`` from ``seed`` and the row id. ``average``: the servers
     average the workers' gradients (else sum them), as DistributedOptimizer
-    does. Every rank must create the table alike.
+    does. Every rank must create the table alike. ``table`` is the
+    framework-neutral half (:class:`~byteps.common.frontend.held_embedding.HeldEmbedding`).
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, name: str, optimizer: str = "sgd",
@@ -51,18 +50,13 @@ class ServerEmbedding(torch.nn.Module):
                  betas: Tuple[float, float] = (0.9, 0.999), initial_accumulator: float = 0.0,
                  average: bool = True) -> None:
         super().__init__()
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"ServerEmbedding: a table needs a non-empty name, not {name!r}")
-        for what, value in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"ServerEmbedding({name!r}): {what} must be a positive int, not {value!r}")
-        self.num_embeddings, self.embedding_dim, self.name, self.average = num_embeddings, embedding_dim, name, average
-        self.held = HeldTable(optimizer=optimizer, lr=lr, seed=seed, init_std=init_std, eps=eps, betas=betas,
-                              initial_accumulator=initial_accumulator)
-        self._update: Any = None  # (the worker, the last round's update in flight)
+        self.table = HeldEmbedding(num_embeddings, embedding_dim, name, optimizer, lr, seed, init_std, eps, betas,
+                                   initial_accumulator, average)
+        self.num_embeddings, self.embedding_dim, self.name = num_embeddings, embedding_dim, name
+        self.held = self.table.held
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, name={self.name!r}, {self.held.describe()}"
+        return self.table.describe()
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows ``ids`` as the servers hold them now (after the last round), without a gradient."""
@@ -74,52 +68,30 @@ class ServerEmbedding(torch.nn.Module):
             return self.lookup(ids)
         flat, rows = self._fetch(ids)
         leaf = rows.requires_grad_(True)  # a row per id given: the update sums the rows of one id
-        leaf.register_hook(lambda grad, flat=flat: self._gradient(flat, grad))
+        leaf.register_hook(lambda grad, flat=flat: self.table.push(flat, grad.detach().to("cpu").numpy()))
         return leaf.view(*ids.shape, self.embedding_dim)
 
     def _fetch(self, ids: torch.Tensor) -> Tuple[np.ndarray, torch.Tensor]:
         """The ids given, flat, and their rows (a row per id, repeats included) on the ids' device, once the
         last round is applied."""
-        self.flush()
         flat = self._ids(ids)
-        rows = worker().table_lookup(flat, self.name, self.num_embeddings, (self.embedding_dim,), self.held)
-        return flat, torch.from_numpy(rows).to(ids.device)
+        return flat, torch.from_numpy(self.table.rows(flat)).to(ids.device)
 
     def save(self, directory: str) -> None:
         """Every server writes its shard of the table (rows and optimizer state) to ``directory`` on its own
         file system. Call it on every rank, between steps: rank 0 asks, after every rank's last round."""
-        self._on_rank_0(lambda: worker().table_save(directory, self.name, self.num_embeddings,
-                                                    (self.embedding_dim,), self.held))
+        self.table.save(directory)
 
     def load(self, directory: str) -> None:
         """The table as saved in ``directory``, by any number of servers. Call it on every rank."""
-        self._on_rank_0(lambda: worker().table_load(directory, self.name, self.num_embeddings,
-                                                    (self.embedding_dim,), self.held))
-
-    def _on_rank_0(self, call: Any) -> None:
-        self.flush()
-        api.barrier()
-        try:
-            if api.rank() == 0:
-                call()
-        finally:
-            api.barrier()
+        self.table.load(directory)
 
     def flush(self) -> None:
         """Wait until the servers have applied the last round's gradients (the next lookup sees them)."""
-        update, self._update = self._update, None
-        if update is not None and update[0] is worker():  # one of a membership epoch left behind is dropped
-            update[1].wait()
+        self.table.flush()
 
     def _ids(self, ids: torch.Tensor) -> np.ndarray:
         if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"ServerEmbedding({self.name!r}): ids must be an int64 or int32 tensor, not "
                              f"{getattr(ids, 'dtype', type(ids).__name__)}")
         return ids.detach().reshape(-1).to("cpu", torch.int64).numpy()
-
-    def _gradient(self, ids: np.ndarray, grad: torch.Tensor) -> None:
-        """A lookup's rows' gradient (autograd's hook): one round of the table, after the one before it."""
-        rows = grad.detach().to("cpu", torch.float32).contiguous().numpy()
-        self.flush()
-        self._update = (worker(), worker().table_update_async(ids, rows, self.name, self.num_embeddings,
-                                                              (self.embedding_dim,), self.held, self.average))

@@ -50,8 +50,8 @@ from byteps.server.rounds.quorum import BACKUP_MAX_LAG, QuorumSum
 from byteps.server.rounds.sparse_rows import SparseRowSum
 from byteps.server.rounds.sync_sum import SyncSum
 
-__all__ = ["AsyncHeldRows", "AsyncStore", "BACKUP_MAX_LAG", "CompressedSums", "HeldRows", "JoinedMachines", "KeyState", "QuorumSum",
-           "RoundPolicy", "RoundServices", "SparseRowSum", "SyncSum", "declare_key", "wire_log"]
+__all__ = ["AsyncHeldRows", "AsyncStore", "BACKUP_MAX_LAG", "CompressedSums", "HeldRows", "JoinedMachines", "KeyState",
+           "QuorumSum", "RoundPolicy", "RoundServices", "SparseRowSum", "SyncSum", "declare_key", "wire_log"]
 
 
 def declare_key(key: int, spec: PartitionSpec, services: RoundServices) -> KeyState:
