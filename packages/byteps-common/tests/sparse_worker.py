@@ -41,10 +41,11 @@ def gradient(name: str, rank: int, round_: int) -> Tuple[np.ndarray, np.ndarray]
     return ids, rows
 
 
-def reference(name: str, size: int, round_: int) -> Tuple[np.ndarray, np.ndarray]:
+def reference(name: str, size: int, round_: int, active=None) -> Tuple[np.ndarray, np.ndarray]:
+    """The round's sum over the ``active`` ranks (every rank by default), averaged over all ``size``."""
     _, row_shape, _, average = TABLES[name]
     sums = {}
-    for rank in range(size):
+    for rank in range(size) if active is None else active:
         ids, rows = gradient(name, rank, round_)
         for i, row in zip(ids.tolist(), rows.astype(np.float64)):
             sums[i] = sums.get(i, 0.0) + row
@@ -86,9 +87,34 @@ def sums(rounds: int) -> None:
     else:  # this process's rows, or its machine's summed by id: the shared last row once
         assert sent <= (local_size + 1) * record + headers and received <= (n + 1) * record + headers, (sent,
                                                                                                       received)
-    if local_size > 1:  # a local root does not stand in for a joined rank yet: refused on every rank
-        expect_failure(worker().join, NotImplementedError, "with several worker processes per machine")
     print(f"SPARSE OK rank {me}", flush=True)
+
+
+def joined(rounds: int) -> None:
+    """Ranks run out of data at different rounds and join (hvd.join()): each round's sums hold the rows of the
+    ranks still running and average over every rank; a local root that joined stands in for its machine's
+    other ranks. After the join every rank takes one more round, all together."""
+    me, n = bps.rank(), bps.size()
+    rounds_of = [rounds - 2 * ((rank + 1) % n) for rank in range(n)]  # rank n-1 runs longest, rank 0 next
+
+    def one_round(round_: int, active) -> None:
+        handles = {name: worker().sparse_push_pull_async(*gradient(name, me, round_), name, num_rows, row_shape,
+                                                          average)
+                   for name, (num_rows, row_shape, _, average) in TABLES.items()}
+        for name, handle in handles.items():
+            ids, rows = handle.wait(WAIT_S)
+            want_ids, want_rows = reference(name, n, round_, active)
+            np.testing.assert_array_equal(ids, want_ids, err_msg=f"rank {me}: {name} round {round_}")
+            tolerance = 1e-2 if rows.dtype == np.float16 else 1e-5
+            np.testing.assert_allclose(rows.astype(np.float64), want_rows, rtol=tolerance, atol=tolerance,
+                                       err_msg=f"rank {me}: {name} round {round_}")
+
+    for round_ in range(rounds_of[me]):
+        one_round(round_, [rank for rank in range(n) if rounds_of[rank] > round_])
+    last = worker().join()[0]
+    assert last == n - 1, f"rank {me}: the last to join was {last}"
+    one_round(rounds, range(n))  # every table's next round, on every rank: the rounds agree again
+    print(f"JOINED OK rank {me}", flush=True)
 
 
 def large(rounds: int) -> None:
@@ -176,6 +202,8 @@ def main() -> None:
         sums(int(sys.argv[2]))
     elif sys.argv[1] == "large":
         large(int(sys.argv[2]))
+    elif sys.argv[1] == "joined":
+        joined(int(sys.argv[2]))
     else:
         bad(sys.argv[2])
     bps.shutdown()

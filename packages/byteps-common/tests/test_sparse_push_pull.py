@@ -39,7 +39,7 @@ def test_sparse_rows_over_tcp_alone_with_server_scheduling_and_a_trace(tmp_path)
 def test_several_worker_processes_per_machine_sum_their_rows_before_they_leave_it():
     """2 machines of 2 worker processes: each table's local root sums its machine's rows by id and pushes that
     sum alone (a rank that is not the root sends the servers nothing), over TCP and through shared memory to a
-    co-located server alike; a join() after them is refused on the rank that calls it."""
+    co-located server alike."""
     for env in ({"BYTEPS_ENABLE_IPC": "0"}, {}):
         result = run_job([*WORKER, "sums", "3"], 2, 2, local_size=2, timeout=90, env=env)
         result.assert_workers_printed("SPARSE OK", 4)
@@ -51,6 +51,17 @@ def test_one_machine_without_servers_sums_its_ranks_rows(local_size):
     round's result on every rank."""
     result = run_job([*WORKER, "sums", "3"], 1, 0, local_size=local_size, timeout=90)
     result.assert_workers_printed("SPARSE OK", local_size)
+
+
+@pytest.mark.parametrize("layout", ["one-machine-of-3", "two-machines-of-2"])
+def test_ranks_that_join_count_as_no_rows_and_a_joined_root_stands_in(layout):
+    """hvd.join() after row-sparse rounds with several processes per machine: ranks run out of data at
+    different rounds; a root counts a joined rank as no rows, a joined root sums its peers' rows for them
+    (and pushes the machine's sum), a machine whose ranks all joined is an empty push at the servers; averages
+    divide by every rank. After the join one more round on every rank agrees."""
+    workers, servers, local_size = (1, 0, 3) if layout == "one-machine-of-3" else (2, 2, 2)
+    result = run_job([*WORKER, "joined", "7"], workers, servers, local_size=local_size, timeout=90)
+    result.assert_workers_printed("JOINED OK", workers * local_size)
 
 
 @pytest.mark.parametrize("case", ["out_of_range", "row_shape", "disagree"])

@@ -1,5 +1,5 @@
 """DistributedTrainer with row_sparse gradients (``gluon.nn.Embedding(sparse_grad=True)``) in real jobs: row-sparse
-through the servers, a dense average on one machine and with BYTEPS_ROW_SPARSE=0 (docs/sparse.md).
+through the servers and on one machine, a dense average with BYTEPS_ROW_SPARSE=0 (docs/sparse.md).
 scripts/sparse_training_checks.py compares every rank's weights with a single-process run that averages every rank's
 gradients itself.
 """
@@ -17,7 +17,7 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "sp
 LAYOUTS = {
     "two-workers-two-servers": (["--workers", "2", "--servers", "2"], "row-sparse", 2),
     "two-machines-of-two": (["-np", "2", "--workers", "2", "--servers", "2"], "row-sparse", 4),
-    "one-machine-np2": (["-np", "2"], "dense", 2),
+    "one-machine-np2": (["-np", "2"], "row-sparse", 2),  # one machine's processes sum by id among themselves
     "row-sparse-off": (["--workers", "2", "--servers", "1"], "dense", 2),  # BYTEPS_ROW_SPARSE=0
 }
 

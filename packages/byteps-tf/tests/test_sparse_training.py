@@ -1,5 +1,5 @@
-"""``tf.IndexedSlices`` gradients under the real launcher: the row-sparse path through servers, the gather
-path on one machine (docs/sparse.md; 2 machines of 2 processes: tests/matrix/test_sparse_layouts.py).
+"""``tf.IndexedSlices`` gradients under the real launcher: the row-sparse path through servers and on one
+machine (docs/sparse.md; 2 machines of 2 processes: tests/matrix/test_sparse_layouts.py).
 
 scripts/sparse_training_checks.py trains an embedding table with a dense
 layer on top through DistributedGradientTape (eagerly, and in
@@ -17,7 +17,7 @@ from byteps.testkit import assert_all_ok
 SCRIPT = f"{SCRIPTS}/sparse_training_checks.py"
 LAYOUTS = {
     "two-workers-one-server": (["--workers", "2", "--servers", "1"], "row-sparse"),
-    "one-machine-np2": (["-np", "2"], "gather"),   # several processes per machine, no servers
+    "one-machine-np2": (["-np", "2"], "row-sparse"),   # several processes per machine, no servers: summed there
 }
 
 

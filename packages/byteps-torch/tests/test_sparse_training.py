@@ -1,5 +1,5 @@
-"""Sparse gradients under the real launcher: the row-sparse path through servers, Horovod's gather on one
-machine and with BYTEPS_ROW_SPARSE=0 (docs/sparse.md).
+"""Sparse gradients under the real launcher: the row-sparse path through servers and on one machine,
+Horovod's gather with BYTEPS_ROW_SPARSE=0 (docs/sparse.md).
 
 scripts/sparse_training_checks.py trains an nn.Embedding / nn.EmbeddingBag
 (sparse=True) with a dense layer on top through DistributedOptimizer (SGD,
@@ -25,7 +25,7 @@ LAYOUTS = {
     "two-workers-one-server": (["--workers", "2", "--servers", "1"], "row-sparse"),
     "two-workers-two-servers": (["--workers", "2", "--servers", "2"], "row-sparse"),
     "two-machines-of-two": (["-np", "2", "--workers", "2", "--servers", "2"], "row-sparse"),  # summed per machine
-    "one-machine-np2": (["-np", "2"], "gather"),   # several processes per machine, no servers
+    "one-machine-np2": (["-np", "2"], "row-sparse"),   # several processes per machine, no servers: summed there
     "row-sparse-off": (["--workers", "2", "--servers", "1"], "gather"),   # BYTEPS_ROW_SPARSE=0
 }
 SMALL_FUSION = {"BYTEPS_FUSION_MAX_TENSOR_BYTES": "4096"}

@@ -1,7 +1,7 @@
 """Worker script: DistributedTrainer with an ``Embedding(sparse_grad=True)`` (row_sparse gradients).
 
 Run under bpslaunch with 2 or more ranks. ``row-sparse``: the embedding's gradient goes through the row-sparse
-push_pull and its table holds one round a step; ``dense`` (one machine without servers, or BYTEPS_ROW_SPARSE=0):
+push_pull and its table holds one round a step; ``dense`` (BYTEPS_ROW_SPARSE=0):
 it goes as a dense array and comes back row_sparse. Either way every rank's weights after the steps must equal a
 single-process run that averages every rank's gradients itself (numpy float64 SGD, from the same weights),
 and the rows no rank touched must be untouched.

@@ -38,7 +38,7 @@ from byteps.common.tensor_registry import SET_ID_SHIFT, SPARSE_TABLE_SET
 
 __all__ = ["SPARSE_DTYPES", "SparseRows", "SparseTable", "decode", "encode", "encode_chunks", "record_nbytes",
            "is_sparse_key", "narrow", "server_of", "sparse_dtype", "sparse_key", "sum_by_id", "table_layout",
-           "widen"]
+           "table_of_key", "widen"]
 
 #: Bits of a key below its tensor id (``tensor_id << 16 | partition``).
 _KEY_SHIFT = 16
@@ -54,6 +54,11 @@ def sparse_key(table_id: int, server: int) -> int:
     if not 0 <= table_id < 1 << SET_ID_SHIFT or not 0 <= server < 1 << _KEY_SHIFT:
         raise ValueError(f"table {table_id} on server {server}: too many tables or servers")
     return (SPARSE_TABLE_SET << SET_ID_SHIFT | table_id) << _KEY_SHIFT | server
+
+
+def table_of_key(key: int) -> int:
+    """The table id of a row-sparse key (:func:`sparse_key`'s inverse, the server aside)."""
+    return key >> _KEY_SHIFT & ((1 << SET_ID_SHIFT) - 1)
 
 
 def is_sparse_key(key: int) -> bool:

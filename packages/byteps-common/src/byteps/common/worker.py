@@ -128,7 +128,8 @@ class Worker:
         options = EngineOptions(
             rank=self.rank, max_payload_bytes=cfg.max_partition_bytes, partition_bytes=cfg.partition_bytes,
             credit_bytes=cfg.scheduling_credit * cfg.partition_bytes, pipeline=cfg.pipeline, job_id=self.job_id,
-            machine=cfg.worker_id, local_rank=cfg.local_rank, local_size=cfg.local_size, secret=cfg.secret,
+            machine=cfg.worker_id, local_rank=cfg.local_rank, local_size=cfg.local_size, size=self.size,
+            secret=cfg.secret,
             handshake_timeout_s=cfg.rendezvous_timeout, tracer=self._tracer, job_over=job_over,
             compress_threads=cfg.threadpool_size,
             quorum=cfg.num_worker - cfg.backup_workers if cfg.backup_workers and servers else 0)
@@ -309,16 +310,11 @@ class Worker:
         Ranks then agree again on what the others declared meanwhile (tensor ids, rounds, placements);
         ``extra`` (anything JSON can carry, e.g. the front's name state) is exchanged too: returned are
         the joined-last rank and every rank's ``extra``, in rank order. Works in every layout: one machine,
-        servers, several processes per machine (a joined local root stands in for its peers), backup workers;
-        refused (NotImplementedError) after row-sparse push_pulls with several processes per machine.
+        servers, several processes per machine (a joined local root stands in for its peers, dense and
+        row-sparse alike), backup workers.
         """
         if self._comm is None:
             return self.rank, [extra]
-        if self.local_size > 1 and self.sparse.tables:
-            raise NotImplementedError(
-                "join() after row-sparse push_pulls with several worker processes per machine: a table's local "
-                "root sums its machine's rows and does not yet stand in for a joined rank (docs/sparse.md, "
-                "\"Not yet\"); run one worker process per machine, or densify (sparse_as_dense=True)")
         last = self._comm.join_job()
         return last, agree_after_join(self, extra)
 

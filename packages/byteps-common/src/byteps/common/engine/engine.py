@@ -49,6 +49,7 @@ class EngineOptions:
     machine: int = 0  # DMLC_WORKER_ID
     local_rank: int = 0
     local_size: int = 1
+    size: int = 1  # every worker process of the job (a joined local root's row-sparse stand-in averages by it)
     secret: Optional[bytes] = dataclasses.field(default=None, repr=False)  # authenticates local ranks too
     handshake_timeout_s: float = 120.0
     tracer: Any = None  # byteps.common.tracing.Tracer while BYTEPS_TRACE_ON=1
@@ -85,7 +86,8 @@ class Engine:
         if self.local is not None:
             self.sparse_local = self.local.sparse = SparseLocal(self.local.channel, options.local_rank,
                                                                 options.local_size, len(servers),
-                                                                options.max_payload_bytes)
+                                                                options.max_payload_bytes, options.size,
+                                                                self.local.joins)
         self.device = DeviceStages(self.local)
         self.copy_out = CopyOut()
         owners: List[Any] = [self.copy_out, self.device]

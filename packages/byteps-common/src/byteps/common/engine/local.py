@@ -355,6 +355,8 @@ class LocalGroup:
         for entry in list(self._ready):
             if entry not in self._waiting:
                 events.extend(self._progress(entry))
+        if self.sparse is not None:  # row-sparse tables' sums, and the stand-ins of a joined root
+            events.extend(self.sparse.revisit())
         return events
 
     # --- failures ----------------------------------------------------------------------

@@ -20,12 +20,23 @@ machine's sum is the round's result. The routes
   result itself.
 
 The messages are PUSH (rows to the root: ``aux`` parts, FLAG_PULL on the
-last) and PULL_RESPONSE (the result, the same way) on a key of the table
+last, FLAG_AVERAGE where the call averages) and PULL_RESPONSE (the result,
+the same way) on a key of the table
 (:func:`~byteps.common.row_sparse.sparse_key` of server 0), never a dense
 tensor's. A rank's first round of a table first sends INIT_KEY with the
-table's layout, which the root compares with its own. ERROR fails the
-round: a peer's refusal or failure at its root (which fails it on the
-servers too), the root's at every peer.
+table's layout (name, id, rows, row shape, dtype, how it is held), which
+the root compares with its own. ERROR fails the round: a peer's refusal or
+failure at its root (which fails it on the servers too), the root's at
+every peer.
+
+Joined ranks (Horovod's ``hvd.join()``, :mod:`~byteps.common.engine.local_join`):
+a root counts a local rank that joined and sent no rows as no rows (and
+sends it no answer), as a server counts a joined machine. A root that
+joined *stands in*: for a round its peers push and it never started, it
+makes a task of its own with no rows (the table from the peers' layout),
+which sums theirs, goes to the servers as the machine's push and answers
+them. Rows from a rank that joined come only after every rank joined
+(join returns then): such a round waits for everybody.
 """
 
 from __future__ import annotations
@@ -35,12 +46,39 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
+from byteps.common.dtypes import DType
 from byteps.common.engine.local_channel import MAX_PAYLOAD_BYTES
-from byteps.common.engine.route import Role, Stage
-from byteps.common.engine.sparse_task import SparseTask, SparseTrip, average_rows, cut_by_server, local_root
-from byteps.common.engine.stage import DONE, NOTHING, WAIT, Failure, Outcome, TaskFailed
-from byteps.common.row_sparse import decode, encode_chunks, sparse_key, sum_by_id
-from byteps.transport import FLAG_PULL, Command, TransportError, command_name, json_payload, parse_json_payload
+from byteps.common.engine.route import Role, Stage, sparse_route
+from byteps.common.engine.sparse_task import (
+    SparsePlan,
+    SparseTask,
+    SparseTrip,
+    average_rows,
+    cut_by_server,
+    empty_shards,
+    local_root,
+)
+from byteps.common.engine.stage import DONE, NOTHING, WAIT, Failure, Outcome, RoundRefused, TaskFailed
+from byteps.common.handle import Handle
+from byteps.common.held_table import HeldTable
+from byteps.common.row_sparse import (
+    SparseRows,
+    SparseTable,
+    decode,
+    encode_chunks,
+    sparse_key,
+    sum_by_id,
+    table_of_key,
+)
+from byteps.transport import (
+    FLAG_AVERAGE,
+    FLAG_PULL,
+    Command,
+    TransportError,
+    command_name,
+    json_payload,
+    parse_json_payload,
+)
 
 __all__ = ["SparseLocal"]
 
@@ -64,12 +102,17 @@ class _Rows:
 
 
 class SparseLocal:
-    """This process's side of the machine's row-sparse sums: its rows to the roots, its tables' sums as root."""
+    """This process's side of the machine's row-sparse sums: its rows to the roots, its tables' sums as root.
+
+    ``size``: the job's worker processes (a stand-in's average); ``joins``: the machine's
+    :class:`~byteps.common.engine.local_join.JoinedRanks` (None: no join to count).
+    """
 
     def __init__(self, channel: Any, local_rank: int, local_size: int, num_servers: int,
-                 max_payload_bytes: int) -> None:
+                 max_payload_bytes: int, size: int = 1, joins: Any = None) -> None:
         self.channel = channel
         self.local_rank, self.local_size = local_rank, local_size
+        self.size, self.joins = size, joins
         self.num_servers = num_servers
         self.max_payload_bytes = max_payload_bytes  # for the servers' payloads
         # parts on the local channel: at most its message limit
@@ -82,6 +125,7 @@ class SparseLocal:
         self._layouts: Dict[int, Dict[int, Any]] = {}  # root: the table's layout as each other rank declared it
         self._declared: Set[int] = set()  # peer: the tables whose layout went to their root
         self._abandoned: Set[Entry] = set()  # failed rounds whose messages may still come
+        self._stood_in: Set[Entry] = set()  # joined root: rounds it started a stand-in for
 
     def runners(self):
         return {Stage.SPARSE_TO_ROOT: self.to_root, Stage.SPARSE_LOCAL_SUM: self.local_sum,
@@ -103,9 +147,10 @@ class SparseLocal:
                               payload=json_payload(_layout(task)))
         ids, rows = task.mine
         payloads = _cut(ids, rows, self.limit, table.describe())
+        average = FLAG_AVERAGE if task.average else 0  # a joined root standing in averages as the call does
         for index, payload in enumerate(payloads):
             self.channel.send(root, Command.PUSH, trip.part.key, task.round, len(payloads), int(table.dtype),
-                              FLAG_PULL if index == len(payloads) - 1 else 0, payload)
+                              average | (FLAG_PULL if index == len(payloads) - 1 else 0), payload)
         self._answering[entry] = trip
         return self._answer_if_complete(entry)
 
@@ -134,7 +179,7 @@ class SparseLocal:
         payloads = _cut(task.result.ids, task.result.rows, self.limit, task.table.describe())
         key = _key_of(task)
         for rank in range(self.local_size):
-            if rank == self.local_rank:
+            if rank == self.local_rank or rank in task.absent:  # a joined rank waits for no answer
                 continue
             for index, payload in enumerate(payloads):
                 self.channel.send(rank, Command.PULL_RESPONSE, key, task.round, len(payloads), int(task.table.dtype),
@@ -153,6 +198,8 @@ class SparseLocal:
             self._layouts.setdefault(header.key, {})[header.sender] = parse_json_payload(message.payload)
             return NOTHING
         if command == Command.PUSH:
+            if self.joins is not None:
+                self.joins.ready_from(header.sender, entry)  # a joined rank's rows: a round after every rank joined
             rows = self._rows.setdefault(entry, {}).get(header.sender)
             if rows is None:
                 rows = self._rows[entry][header.sender] = _Rows(max(header.aux, 1))
@@ -177,6 +224,8 @@ class SparseLocal:
     def _progress(self, entry: Entry):
         trips = self._summing.get(entry)
         if not trips:
+            if self._stands_in(entry):
+                return self._stand_in(entry)
             return NOTHING  # the root's own call of this round has not come yet
         try:
             done = self._sum_if_complete(entry)
@@ -192,15 +241,67 @@ class SparseLocal:
         # A peer's failure at its root: the root fails the round on the servers too (and at its other peers).
         return [Failure(trip.task, error, tell_peers=trip.task.role is Role.ROOT)]
 
+    # --- joined ranks ---------------------------------------------------------------------
+    def revisit(self):
+        """A local rank joined (this one, or a peer): the sums that waited for it, and the stand-ins to start."""
+        events: List[Any] = []
+        for entry in list(self._summing):
+            events.extend(self._progress(entry))
+        for entry in list(self._rows):
+            if entry not in self._summing:
+                events.extend(self._progress(entry))
+        return events
+
+    def _stands_in(self, entry: Entry) -> bool:
+        """This rank joined, its peers push a round of a table it roots, and nobody else will sum it."""
+        joins = self.joins
+        return (joins is not None and joins.joining and entry in self._rows and entry not in self._stood_in
+                and entry not in joins.after_join)
+
+    def _stand_in(self, entry: Entry):
+        """A task with no rows of this rank's own for a round its peers push to it after it joined: it sums
+        theirs, pushes the machine's sum and answers them, as its own call would have."""
+        key, round_ = entry
+        self._stood_in.add(entry)
+        layout = next(iter(self._layouts.get(key, {}).values()), None)
+        if layout is None:  # not expected: a peer's first round of a table declares it first
+            text = f"row-sparse key {key}: local rank {self.local_rank} joined and knows no layout of its table"
+            for rank in self._rows.get(entry, {}):
+                self.channel.send(rank, Command.ERROR, key, round_, payload=text.encode())
+            table_id = table_of_key(key)  # the other machines wait for this one's push on every server
+            return [RoundRefused(sparse_key(table_id, server), round_, server, RuntimeError(text))
+                    for server in range(self.num_servers)]
+        table = SparseTable(layout["name"], int(layout["table_id"]), int(layout["rows"]), tuple(layout["row_shape"]),
+                            DType(int(layout["dtype_code"])),
+                            held=HeldTable.from_wire(layout["held"]) if layout.get("held") else None)
+        first = next(iter(self._rows[entry].values())).parts[0]
+        average = bool(first.header.flags & FLAG_AVERAGE)
+        nothing = (np.empty(0, np.int64), np.empty((0, *table.row_shape), table.dtype.storage))
+        task = SparseTask(table.name, round_, table,
+                          SparsePlan(table.table_id, empty_shards(table.table_id, Role.ROOT, self.num_servers), 0),
+                          Handle(table.name, None), SparseRows(*nothing), average=average,
+                          average_over=self.size if average and table.held is None else 0, role=Role.ROOT,
+                          mine=nothing, stand_in=True)
+        route = sparse_route(Role.ROOT, bool(self.num_servers))
+        return [SparseStandIn(task, [SparseTrip(task, shard, route) for shard in task.plan.partitions])]
+
     # --- the root's sum, the peer's result ---------------------------------------------------
     def _sum_if_complete(self, entry: Entry) -> bool:
-        """The machine's sum of ``entry`` once every other local rank's rows are in; False: not yet."""
+        """The machine's sum of ``entry`` once every other local rank's rows are in (a rank that joined and sent
+        none counts as no rows); False: not yet."""
         trips = self._summing[entry]
         task = trips[0].task
         rows_of = self._rows.get(entry, {})
-        if len(rows_of) < self.local_size - 1 or not all(rows.complete for rows in rows_of.values()):
-            return False
+        missing = tuple(rank for rank in range(self.local_size)
+                        if rank != self.local_rank and not (rank in rows_of and rows_of[rank].complete))
+        if missing:
+            joins = self.joins
+            if (joins is None or entry in joins.after_join or any(rank in rows_of for rank in missing)
+                    or any(rank not in joins.joined for rank in missing)):
+                return False
+            task.absent = missing
         del self._summing[entry]
+        self._stood_in.discard(entry)
         self._rows.pop(entry, None)
         table = task.table
         self._check_layouts(task, entry[0], rows_of)
@@ -274,6 +375,7 @@ class SparseLocal:
         self._rows.pop(entry, None)
         self._answering.pop(entry, None)
         self._answers.pop(entry, None)
+        self._stood_in.discard(entry)
 
     def tell(self, task: SparseTask, error: BaseException) -> None:
         """A round failed on this rank: tell its root (a peer) or the other local ranks (the root)."""
@@ -296,10 +398,28 @@ def _cut(ids: np.ndarray, rows: np.ndarray, limit: int, what: str) -> List[Optio
 
 
 def _layout(task: SparseTask) -> Dict[str, Any]:
+    """The table as a local rank declares it to its root (and a joined root stands in with)."""
     table = task.table
-    return {"rows": table.num_rows, "row_shape": list(table.row_shape), "dtype": table.dtype.name.lower()}
+    return {"name": table.name, "table_id": table.table_id, "rows": table.num_rows,
+            "row_shape": list(table.row_shape), "dtype": table.dtype.name.lower(), "dtype_code": int(table.dtype),
+            "held": table.held.wire() if table.held is not None else None}
 
 
 def _key_of(task: SparseTask) -> int:
     """The table's key on the local channel: its key of server 0."""
     return sparse_key(task.table.table_id, 0)
+
+
+class SparseStandIn:
+    """An event: start a joined root's stand-in task for a row-sparse round (its trips, one per server)."""
+
+    __slots__ = ("task", "trips")
+
+    def __init__(self, task: SparseTask, trips: List[SparseTrip]) -> None:
+        self.task, self.trips = task, trips
+
+    def deliver(self, dispatcher: Any) -> None:
+        dispatcher.tasks.add(self.task, self.trips)
+        for trip in self.trips:
+            dispatcher.advance(trip)
+

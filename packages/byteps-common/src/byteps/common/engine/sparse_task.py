@@ -54,7 +54,7 @@ from byteps.common.row_sparse import (
 )
 
 __all__ = ["HELD_TABLE_IDS", "held_table_id", "SparseHandle", "SparseShard", "SparsePlan", "SparseTask",
-           "SparseTasks", "SparseTrip", "average_rows", "cut_by_server", "local_root"]
+           "SparseTasks", "SparseTrip", "average_rows", "cut_by_server", "empty_shards", "local_root"]
 
 
 #: Table ids from here up are server-held tables' (:func:`held_table_id`); the others count up from 0.
@@ -112,6 +112,7 @@ class SparseTask:
     mine: Optional[Tuple[np.ndarray, np.ndarray]] = None  # ROOT and PEER: this rank's rows, summed by id
     summed: bool = False  # ROOT: the machine's rows are summed and cut by server
     answered: bool = False  # ROOT: the result went to the other local ranks
+    absent: Tuple[int, ...] = ()  # ROOT: local ranks that had joined (hvd.join()) and sent no rows: no answer
     # server -> its answer's (ids, rows) parts
     answers: Dict[int, List[Tuple[np.ndarray, np.ndarray]]] = dataclasses.field(default_factory=dict)
     # --- what the task table, dispatcher and failures read, as of a PushPullTask ---
@@ -391,12 +392,16 @@ class SparseTasks:
         return Role.ROOT if local_root(table.table_id, self.local_size) == self.local_rank else Role.PEER
 
     def _empty_shards(self, table: SparseTable, role: Role) -> List[SparseShard]:
-        """Shards without rows yet: a lone process's or a root's one per server (a root's payloads are cut at
-        SPARSE_LOCAL_SUM; a refused call sends none), a root's one without servers (the machine's sum is the
-        result), a peer's one, the key its rows go to the root under."""
-        if role is not Role.PEER and self.num_servers:
-            return [SparseShard(sparse_key(table.table_id, s), s, s, [None]) for s in range(self.num_servers)]
-        return [SparseShard(sparse_key(table.table_id, 0), 0, -1, [None])]
+        return empty_shards(table.table_id, role, self.num_servers)
+
+
+def empty_shards(table_id: int, role: Role, num_servers: int) -> List[SparseShard]:
+    """Shards without rows yet: a lone process's or a root's one per server (a root's payloads are cut at
+    SPARSE_LOCAL_SUM; a refused call sends none), a root's one without servers (the machine's sum is the
+    result), a peer's one, the key its rows go to the root under."""
+    if role is not Role.PEER and num_servers:
+        return [SparseShard(sparse_key(table_id, s), s, s, [None]) for s in range(num_servers)]
+    return [SparseShard(sparse_key(table_id, 0), 0, -1, [None])]
 
 
 def cut_by_server(table: SparseTable, ids: np.ndarray, rows: np.ndarray, num_servers: int,

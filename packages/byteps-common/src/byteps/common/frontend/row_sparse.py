@@ -2,13 +2,12 @@
 goes to (docs/sparse.md).
 
 The job's half of the rule every adapter applies before it looks at the
-gradient itself: the adapters take the row-sparse push_pull where the job
-has servers (on one machine without them it works too, but ``join()``
-after it is refused with several processes per machine, where Horovod's
-gather keeps working: the adapters keep the gather there), not for backup
-workers' quorum or asynchronous training, which it has no round for, and
-over every rank with ``op`` Average or Sum; ``BYTEPS_ROW_SPARSE=0`` keeps
-Horovod's ways everywhere. Each condition is the same on every rank, so every
+gradient itself: the adapters take the row-sparse push_pull in every
+layout of several worker processes (through servers, or one machine's
+processes summing by id among themselves; ``join()`` works after it in
+both), not for backup workers' quorum or asynchronous training, which it
+has no round for, and over every rank with ``op`` Average or Sum;
+``BYTEPS_ROW_SPARSE=0`` keeps Horovod's ways everywhere. Each condition is the same on every rank, so every
 rank takes the same path. Example (an adapter)::
 
     if job_takes_row_sparse(op, process_set) and gradient_fits(gradient):
@@ -32,8 +31,8 @@ def job_takes_row_sparse(op: Any, process_set: Any) -> bool:
     if not api.is_initialized() or op not in (Average, Sum):
         return False
     worker = api.worker()
-    if (not worker.is_distributed or not worker.tasks.has_servers or not worker.config.row_sparse
-            or worker.config.backup_workers or async_enabled()):
+    if (not worker.is_distributed or not worker.config.row_sparse or worker.config.backup_workers
+            or async_enabled()):
         return False
     return not rank_view(process_set).set_id
 
