@@ -38,8 +38,15 @@ class Failures:
         if not self.tasks.remove(task):
             return  # finished or failed already
         if task.__class__ is SparseTask:
-            self._fail_sparse(task, error, tell_peers, tell_servers)
-            return
+            self._tell_sparse(task, error, tell_peers, tell_servers)
+        else:
+            self._tell_dense(task, error, tell_peers, tell_servers)
+        if not task.stand_in:  # a stand-in's handle has nobody waiting
+            task.handle.set_error(error)
+        if self.tasks.idle is not None:
+            self.tasks.idle()
+
+    def _tell_dense(self, task: PushPullTask, error: BaseException, tell_peers: bool, tell_servers: bool) -> None:
         if self.exchange is not None:
             self.exchange.abandon(task)
             if self.sparse is not None:
@@ -53,12 +60,8 @@ class Failures:
             self.local.abandon(task)
             if tell_peers:
                 self.local.tell_peers(task, error)
-        if not task.stand_in:
-            task.handle.set_error(error)
-        if self.tasks.idle is not None:
-            self.tasks.idle()
 
-    def _fail_sparse(self, task: SparseTask, error: BaseException, tell_peers: bool, tell_servers: bool) -> None:
+    def _tell_sparse(self, task: SparseTask, error: BaseException, tell_peers: bool, tell_servers: bool) -> None:
         """A row-sparse task: its servers hear of it from whoever pushes to them (a lone process, the table's
         local root), a local root's other ranks from the root, a root from its other rank."""
         if self.sparse is not None:
@@ -70,9 +73,6 @@ class Failures:
         if tell_servers and self.exchange is not None and task.role is not Role.PEER and not task.lookup \
                 and not task.table.asynchronous:  # an asynchronous table's other workers wait for no round
             self.exchange.report_failure(task, task.plan.partitions, error)
-        task.handle.set_error(error)
-        if self.tasks.idle is not None:
-            self.tasks.idle()
 
     def refuse_round(self, key: int, round_: int, server: int, error: BaseException) -> None:
         """This machine cannot take part in a round it has no task of: the key's server fails it elsewhere."""
