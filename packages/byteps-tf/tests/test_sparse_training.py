@@ -24,13 +24,13 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_sparse_training_matches_the_reference(layout):
     args, path = LAYOUTS[layout]
-    assert_all_ok(launch_tf_job(args, SCRIPT, [path]), checks=5)
+    assert_all_ok(launch_tf_job(args, SCRIPT, [path]), checks=6)
 
 
 def test_keras_2_sparse_training_goes_row_sparse():
     # TF_USE_LEGACY_KERAS=1: the Keras 2 optimizer wrapper, its Embedding layer and SGD.
     args, path = LAYOUTS["two-workers-one-server"]
-    assert_all_ok(launch_tf_job(args, SCRIPT, [path], env={"TF_USE_LEGACY_KERAS": "1"}), checks=5)
+    assert_all_ok(launch_tf_job(args, SCRIPT, [path], env={"TF_USE_LEGACY_KERAS": "1"}), checks=6)
 
 
 def test_tf1_graph_sparse_training_goes_row_sparse():

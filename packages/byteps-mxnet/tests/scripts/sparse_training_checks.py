@@ -85,6 +85,33 @@ def trainer_matches_the_single_process_reference():
         assert table is None, list(api.worker().sparse.tables)
 
 
+def float16_rows_average_as_numpy():
+    """A float16 ``row_sparse`` gradient through the adapter's row-sparse path (``row_sparse.start``, what
+    DistributedTrainer calls): every rank's rows averaged by id, within float16's precision, back as float16
+    row_sparse over the union of ids."""
+    if MODE != "row-sparse":
+        return
+    from byteps.mxnet import row_sparse
+
+    def rows_of(rank: int):
+        rng = np.random.RandomState(7 + rank)
+        ids = np.unique(rng.randint(0, 50, 12))
+        return ids, rng.uniform(-1, 1, (len(ids), DIM)).astype(np.float16)
+
+    ids, rows = rows_of(bps.rank())
+    grad = mx.nd.sparse.row_sparse_array((rows, ids), shape=(50, DIM), dtype=np.float16)
+    result = row_sparse.start(grad, "float16.check", average=True).finish()
+    assert result.stype == "row_sparse" and result.dtype == np.float16, (result.stype, result.dtype)
+    want = np.zeros((50, DIM))
+    for rank in range(bps.size()):
+        their_ids, their_rows = rows_of(rank)
+        want[their_ids] += their_rows.astype(np.float64)
+    union = np.unique(np.concatenate([rows_of(rank)[0] for rank in range(bps.size())]))
+    np.testing.assert_array_equal(result.indices.asnumpy(), union)
+    np.testing.assert_allclose(result.tostype("default").asnumpy().astype(np.float64), want / bps.size(),
+                               rtol=1e-2, atol=2e-3)
+
+
 def stored_row_sparse_weights_are_refused():
     weight = gluon.Parameter("refused_weight", shape=(10, 4), stype="row_sparse", grad_stype="row_sparse")
     weight.initialize()
@@ -96,6 +123,7 @@ if __name__ == "__main__":
     MODE = sys.argv[1]
     bps.init()
     checks.run("trainer_matches_the_single_process_reference", trainer_matches_the_single_process_reference)
+    checks.run("float16_rows_average_as_numpy", float16_rows_average_as_numpy)
     checks.run("stored_row_sparse_weights_are_refused", stored_row_sparse_weights_are_refused)
     checks.done()
     bps.shutdown()

@@ -12,4 +12,4 @@ from byteps.testkit import assert_all_ok
 
 def test_two_machines_of_two_processes_go_row_sparse():
     args = ["-np", "2", "--workers", "2", "--servers", "2"]
-    assert_all_ok(launch_tf_job(args, SCRIPT, ["row-sparse"]), checks=5, ranks=4)
+    assert_all_ok(launch_tf_job(args, SCRIPT, ["row-sparse"]), checks=6, ranks=4)

@@ -20,7 +20,8 @@ with ``gather`` it holds every rank's ids and no table took a round.
 Checks: the DistributedGradientTape with a Keras SGD eagerly, the tape
 with ``op=Sum`` in ``tf.function``, the Keras DistributedOptimizer through
 ``train_on_batch``, the TF1 DistributedOptimizer eagerly (or, with
-``graph``, in a Session), and a bfloat16 table's gradient. Prints ``OK <check>`` per check and ``ALL OK <n>``.
+``graph``, in a Session), and bfloat16 and float16 tables' gradients.
+Prints ``OK <check>`` per check and ``ALL OK <n>``.
 """
 
 from __future__ import annotations
@@ -189,23 +190,23 @@ def tf1_optimizer_in_a_session() -> None:
     watch.check("TF1 DistributedOptimizer in a Session")
 
 
-def bfloat16_slices() -> None:
-    """A bfloat16 table's gradient through the tape: row-sparse in its 16-bit storage (or gathered), averaged
-    as numpy does it in float64, within bfloat16's precision."""
-    table = tf.Variable(tf.cast(initial()[0], tf.bfloat16))
+def half_slices(dtype: tf.DType) -> None:
+    """A bfloat16 or float16 table's gradient through the tape: row-sparse in its 16-bit storage (or gathered),
+    averaged as numpy does it in float64, within the dtype's precision."""
+    table = tf.Variable(tf.cast(initial()[0], dtype))
     weights = np.linspace(-1, 1, DIM)
     before = {name: t.rounds for name, t in api.worker().sparse.tables.items()}
     with tf.GradientTape() as recorded:
-        loss = tf.reduce_sum(tf.gather(table, batch(bps.rank(), 0)[0]) * tf.constant(weights, tf.bfloat16))
+        loss = tf.reduce_sum(tf.gather(table, batch(bps.rank(), 0)[0]) * tf.constant(weights, dtype))
     gradient = bps.DistributedGradientTape(recorded).gradient(loss, [table])[0]
-    assert isinstance(gradient, tf.IndexedSlices) and gradient.values.dtype == tf.bfloat16, gradient
+    assert isinstance(gradient, tf.IndexedSlices) and gradient.values.dtype == dtype, gradient
     got, want = np.zeros((ROWS, DIM)), np.zeros((ROWS, DIM))
     np.add.at(got, gradient.indices.numpy(), gradient.values.numpy().astype(np.float64))
     for rank in range(bps.size()):
         np.add.at(want, batch(rank, 0)[0], weights[None, :])
-    assert_close(got, want / bps.size(), "bfloat16 gradient", rtol=1e-2, atol=1e-2)
+    assert_close(got, want / bps.size(), f"{dtype.name} gradient", rtol=1e-2, atol=1e-2)
     used = [name for name, t in api.worker().sparse.tables.items() if t.rounds != before.get(name, 0)]
-    assert len(used) == (PATH == "row-sparse") and all(name.endswith("bfloat16]") for name in used), used
+    assert len(used) == (PATH == "row-sparse") and all(name.endswith(f"{dtype.name}]") for name in used), used
 
 
 def main() -> None:
@@ -220,7 +221,8 @@ def main() -> None:
         checks.run("DistributedGradientTape in tf.function, Sum", lambda: tape(True))
         checks.run("Keras DistributedOptimizer", keras_optimizer)
         checks.run("TF1 DistributedOptimizer eagerly", tf1_optimizer_eagerly)
-        checks.run("bfloat16 slices through the tape", bfloat16_slices)
+        checks.run("bfloat16 slices through the tape", lambda: half_slices(tf.bfloat16))
+        checks.run("float16 slices through the tape", lambda: half_slices(tf.float16))
     bps.shutdown()
     checks.done()
 
