@@ -21,8 +21,10 @@ server. Two kinds of message reach it:
 
 A worker looks up the rows of its next step only after its update's answer
 came back, so in a synchronous job every lookup sees every earlier round
-applied. Rows are kept in growing arrays indexed through a sorted id list
-(:class:`HeldRowStore`); only rows that were touched take memory.
+applied. Rows are kept in growing arrays, in the order they were first
+touched, and found by id through a hash index
+(:class:`~byteps.server.rounds.row_index.RowIndex`); only rows that were
+touched take memory.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from byteps.common.dtypes import DType
 from byteps.common.held_table import LOAD, LOOKUP, SAVE, HeldTable, initial_rows, shard_file, shard_glob
 from byteps.common.row_sparse import encode_chunks, server_of
 from byteps.server.rounds.key_state import KeyState, RoundServices
+from byteps.server.rounds.row_index import RowIndex
 from byteps.server.rounds.sparse_rows import SparseRowSum
 from byteps.transport import FLAG_AVERAGE, FLAG_LOOKUP, Command, Message
 from byteps.transport.frames import parse_json_payload
@@ -62,9 +65,9 @@ class HeldRowStore:
     def __init__(self, held: HeldTable, row_size: int) -> None:
         self.held = held
         self.row_size = row_size
-        self.ids = np.empty(0, np.int64)  # every row held, ascending
-        self.slots = np.empty(0, np.int64)  # each one's slot in the arrays below
+        self.index = RowIndex()  # row id -> slot in the arrays below
         self.count = 0
+        self.row_ids = np.empty(0, np.int64)  # the id of each slot's row
         self.rows = np.empty((0, row_size), np.float32)
         self.state = {name: np.empty((0, row_size), np.float32) for name in self._state_names()}
         self.steps = np.empty(0, np.int64)  # Adam: a row's updates so far
@@ -73,13 +76,9 @@ class HeldRowStore:
         return {"sgd": (), "adagrad": ("sum",), "adam": ("m", "v")}[self.held.optimizer]
 
     def slots_of(self, ids: np.ndarray) -> np.ndarray:
-        """The slots of ``ids`` (unique, ascending), rows created for those not held yet."""
-        position = np.searchsorted(self.ids, ids)
-        found = position < len(self.ids)
-        found[found] = self.ids[position[found]] == ids[found]
-        slots = np.empty(len(ids), np.int64)
-        slots[found] = self.slots[position[found]]
-        missing = ~found
+        """The slots of ``ids`` (unique), rows created for those not held yet."""
+        slots = self.index.find(ids)
+        missing = slots < 0
         new = int(missing.sum())
         if new:
             fresh = np.arange(self.count, self.count + new, dtype=np.int64)
@@ -91,10 +90,10 @@ class HeldRowStore:
                 if name in self.state:
                     self.state[name][fresh] = 0.0
             self.steps[fresh] = 0
+            self.row_ids[fresh] = ids[missing]
             self.count += new
             slots[missing] = fresh
-            self.ids = np.insert(self.ids, position[missing], ids[missing])
-            self.slots = np.insert(self.slots, position[missing], fresh)
+            self.index.insert(ids[missing], fresh)
         return slots
 
     def _grow(self, needed: int) -> None:
@@ -111,11 +110,12 @@ class HeldRowStore:
         self.rows = grown(self.rows)
         self.state = {name: grown(array) for name, array in self.state.items()}
         self.steps = grown(self.steps)
+        self.row_ids = grown(self.row_ids)
 
     def export(self) -> Dict[str, np.ndarray]:
         """Every row held, ascending by id, with its optimizer state: what a saved shard holds."""
-        slots = self.slots
-        return {"ids": self.ids.copy(), "rows": self.rows[slots], "steps": self.steps[slots],
+        slots = np.argsort(self.row_ids[:self.count], kind="stable")
+        return {"ids": self.row_ids[slots], "rows": self.rows[slots], "steps": self.steps[slots],
                 **{f"state_{name}": array[slots] for name, array in self.state.items()}}
 
     def replace(self, saved: Dict[str, np.ndarray]) -> None:
@@ -125,14 +125,16 @@ class HeldRowStore:
         self.rows = np.empty((0, self.row_size), np.float32)
         self.state = {name: np.empty((0, self.row_size), np.float32) for name in self._state_names()}
         self.steps = np.empty(0, np.int64)
+        self.row_ids = np.empty(0, np.int64)
         self._grow(count)
         self.rows[:count] = saved["rows"]
         self.steps[:count] = saved["steps"]
         for name in self.state:
             self.state[name][:count] = saved[f"state_{name}"]
         self.count = count
-        self.ids = np.ascontiguousarray(saved["ids"], dtype=np.int64)
-        self.slots = np.arange(count, dtype=np.int64)
+        self.row_ids[:count] = saved["ids"]
+        self.index = RowIndex(2 * count)
+        self.index.insert(self.row_ids[:count], np.arange(count, dtype=np.int64))
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """A copy of the rows ``ids`` (unique, ascending) as they are now."""
