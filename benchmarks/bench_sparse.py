@@ -48,6 +48,19 @@ ratio against ``row-sparse`` (> 1: row-sparse is faster).
 
     python benchmarks/bench_sparse.py [--workers 2] [--local-size 1] [--servers 2] [--rows 1000000] [--repeats 3]
                                       [--json out.json]
+
+``--rig`` (as root) runs every path on the cluster rig instead
+(``benchmarks/cluster/sparse_rig.py``): a network namespace per worker,
+per server and for the scheduler, every NIC capped at ``--rate`` (500
+Mbit/s), one worker process per host, the DDP path's gloo on the same
+worker hosts; bytes are each worker's NIC (sent and received) per step,
+the step the slowest worker's. ``--servers 2,4`` runs the byteps paths
+once per server-host count. ``--smoke``: 2 workers, a small table, a few
+seconds.
+
+    sudo python benchmarks/bench_sparse.py --rig --workers 4 --servers 4 --repeats 3
+    sudo python benchmarks/bench_sparse.py --rig --workers 4 --modes held --servers 2,4 --rate 100mbit
+    sudo python benchmarks/bench_sparse.py --rig --smoke
 """
 
 from __future__ import annotations
@@ -66,14 +79,19 @@ MODES = ("row-sparse", "dense", "gather", "ddp-gloo", "held")
 FIELDS = 26
 
 
-def loopback_bytes() -> int:
-    """Bytes sent over ``lo`` so far (what it sends it also receives)."""
+def nic_bytes(nic: str = "lo") -> tuple:
+    """(sent, received) bytes of interface ``nic`` so far, in this process's network namespace."""
     with open("/proc/net/dev") as dev:
         for line in dev:
             name, _, fields = line.partition(":")
-            if name.strip() == "lo":
-                return int(fields.split()[8])
-    raise RuntimeError("no loopback interface in /proc/net/dev")
+            if name.strip() == nic:
+                return int(fields.split()[8]), int(fields.split()[0])
+    raise RuntimeError(f"no interface {nic!r} in /proc/net/dev")
+
+
+def loopback_bytes() -> int:
+    """Bytes sent over ``lo`` so far (what it sends it also receives)."""
+    return nic_bytes("lo")[0]
 
 
 #: The table's start in every path: what a server-held table's rows start as (seed 0, standard normal).
@@ -171,7 +189,7 @@ def worker(args: argparse.Namespace) -> None:
     for index, (ids, labels) in enumerate(data):
         if index == args.warmup:
             barrier()
-            sent_before = loopback_bytes()
+            before, window_start = nic_bytes(args.nic), time.time()
         start = time.perf_counter()
         optimizer.zero_grad()
         loss = forward(ids, labels)
@@ -180,11 +198,13 @@ def worker(args: argparse.Namespace) -> None:
         if index >= args.warmup:
             times.append(time.perf_counter() - start)
     barrier()
-    moved = loopback_bytes() - sent_before
-    if rank == 0:
+    after, window_end = nic_bytes(args.nic), time.time()
+    if rank == 0 or args.nic != "lo":  # on the rig every worker reports its own NIC
         with open("/proc/self/status") as status:  # resident now: what the worker holds, not a passing peak
             rss_mb = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
-        print("RESULT " + json.dumps({"step_s": statistics.median(times), "loopback_bytes": moved,
+        print("RESULT " + json.dumps({"rank": rank, "step_s": statistics.median(times), "times": times,
+                                      "loopback_bytes": after[0] - before[0], "sent": after[0] - before[0],
+                                      "received": after[1] - before[1], "window": [window_start, window_end],
                                       "logloss": float(loss), "rss_mb": rss_mb}), flush=True)
     if args.mode == "ddp-gloo":
         import torch.distributed as dist
@@ -226,7 +246,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict:
             output = "\n".join(outputs)
         else:
             launch = ["bpslaunch", "-q", "-np", str(args.local_size), "--workers", str(args.workers), "--servers",
-                      str(args.servers), "--"]
+                      args.servers, "--"]
             # Servers reached over TCP, as on machines of their own (no shared-memory shortcut to them); the
             # gather is Horovod's way, the row-sparse path switched off and nothing else.
             env = dict(os.environ, BYTEPS_ENABLE_IPC="0", BYTEPS_ROW_SPARSE="0" if mode == "gather" else "1")
@@ -245,7 +265,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--local-size", type=int, default=1, help="worker processes per machine (byteps paths)")
-    parser.add_argument("--servers", type=int, default=2)
+    parser.add_argument("--servers", default="2",
+                        help="servers (on the rig: server hosts; a list such as 2,4 runs the byteps paths with each)")
     parser.add_argument("--rows", type=int, default=1_000_000, help="embedding rows in all (26 fields)")
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--batch", type=int, default=512, help="examples per rank per step")
@@ -256,16 +277,45 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--json", help="write every run's figures here")
+    parser.add_argument("--rig", action="store_true",
+                        help="run on the cluster rig (root): a host per worker and per server, NICs capped at --rate")
+    parser.add_argument("--rate", default="500mbit", help="--rig: every NIC's cap, both ways (tc units)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a few seconds' check: 2 workers, 1 server, 20,000 rows, 3 steps, 1 repeat")
+    parser.add_argument("--byteps-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="--rig: a byteps setting, e.g. BYTEPS_PARTITION_BYTES=65536 (repeatable)")
+    parser.add_argument("--nic", default="lo", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
+    if args.smoke:
+        args.workers, args.servers, args.rows, args.batch, args.steps, args.warmup, args.repeats = \
+            2, "1", 20_000, 64, 3, 1, 1
     modes = [mode for mode in args.modes.split(",") if mode and not (mode == "ddp-gloo" and args.local_size > 1)]
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         parser.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES)}")
+    if args.rig:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster"))
+        import sparse_rig
+
+        if args.local_size != 1:
+            parser.error("--rig runs one worker process per host (--local-size 1)")
+        try:
+            counts = sparse_rig.parse_servers(args.servers)
+        except ValueError as exc:
+            parser.error(str(exc))
+        runs = sparse_rig.run(args, modes, counts)
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump({"args": {k: v for k, v in vars(args).items() if k not in ("worker", "mode")},
+                           "runs": runs}, out, indent=1)
+        return
+    if not args.servers.isdigit():
+        parser.error("--servers: one count (a list is for --rig)")
     runs = {mode: [] for mode in modes}
     for repeat in range(args.repeats):
         for mode in modes:
