@@ -132,7 +132,8 @@ def batches(args: argparse.Namespace, rank: int, count: int):
     rng = np.random.default_rng(100 + rank)
     out = []
     for _ in range(count):
-        local = np.minimum((per_field * rng.random((args.batch, FIELDS)) ** 3).astype(np.int64), per_field - 1)
+        local = np.minimum((per_field * rng.random((args.batch, FIELDS)) ** args.skew).astype(np.int64),
+                           per_field - 1)
         ids = local + np.arange(FIELDS, dtype=np.int64) * per_field
         logits = initial_rows(hidden, ids.reshape(-1), 1).reshape(ids.shape).sum(axis=1) / np.sqrt(FIELDS)
         labels = (rng.random(args.batch) < 1 / (1 + np.exp(-logits))).astype(np.float32)
@@ -223,7 +224,7 @@ def free_port() -> int:
 def run_mode(args: argparse.Namespace, mode: str) -> dict:
     script = [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode, "--rows", str(args.rows),
               "--dim", str(args.dim), "--batch", str(args.batch), "--steps", str(args.steps),
-              "--warmup", str(args.warmup), "--lr", str(args.lr)]
+              "--warmup", str(args.warmup), "--lr", str(args.lr), "--skew", str(args.skew)]
     with tempfile.TemporaryDirectory() as scratch:
         if mode == "ddp-gloo":
             port = free_port()
@@ -270,6 +271,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000, help="embedding rows in all (26 fields)")
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--batch", type=int, default=512, help="examples per rank per step")
+    parser.add_argument("--skew", type=float, default=3.0,
+                        help="a field's id is range * u**skew (u uniform): higher, hotter small ids and more rows "
+                             "shared between ranks (3: mild, most of a batch's rows its own)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--lr", type=float, default=0.05)

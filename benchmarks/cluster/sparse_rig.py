@@ -86,7 +86,7 @@ def one_job(args: argparse.Namespace, rig: ClusterRig, mode: str, servers: int, 
     bench = os.path.join(os.path.dirname(HERE), "bench_sparse.py")
     script = [sys.executable, bench, "--worker", "--mode", mode, "--nic", NIC, "--rows", str(args.rows),
               "--dim", str(args.dim), "--batch", str(args.batch), "--steps", str(args.steps),
-              "--warmup", str(args.warmup), "--lr", str(args.lr)]
+              "--warmup", str(args.warmup), "--lr", str(args.lr), "--skew", str(args.skew)]
     extra = dict(item.split("=", 1) for item in args.byteps_env)
     roles = roles_for(mode, args.workers, servers, script, port, rig, extra)
     server_hosts = [role.host for role in roles if role.name.startswith("server")]
