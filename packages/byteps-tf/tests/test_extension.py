@@ -286,7 +286,7 @@ def test_byteps_common_interface_mismatch_is_an_import_error():
                         "import byteps.common; byteps.common.INTERFACE_VERSION = (4, 0)\nimport byteps.tensorflow")
     assert result.returncode != 0
     assert "InterfaceVersionError" in result.stderr and "byteps-tf" in result.stderr, result.stderr
-    assert "byteps-common" in result.stderr and "(>= 3.3)" in result.stderr, result.stderr
+    assert "byteps-common" in result.stderr and "(>= 3.6)" in result.stderr, result.stderr
 
 
 def test_keras_2_as_keras_missing_tf_keras_and_other_backends_are_import_errors():

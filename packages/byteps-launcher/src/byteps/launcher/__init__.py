@@ -22,7 +22,7 @@ from byteps.common.interface import require_interface
 
 INTERFACE_VERSION = (1, 0)
 
-require_interface("byteps-common", "byteps.common", (3, 0), requirer="byteps-launcher")
+require_interface("byteps-common", "byteps.common", (3, 6), requirer="byteps-launcher")
 
 from byteps.launcher.cli import main  # noqa: E402
 from byteps.launcher.job_plan import JobPlan, ProcessSpec  # noqa: E402

@@ -36,7 +36,7 @@ from byteps.common.interface import require_interface
 #: MXNet versions with everything used here (MXEnginePushSyncND, NDArray DLPack export, gluon 1.x).
 SUPPORTED_MXNET = ((1, 6), (2, 0))
 
-require_interface("byteps-common", "byteps.common", (3, 1), requirer="byteps-mxnet")
+require_interface("byteps-common", "byteps.common", (3, 6), requirer="byteps-mxnet")
 
 from byteps.common.frontend.versions import require_framework  # noqa: E402
 

@@ -37,7 +37,7 @@ from byteps.common.interface import require_interface
 #: Oldest TensorFlow this package is tested against the API of (Keras 3 is its default from 2.16 on).
 MINIMUM_TENSORFLOW = (2, 16)
 
-require_interface("byteps-common", "byteps.common", (3, 3), requirer="byteps-tf")
+require_interface("byteps-common", "byteps.common", (3, 6), requirer="byteps-tf")
 
 from byteps.common.frontend.versions import require_framework  # noqa: E402
 
