@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, Optional
 
+from byteps.common.frontend.checkpoint import load_tables, save_tables
 from byteps.common.held_table import HeldTable
 
 __all__ = ["HELD_TABLE_DIR", "HeldTableCommits"]
@@ -67,9 +68,7 @@ class HeldTableCommits:
         if self._rank() == 0:
             slot = 0 if self.committed is None else 1 - self.committed["slot"]
             try:
-                directory = self._slot(slot)
-                for table in tables:
-                    worker.table_save(directory, table.name, table.num_rows, table.row_shape, table.held)
+                save_tables(self._slot(slot), [(t.name, t.num_rows, t.row_shape, t.held) for t in tables])
                 outcome = {"slot": slot, "tables": [[t.name, t.num_rows, list(t.row_shape), t.held.wire()]
                                                     for t in tables]}
             except Exception as exc:  # noqa: BLE001 - every rank raises it, after the broadcast
@@ -92,9 +91,9 @@ class HeldTableCommits:
         error = None
         if self._rank() == 0:
             try:
-                directory = self._slot(self.committed["slot"])
-                for name, num_rows, row_shape, held in self.committed["tables"]:
-                    api.worker().table_load(directory, name, num_rows, tuple(row_shape), HeldTable.from_wire(held))
+                load_tables(self._slot(self.committed["slot"]),
+                            [(name, num_rows, tuple(row_shape), HeldTable.from_wire(held))
+                             for name, num_rows, row_shape, held in self.committed["tables"]])
             except Exception as exc:  # noqa: BLE001 - every rank raises it, after the broadcast
                 error = f"elastic: loading the server-held tables of the last commit failed on rank 0: {exc}"
         error = self._bcast_object(error)

@@ -24,10 +24,10 @@ from byteps.common.engine.dispatcher import Dispatcher, StageDone
 from byteps.common.engine.exchange import ServerExchange
 from byteps.common.engine.failures import Failures
 from byteps.common.engine.local import LocalGroup
-from byteps.common.engine.route import Role, plan_route, sparse_route
+from byteps.common.engine.route import Role, plan_route
 from byteps.common.engine.sparse_exchange import SparseExchange
 from byteps.common.engine.sparse_local import SparseLocal
-from byteps.common.engine.sparse_task import SparseTask, SparseTrip
+from byteps.common.engine.sparse_task import SparseTask, trips_of
 from byteps.common.engine.stage import TaskFailed
 from byteps.common.engine.task import PartitionTrip, PushPullTask
 from byteps.common.engine.task_table import TaskTable
@@ -136,8 +136,7 @@ class Engine:
     def start_sparse(self, task: SparseTask) -> None:
         """Start a row-sparse task's trips (one per server; a local rank other than the table's root: one); a
         task refused on this rank only fails its round where the other ranks wait for it."""
-        route = sparse_route(task.role, self.exchange is not None)
-        trips = [SparseTrip(task, shard, route) for shard in task.plan.partitions]
+        trips = trips_of(task, self.exchange is not None)
         self.tasks.add(task, trips)
         if task.refusal is not None:
             self.failures.fail_task(task, task.refusal)

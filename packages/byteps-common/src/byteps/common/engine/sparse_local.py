@@ -48,15 +48,17 @@ import numpy as np
 
 from byteps.common.dtypes import DType
 from byteps.common.engine.local_channel import MAX_PAYLOAD_BYTES
-from byteps.common.engine.route import Role, Stage, sparse_route
+from byteps.common.engine.route import Role, Stage
 from byteps.common.engine.sparse_task import (
     SparsePlan,
     SparseTask,
     SparseTrip,
+    average_over,
     average_rows,
     cut_by_server,
     empty_shards,
     local_root,
+    trips_of,
 )
 from byteps.common.engine.stage import DONE, NOTHING, WAIT, Failure, Outcome, RoundRefused, TaskFailed
 from byteps.common.handle import Handle
@@ -272,7 +274,7 @@ class SparseLocal:
             return [RoundRefused(sparse_key(table_id, server), round_, server, RuntimeError(text))
                     for server in range(self.num_servers)]
         table = SparseTable(layout["name"], int(layout["table_id"]), int(layout["rows"]), tuple(layout["row_shape"]),
-                            DType(int(layout["dtype_code"])),
+                            DType[layout["dtype"].upper()],
                             held=HeldTable.from_wire(layout["held"]) if layout.get("held") else None)
         first = next(iter(self._rows[entry].values())).parts[0]
         average = bool(first.header.flags & FLAG_AVERAGE)
@@ -280,10 +282,9 @@ class SparseLocal:
         task = SparseTask(table.name, round_, table,
                           SparsePlan(table.table_id, empty_shards(table.table_id, Role.ROOT, self.num_servers), 0),
                           Handle(table.name, None), SparseRows(*nothing), average=average,
-                          average_over=self.size if average and table.held is None else 0, role=Role.ROOT,
+                          average_over=average_over(average, table.held, self.size), role=Role.ROOT,
                           mine=nothing, stand_in=True)
-        route = sparse_route(Role.ROOT, bool(self.num_servers))
-        return [SparseStandIn(task, [SparseTrip(task, shard, route) for shard in task.plan.partitions])]
+        return [SparseStandIn(task, trips_of(task, bool(self.num_servers)))]
 
     # --- the root's sum, the peer's result ---------------------------------------------------
     def _sum_if_complete(self, entry: Entry) -> bool:
@@ -401,7 +402,7 @@ def _layout(task: SparseTask) -> Dict[str, Any]:
     """The table as a local rank declares it to its root (and a joined root stands in with)."""
     table = task.table
     return {"name": table.name, "table_id": table.table_id, "rows": table.num_rows,
-            "row_shape": list(table.row_shape), "dtype": table.dtype.name.lower(), "dtype_code": int(table.dtype),
+            "row_shape": list(table.row_shape), "dtype": table.dtype.name.lower(),
             "held": table.held.wire() if table.held is not None else None}
 
 

@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from byteps.common.dtypes import DType
-from byteps.common.engine.route import Role
+from byteps.common.engine.route import Role, sparse_route
 from byteps.common.handle import Handle
 from byteps.common.row_sparse import (
     SparseRows,
@@ -54,7 +54,8 @@ from byteps.common.row_sparse import (
 )
 
 __all__ = ["HELD_TABLE_IDS", "held_table_id", "SparseHandle", "SparseShard", "SparsePlan", "SparseTask",
-           "SparseTasks", "SparseTrip", "average_rows", "cut_by_server", "empty_shards", "local_root"]
+           "SparseTasks", "SparseTrip", "average_over", "average_rows", "cut_by_server", "empty_shards", "local_root",
+           "trips_of"]
 
 
 #: Table ids from here up are server-held tables' (:func:`held_table_id`); the others count up from 0.
@@ -148,6 +149,12 @@ class SparseTrip:
         dispatcher.advance(self)
 
 
+def trips_of(task: SparseTask, servers: bool) -> List[SparseTrip]:
+    """A task's trips, one per shard, on the route of its role (with or without servers)."""
+    route = sparse_route(task.role, servers)
+    return [SparseTrip(task, shard, route) for shard in task.plan.partitions]
+
+
 class SparseHandle(Handle):
     """A row-sparse push_pull's handle: frees its table for the next round before anyone waiting wakes."""
 
@@ -162,6 +169,12 @@ class SparseHandle(Handle):
     def set_error(self, error: BaseException) -> None:
         self._table.in_flight = False
         super().set_error(error)
+
+
+def average_over(average: bool, held: Any, size: int) -> int:
+    """What a worker divides a round's sum by: the ``size`` workers where the call averages, except for a
+    server-held table, whose servers divide before they apply (0: nothing to divide)."""
+    return size if average and held is None else 0
 
 
 def average_rows(rows: np.ndarray, divisor: int, dtype: DType) -> np.ndarray:
@@ -217,7 +230,7 @@ class SparseTasks:
                 if role is Role.ALONE:
                     shards, pushed = cut_by_server(table, ids, rows, self.num_servers, self.max_payload_bytes)
                 else:  # the local root cuts the machine's sum once it has it
-                    shards, pushed = self._empty_shards(table, role), ids.nbytes + rows.nbytes
+                    shards, pushed = empty_shards(table.table_id, role, self.num_servers), ids.nbytes + rows.nbytes
             except ValueError as exc:
                 if not self._applied_on_arrival(held):  # else nobody waits for this round
                     self._refuse(table, round_, role, exc)
@@ -230,9 +243,8 @@ class SparseTasks:
             table.in_flight = True
             if held is not None:
                 table.last_update = handle
-        divide = average and held is None  # a held table's servers divide before they apply
         self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, pushed), handle,
-                               result, average=average, average_over=self.size if divide else 0, role=role,
+                               result, average=average, average_over=average_over(average, held, self.size), role=role,
                                mine=None if role is Role.ALONE else (ids, rows)))
         return handle
 
@@ -377,7 +389,7 @@ class SparseTasks:
         other local ranks (a peer's goes to its root, which fails the round on the servers too)."""
         if self.submit is None:
             return
-        shards = self._empty_shards(table, role)
+        shards = empty_shards(table.table_id, role, self.num_servers)
         handle = Handle(table.name, None)
         self.submit(SparseTask(table.name, round_, table, SparsePlan(table.table_id, shards, 0), handle,
                                refusal=error, role=role))
@@ -391,8 +403,6 @@ class SparseTasks:
             return Role.ALONE
         return Role.ROOT if local_root(table.table_id, self.local_size) == self.local_rank else Role.PEER
 
-    def _empty_shards(self, table: SparseTable, role: Role) -> List[SparseShard]:
-        return empty_shards(table.table_id, role, self.num_servers)
 
 
 def empty_shards(table_id: int, role: Role, num_servers: int) -> List[SparseShard]:

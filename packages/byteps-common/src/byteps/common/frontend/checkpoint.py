@@ -28,7 +28,7 @@ import uuid
 from typing import IO, Any, Callable, Optional, Sequence, Tuple
 
 __all__ = ["write_atomically", "CHECKPOINT_FILE", "HELD_TABLES", "save_held_tables", "load_held_tables",
-           "drop_older_held_tables"]
+           "drop_older_held_tables", "save_tables", "load_tables"]
 
 #: The file in a checkpoint folder.
 CHECKPOINT_FILE = "checkpoint"
@@ -58,29 +58,38 @@ def write_atomically(path: str, write: Callable[[IO[bytes]], None]) -> None:
         raise
 
 
+def save_tables(folder: str, tables: Sequence[HeldTableSpec]) -> None:
+    """One rank: the servers save each of ``tables`` into ``folder`` on their machines (a checkpoint's, an
+    elastic commit's)."""
+    from byteps.common import api
+
+    for table, num_rows, row_shape, held in tables:
+        api.worker().table_save(folder, table, num_rows, row_shape, held)
+
+
+def load_tables(folder: str, tables: Sequence[HeldTableSpec]) -> None:
+    """One rank: the servers load each of ``tables`` from ``folder``, as any number of servers saved it."""
+    from byteps.common import api
+
+    for table, num_rows, row_shape, held in tables:
+        api.worker().table_load(folder, table, num_rows, row_shape, held)
+
+
 def save_held_tables(directory: str, tables: Sequence[HeldTableSpec], step: int) -> Optional[str]:
     """Rank 0, its last update of each table applied: the servers save ``tables`` into a new folder of
     ``<directory>/held-tables``; returns its name for the checkpoint (None when there are no tables)."""
     if not tables:
         return None
-    from byteps.common import api
 
     name = f"step-{int(step)}-{uuid.uuid4().hex[:8]}"
-    folder = os.path.join(directory, HELD_TABLES, name)
-    for table, num_rows, row_shape, held in tables:
-        api.worker().table_save(folder, table, num_rows, row_shape, held)
+    save_tables(os.path.join(directory, HELD_TABLES, name), tables)
     return name
 
 
 def load_held_tables(directory: str, saved: Optional[str], tables: Sequence[HeldTableSpec]) -> None:
     """Rank 0: the servers load ``tables`` from the save ``saved`` names (a checkpoint's; None: nothing)."""
-    if saved is None:
-        return
-    from byteps.common import api
-
-    folder = os.path.join(directory, HELD_TABLES, saved)
-    for table, num_rows, row_shape, held in tables:
-        api.worker().table_load(folder, table, num_rows, row_shape, held)
+    if saved is not None:
+        load_tables(os.path.join(directory, HELD_TABLES, saved), tables)
 
 
 def drop_older_held_tables(directory: str, keep: Optional[str]) -> None:

@@ -86,11 +86,7 @@ class AsyncHeldRows(HeldRows):
             self.incoming[identity] = (round_, of, parts)
             return
         self.incoming.pop(identity, None)
-        ids = np.concatenate([part[0] for part in parts])
-        rows = np.concatenate([part[1] for part in parts])
-        if len(ids) > 1 and not np.all(ids[1:] > ids[:-1]):
-            raise ValueError(f"worker {header.sender}: row ids pushed for {self.spec.describe()} are not unique and "
-                             "ascending across the push's parts")
+        ids, rows = self._whole(header.sender, parts)
         self.store.apply(ids, rows.reshape(len(ids), self.store.row_size))
         self.applied[identity] = round_
         self.services.async_pushes += 1

@@ -139,11 +139,10 @@ class SparseRowSum:
             self.parts[machine] = (message.identity, of, parts)
             return
         self.parts.pop(machine, None)
-        if len(parts) > 1:
-            ids, rows = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-            if not np.all(ids[1:] > ids[:-1]):
-                self._fail_open_round(f"worker {header.sender}: row ids pushed for {self.spec.describe()} are not "
-                                      "unique and ascending across the push's parts")
+        try:
+            ids, rows = self._whole(header.sender, parts)
+        except ValueError as exc:
+            self._fail_open_round(str(exc))
         self.pushed[machine] = (message.identity, ids, rows)
         if self._complete():
             self._close()
@@ -157,6 +156,16 @@ class SparseRowSum:
         """The push's ids and rows (views of its payload), checked."""
         ids, rows = decode(message.payload, self.row_shape, self.dtype)
         self._check_ids(ids, "pushed for")
+        return ids, rows
+
+    def _whole(self, sender: int, parts: List[Tuple[np.ndarray, np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
+        """A push's parts (each checked) put together; ValueError unless its ids stay ascending across them."""
+        if len(parts) == 1:
+            return parts[0]
+        ids, rows = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        if not np.all(ids[1:] > ids[:-1]):
+            raise ValueError(f"worker {sender}: row ids pushed for {self.spec.describe()} are not unique and "
+                             "ascending across the push's parts")
         return ids, rows
 
     def _check_ids(self, ids: np.ndarray, how: str) -> None:
