@@ -86,14 +86,11 @@ class _Round(autograd.Function):
 class ServerEmbedding(gluon.Block):
     """``num_embeddings`` rows of ``embedding_dim`` float32 held by the servers as table ``name``.
 
-    ``optimizer`` ("sgd", "adagrad" or "adam", lazy: moments per row) with
-    ``lr``, ``eps``, ``betas`` and ``initial_accumulator`` as torch's
-    optimizers take them; rows start as normal draws of standard deviation
-    ``init_std`` from ``seed`` and the row id. ``average``: the servers
-    average the workers' gradients (else sum them), as DistributedTrainer
-    does. Every rank must create the table alike. A ``gluon.Block`` that
-    cannot be hybridized (module docstring); it has no gluon Parameters, so
-    a trainer steps only the dense ones.
+    The arguments as :class:`~byteps.common.frontend.held_embedding.HeldEmbedding`
+    (optimizer, learning rate, initial rows, averaging) takes them, which is
+    ``table``, the framework-neutral half. Every rank must create the table
+    alike. A ``gluon.Block`` that cannot be hybridized (module docstring);
+    it has no gluon Parameters, so a trainer steps only the dense ones.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, name: str, optimizer: str = "sgd",

@@ -61,15 +61,11 @@ class _Untracked:
 class ServerEmbedding(keras.layers.Layer):
     """``num_embeddings`` rows of ``embedding_dim`` float32 held by the servers as table ``name``.
 
-    ``optimizer`` ("sgd", "adagrad" or "adam", lazy: moments per row) with
-    ``lr``, ``eps``, ``betas`` and ``initial_accumulator`` as torch's
-    optimizers take them; rows start as normal draws of standard deviation
-    ``init_std`` from ``seed`` and the row id. ``average``: the servers
-    average the workers' gradients (else sum them), as DistributedGradientTape
-    does. Every rank must create the table alike. ``name`` is also the
-    Keras layer's name ("/" made "_"); ``table_name`` is the table's.
-    ``table`` is the framework-neutral half
-    (:class:`~byteps.common.frontend.held_embedding.HeldEmbedding`).
+    The arguments as :class:`~byteps.common.frontend.held_embedding.HeldEmbedding`
+    (optimizer, learning rate, initial rows, averaging) takes them, which is
+    ``table``, the framework-neutral half. Every rank must create the table
+    alike. ``name`` is also the Keras layer's name ("/" made "_");
+    ``table_name`` is the table's.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, name: str, optimizer: str = "sgd",

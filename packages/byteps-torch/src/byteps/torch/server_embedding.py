@@ -36,13 +36,9 @@ __all__ = ["ServerEmbedding"]
 class ServerEmbedding(torch.nn.Module):
     """``num_embeddings`` rows of ``embedding_dim`` float32 held by the servers as table ``name``.
 
-    ``optimizer`` ("sgd", "adagrad" or "adam", lazy: moments per row) with
-    ``lr``, ``eps``, ``betas`` and ``initial_accumulator`` as torch's
-    optimizers take them; rows start as normal draws of standard deviation
-    ``init_std`` from ``seed`` and the row id. ``average``: the servers
-    average the workers' gradients (else sum them), as DistributedOptimizer
-    does. Every rank must create the table alike. ``table`` is the
-    framework-neutral half (:class:`~byteps.common.frontend.held_embedding.HeldEmbedding`).
+    The arguments as :class:`~byteps.common.frontend.held_embedding.HeldEmbedding`
+    (optimizer, learning rate, initial rows, averaging) takes them, which is
+    ``table``, the framework-neutral half. Every rank must create the table alike.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, name: str, optimizer: str = "sgd",

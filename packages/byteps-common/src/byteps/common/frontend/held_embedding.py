@@ -33,8 +33,16 @@ __all__ = ["HeldEmbedding"]
 
 
 class HeldEmbedding:
-    """``num_embeddings`` rows of ``embedding_dim`` float32 held by the servers as table ``name``; the
-    arguments as the adapters' ``ServerEmbedding`` take them (ValueError naming the table for bad ones)."""
+    """``num_embeddings`` rows of ``embedding_dim`` float32 held by the servers as table ``name``, with the
+    arguments every adapter's ``ServerEmbedding`` takes (ValueError naming the table for bad ones).
+
+    ``optimizer`` ("sgd", "adagrad" or "adam", lazy: moments per row) with
+    ``lr``, ``eps``, ``betas`` and ``initial_accumulator`` as torch's
+    optimizers take them; rows start as normal draws of standard deviation
+    ``init_std`` from ``seed`` and the row id. ``average``: the servers
+    average the workers' gradients (else sum them), as the adapters'
+    gradient wrappers do. Every rank must create the table alike.
+    """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, name: str, optimizer: str = "sgd",
                  lr: float = 0.01, seed: int = 0, init_std: float = 0.01, eps: Optional[float] = None,
